@@ -1,0 +1,140 @@
+"""The numerical cases every implementation must pass, and how their inputs are made.
+
+A Case is a recipe: it makes fresh random inputs from a seed (never zeros, except the
+rows a special case zeroes on purpose). Its shape is the full size used on a GPU;
+``cpu_cap`` shrinks M (never N) so the Triton interpreter finishes in minutes on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+#: On CPU (Triton interpreter) a case keeps at most this many elements, by cutting rows.
+CPU_MAX_ELEMENTS = 1 << 18
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    shape: tuple[int, ...]  # logical shape of x; the last dim is N
+    dtype: torch.dtype
+    weight: str = "same"  # "same" (x's dtype), "fp32", or "none"
+    row_pad: int = 0  # x is a slice of rows N + row_pad wide (a strided view)
+    offset: int = 0  # storage offset of x in elements (a misaligned start)
+    fill: str = "randn"  # randn | zero_rows | large | tiny | nonfinite
+    eps: float = 1e-6
+
+    @property
+    def n(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def m(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{DTYPE_NAMES[self.dtype]}"
+
+    def cpu_cap(self) -> Case:
+        """The same case with leading dims cut so it has at most CPU_MAX_ELEMENTS."""
+        if self.m * self.n <= CPU_MAX_ELEMENTS:
+            return self
+        rows = max(1, CPU_MAX_ELEMENTS // self.n)
+        return dataclasses.replace(self, shape=(rows, self.n))
+
+    def make(
+        self, device: str | torch.device, seed: int
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
+        """Fresh inputs (x, weight, eps) for this case, drawn from ``seed``."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        n, m = self.n, self.m
+        width = n + self.row_pad
+        flat = torch.randn(self.offset + m * width, generator=g, dtype=torch.float32)
+        rows = flat[self.offset :].view(m, width)
+        if self.fill == "zero_rows":
+            rows[::3] = 0.0  # every third row all-zero: must give 0, never NaN
+        elif self.fill == "large":
+            # x^2 overflows fp16 (> 65504) yet fits fp32: proves fp32 accumulation
+            rows *= {torch.float16: 2.0e4}.get(self.dtype, 1.0e15)
+        elif self.fill == "tiny":
+            rows *= 1.0e-4  # x^2 ~ 1e-8 << eps: eps dominates the denominator
+        elif self.fill == "nonfinite":
+            rows[1 % m, n // 2] = float("nan")
+            if m > 2:
+                rows[2, 0] = float("inf")
+            if m > 3:
+                rows[3, n - 1] = float("-inf")
+        # one conversion to the target dtype, then the strided / offset view into it
+        storage = flat.to(device=device, dtype=self.dtype)
+        x = storage.as_strided((m, n), (width, 1), self.offset).view(self.shape)
+        weight = None
+        if self.weight != "none":
+            wdtype = torch.float32 if self.weight == "fp32" else self.dtype
+            w = 1.0 + 0.5 * torch.randn(n, generator=g, dtype=torch.float32)
+            weight = w.to(device=device, dtype=wdtype)
+        return x, weight, self.eps
+
+
+#: (name, shape): the N widths the issue names, odd and power-of-two, with M in {1, 7, 256}.
+_BASE_SHAPES = [
+    ("n1", (7, 1)),
+    ("n3", (256, 3)),
+    ("n17", (256, 17)),
+    ("n127", (256, 127)),
+    ("n128", (256, 128)),
+    ("n1000", (7, 1000)),
+    ("n1023", (256, 1023)),
+    ("n1024", (1, 1024)),
+    ("n4095", (256, 4095)),
+    ("n4096", (256, 4096)),
+    ("n4097", (7, 4097)),
+    ("n5120", (256, 5120)),
+    ("n8191", (7, 8191)),
+    ("n12288", (256, 12288)),
+    ("n16384", (7, 16384)),
+    ("n65536", (7, 65536)),
+    ("n131072", (3, 131072)),
+    ("n262144", (2, 262144)),
+    ("m4099-n128", (4099, 128)),  # many small rows: the grid's last program is partial
+    ("3d-n1024", (4, 33, 1024)),
+    ("4d-n4097", (2, 3, 5, 4097)),
+]
+
+#: Layout and weight variants: strided rows, misaligned starts, no weight, fp32 weight.
+_VARIANTS = [
+    dict(name="strided-n4095", shape=(256, 4095), row_pad=9, offset=3),
+    dict(name="strided-n1000", shape=(64, 1000), row_pad=24),
+    dict(name="offset-n4096", shape=(64, 4096), offset=1),
+    dict(name="strided3d-n8192", shape=(3, 5, 8192), row_pad=8),
+    dict(name="noweight-n4096", shape=(256, 4096), weight="none"),
+    dict(name="noweight-n1023", shape=(7, 1023), weight="none"),
+]
+
+#: Special inputs, each at an aligned and an odd width.
+_SPECIALS = [
+    dict(name=f"{fill}-n{n}", shape=(16, n), fill=fill)
+    for fill in ("zero_rows", "large", "tiny", "nonfinite")
+    for n in (4096, 4097)
+]
+
+
+def all_cases() -> list[Case]:
+    """Every numerical case, each in float32, float16 and bfloat16, plus fp32 weights."""
+    cases = []
+    for dtype in DTYPES:
+        cases += [Case(name, shape, dtype) for name, shape in _BASE_SHAPES]
+        cases += [Case(dtype=dtype, **v) for v in _VARIANTS + _SPECIALS]
+    for dtype in (torch.float16, torch.bfloat16):
+        for name, shape in [("fp32w-n4096", (256, 4096)), ("fp32w-n4097", (7, 4097))]:
+            cases.append(Case(name, shape, dtype, weight="fp32"))
+    cases.append(Case("eps1e-2-n1000", (7, 1000), torch.bfloat16, eps=1e-2))
+    return cases

@@ -1,0 +1,121 @@
+"""Run every numerical case against every runnable implementation and print a table.
+
+    python -m harness.validate [--impls triton,cuda] [--seed 0] [--cases SUBSTR]
+
+Inputs are fresh per case (seeded: seed + case index, printed); outputs are poisoned
+with NaN before each run of an implementation's out= form, so an unwritten element fails.
+Without a GPU, cases run on CPU through the Triton interpreter with M capped
+(cases.CPU_MAX_ELEMENTS). Exit code 1 if any case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from harness.cases import Case, all_cases
+from harness.impls import Impl, registry, runnable
+from harness.reference import TOL, rms_norm_ref
+
+
+@dataclass
+class Result:
+    case: str
+    impl: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    error: Optional[str] = None
+
+
+def errors(y: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Max absolute and relative error over positions where the reference is finite."""
+    y, ref = y.float(), ref.float()
+    finite = torch.isfinite(ref)
+    if not finite.any():
+        return 0.0, 0.0
+    diff = (y - ref).abs()[finite]
+    scale = ref.abs()[finite].clamp_min(torch.finfo(torch.float32).tiny)
+    return diff.max().item(), (diff / scale).max().item()
+
+
+def check(impl: Impl, x, weight, eps, ref) -> tuple[float, float, bool, Optional[str]]:
+    """Compare impl's outputs with ref; for our kernels both the functional and out= form."""
+    outputs = [impl.fn(x, weight, eps)]
+    if impl.ours:
+        out = torch.full_like(ref, float("nan"), memory_format=torch.contiguous_format)
+        impl.fn(x, weight, eps, out=out)
+        outputs.append(out)
+    worst_abs = worst_rel = 0.0
+    for y in outputs:
+        if y.shape != ref.shape or y.dtype != ref.dtype:
+            return float("nan"), float("nan"), False, f"got {y.dtype}{tuple(y.shape)}"
+        a, r = errors(y, ref)
+        worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
+        try:
+            torch.testing.assert_close(y, ref, equal_nan=True, **TOL[ref.dtype])
+        except AssertionError as e:
+            return worst_abs, worst_rel, False, str(e).splitlines()[0]
+    return worst_abs, worst_rel, True, None
+
+
+def run_case(case: Case, impl: Impl, device: str, seed: int) -> Result:
+    x, weight, eps = case.make(device, seed)
+    ref = rms_norm_ref(x, weight, eps)
+    try:
+        a, r, ok, err = check(impl, x, weight, eps, ref)
+    except Exception as e:  # a crash is a failure of this case, reported, not hidden
+        a, r, ok, err = float("nan"), float("nan"), False, f"{type(e).__name__}: {e}"
+    return Result(case.id, impl.name, a, r, ok, err)
+
+
+def cases_for(device: str) -> list[Case]:
+    cases = all_cases()
+    return [c.cpu_cap() for c in cases] if device == "cpu" else cases
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.validate", description=__doc__)
+    p.add_argument("--impls", default=None, help="comma-separated names (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", default="", help="only cases whose id contains this")
+    args = p.parse_args(argv)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    impls = registry()
+    names = args.impls.split(",") if args.impls else list(impls)
+    unknown = [n for n in names if n not in impls]
+    if unknown:
+        p.error(f"--impls: unknown {unknown}; choose from {sorted(impls)}")
+    print(f"device={device} seed={args.seed} (case i uses seed {args.seed}+i)")
+    chosen = []
+    for n in names:
+        why = runnable(impls[n], device)
+        if why:
+            print(f"skip {n}: {why}")
+        else:
+            chosen.append(impls[n])
+    if not chosen:
+        print("no implementation can run here")
+        return 1
+    results = []
+    print(f"{'case':<28} {'impl':<8} {'max abs err':>12} {'max rel err':>12}  result")
+    for i, case in enumerate(cases_for(device)):
+        if args.cases not in case.id:
+            continue
+        for impl in chosen:
+            r = run_case(case, impl, device, args.seed + i)
+            results.append(r)
+            tail = "PASS" if r.ok else f"FAIL  {r.error}"
+            print(f"{r.case:<28} {r.impl:<8} {r.max_abs:>12.3e} {r.max_rel:>12.3e}  {tail}")
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Shared fixtures: the device, the implementations, and the `gpu` marker's skip.
+
+Importing harness.impls first sets TRITON_INTERPRET=1 on a machine without a GPU, before
+Triton is imported anywhere, so the Triton kernel's numerics are checked on CPU.
+"""
+
+import pytest
+import torch
+
+from harness.impls import registry, runnable
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+IMPLS = registry()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def impl_or_skip(name: str, device: str = DEVICE):
+    """The named implementation, or a skip that says why it cannot run here."""
+    impl = IMPLS[name]
+    why = runnable(impl, device)
+    if why:
+        pytest.skip(f"{name}: {why}")
+    return impl
+
+
+def fn_or_skip(name: str):
+    """The named implementation's function for error tests: any importable build will do,
+    since argument checks run before any device work."""
+    impl = IMPLS[name]
+    if impl.unavailable:
+        pytest.skip(f"{name}: {impl.unavailable}")
+    return impl.fn

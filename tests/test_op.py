@@ -1,0 +1,65 @@
+"""The kernels are real PyTorch ops: opcheck, torch.compile(fullgraph=True), CUDA graphs."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, HAS_GPU, impl_or_skip
+from harness.reference import TOL, rms_norm_ref
+
+OPS = {"triton": "triton_impl", "cuda": "cuda_impl"}
+GPU_IMPLS = ["triton", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def inputs(dtype=torch.bfloat16, n=4097, m=8):
+    x = torch.randn(m, n, device=DEVICE).to(dtype)
+    w = torch.randn(n, device=DEVICE).to(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("name", GPU_IMPLS)
+def test_opcheck(name):
+    impl_or_skip(name)
+    ns = getattr(torch.ops, OPS[name])
+    # The Triton interpreter computes on host copies, which fake tensors cannot follow:
+    # on CPU only the schema and autograd-registration checks apply; on a GPU, all.
+    utils = None if HAS_GPU else ("test_schema", "test_autograd_registration")
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = inputs(dtype)
+        kw = {} if utils is None else {"test_utils": utils}
+        torch.library.opcheck(ns.rms_norm.default, (x, w, 1e-6), **kw)
+        torch.library.opcheck(ns.rms_norm.default, (x, None, 1e-5), **kw)
+        out = torch.empty_like(x)
+        torch.library.opcheck(ns.rms_norm_out.default, (out, x, w, 1e-6), **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+def test_compile_fullgraph(name):
+    impl = impl_or_skip(name)
+
+    def block(x, w):  # the op between ordinary ops, as in a model
+        return impl.fn(x * 2.0, w, 1e-6) + 1.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x, w = inputs(dtype)
+        want = rms_norm_ref(x * 2.0, w, 1e-6) + 1.0
+        torch.testing.assert_close(compiled(x, w), want, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+def test_cuda_graph_capture(name):
+    impl = impl_or_skip(name)
+    x, w = inputs(torch.bfloat16, n=4096, m=32)
+    out = torch.full_like(x, float("nan"))
+    impl.fn(x, w, 1e-6, out=out)  # warm up (Triton JIT) outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        impl.fn(x, w, 1e-6, out=out)
+    x.copy_(torch.randn_like(x))  # fresh data through the captured pointers
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])

@@ -1,0 +1,190 @@
+"""Fused RMSNorm forward in Triton: y = x / sqrt(mean(x^2) + eps) * weight.
+
+Parallelisation
+- Fused path (next_pow2(N) <= FUSED_MAX_N): one program owns a BLOCK_M x BLOCK_N tile,
+  BLOCK_M whole rows (several rows for small N, one for large N). The tile is loaded
+  once, kept in registers, reduced along the row, scaled and stored: x is read from
+  memory exactly once.
+- Chunked path (wider rows): one program per row walks it in BLOCK_N chunks twice: the
+  first sweep accumulates sum(x^2), the second re-reads the chunks (from L2: one row is
+  at most 1 MiB and only ~one row per SM is in flight), normalises and stores.
+Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is
+divided by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31
+elements index correctly.
+
+Precision policy (that of native F.rms_norm's fused CUDA path, see rmsnorm_api):
+x is upcast to fp32, squares accumulate in fp32, rstd and the weight multiply are fp32,
+and the result is cast once to x's dtype at the store. weight may be x's dtype or fp32.
+
+Learned from: the Triton tutorial on layer norm (row-per-program, masked tails), Liger
+Kernel's rms_norm (block size and warps from N), QuACK's rmsnorm (several rows per CTA for
+small N, bytes in flight as the figure of merit).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from rmsnorm_api import DEFAULT_EPS, RMSNormModule, as_rows, check_inputs, check_out
+
+#: Widest power-of-two row the fused path keeps in registers, per element size in bytes.
+FUSED_MAX_N = {4: 32768, 2: 65536}
+#: Chunk width of the two-sweep path for rows wider than that.
+CHUNK_N = 8192
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_fused(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # one program per BLOCK_M rows; the whole tile lives in registers
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    # load: masked lanes read 0 and add nothing to the sum
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    # accumulate in fp32, divide by the true width
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    # one cast, at the store
+    tl.store(
+        y_ptr + rows[:, None] * stride_y + cols[None, :],
+        y.to(y_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_chunked(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    N, eps,  # true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # one program per row, too wide for registers: two sweeps over BLOCK_N chunks
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    cols = tl.arange(0, BLOCK_N)
+    # sweep 1: per-lane fp32 partial sums, reduced once at the end
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    # sweep 2: re-read (L2-resident), scale, cast, store
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        x = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def launch_config(n: int, element_size: int) -> dict:
+    """Block shape and warps for a row of n elements: which kernel, BLOCK_M, BLOCK_N, warps.
+
+    Aims at 16-byte accesses with a few of them in flight per thread, and at least ~8 KiB
+    per program so small rows still give each program enough bytes to hide latency.
+    """
+    block_n = triton.next_power_of_2(n)
+    if block_n > FUSED_MAX_N[element_size]:
+        return dict(kernel="chunked", BLOCK_M=1, BLOCK_N=CHUNK_N, num_warps=16)
+    row_bytes = block_n * element_size
+    block_m = max(1, min(64, 8192 // row_bytes))
+    tile_bytes = block_m * row_bytes
+    num_warps = max(1, min(32, tile_bytes // 2048))
+    return dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+
+
+def _launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, y: torch.Tensor) -> None:
+    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller)."""
+    if x.numel() == 0:
+        return
+    x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
+    m, n = x2.shape
+    has_weight = weight is not None
+    w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
+    cfg = launch_config(n, x.element_size())
+    if cfg["kernel"] == "fused":
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]),)
+        wrap_triton(_rms_norm_fwd_fused)[grid](
+            x2, w, y2, x2.stride(0), y2.stride(0), m, n, eps,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight,
+            num_warps=cfg["num_warps"],
+        )
+    else:
+        wrap_triton(_rms_norm_fwd_chunked)[(m,)](
+            x2, w, y2, x2.stride(0), y2.stride(0), n, eps,
+            BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"],
+        )
+
+
+_IMPL = "triton_impl.rms_norm"
+
+
+@triton_op("triton_impl::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(x, weight, eps, y)
+    return y
+
+
+@triton_op("triton_impl::rms_norm_out", mutates_args={"out"})
+def _rms_norm_out_op(
+    out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> None:
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    check_out(out, x, impl=_IMPL)
+    _launch(x, weight, eps, out)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """RMSNorm over x's last dim with the Triton kernel; see the module docstring.
+
+    Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` (a
+    contiguous tensor of x's shape, dtype and device) and returns it. Raises
+    TypeError/ValueError naming the argument for unsupported input.
+    """
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    if out is None:
+        return torch.ops.triton_impl.rms_norm(x, weight, float(eps))
+    check_out(out, x, impl=_IMPL)
+    torch.ops.triton_impl.rms_norm_out(out, x, weight, float(eps))
+    return out
+
+
+class RMSNorm(RMSNormModule):
+    """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the Triton kernel."""
+
+    _fn = staticmethod(rms_norm)
