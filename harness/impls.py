@@ -4,11 +4,36 @@ Each Impl computes rms_norm(x, weight, eps) -> y. ``ours`` marks the kernels und
 (they also have an out= form, which validation poisons with NaN before each run).
 Without a GPU only the Triton kernel runs, under TRITON_INTERPRET=1, set here before
 Triton is first imported.
+
+``registry()`` holds our kernels (what tests and ``harness.validate`` run);
+``registry(baselines=True)`` adds what the benchmark compares them with, CUDA only:
+
+- ``eager``: plain PyTorch ops with the reference's math (fp32 on upcast x, one cast at
+  the end): several kernels and fp32 temporaries, the cost of not fusing.
+- ``compile``: ``torch.compile(eager, dynamic=False, fullgraph=True)``. Its ``prepare``
+  resets dynamo and compiles afresh for each shape (so the recompile limit can never make
+  it fall back to eager), and returns the compile time to record apart from the timing.
+  Proof that it compiled: fullgraph=True raises instead of breaking the graph, and the
+  profiled kernels are Inductor's generated ``triton_*`` kernels.
+- ``native``: ``torch.nn.functional.rms_norm``; the profiled kernels tell whether it took
+  a fused kernel or the composite path.
+- ``liger``: Liger-Kernel's ``LigerRMSNormFunction`` with ``casting_mode="gemma"``: x and
+  weight upcast to fp32, one cast at the end, which is our precision policy. ("llama"
+  rounds x * rstd to x's dtype before the weight multiply, a second rounding; "none"
+  computes in x's dtype.) Liger refuses rows wider than 65536; that shows as a failure.
+- ``quack``: QuACK's ``rmsnorm_fwd`` (CuTe DSL, compiled per N and dtype); it may fail to
+  compile for odd N in 16-bit dtypes, which shows as a failure for that shape.
+
+The optional packages may be installed outside site-packages (e.g. ``pip install
+--target DIR``): list such directories in RMSNORM_SITE_DIRS (os.pathsep-separated) and
+they are added with ``site.addsitedir``, which also processes their .pth files.
 """
 
 from __future__ import annotations
 
 import os
+import site
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
@@ -18,15 +43,28 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+for _dir in os.environ.get("RMSNORM_SITE_DIRS", "").split(os.pathsep):
+    if _dir:
+        site.addsitedir(_dir)
+
+#: Names in the order the benchmark runs and plots them: ours first, then the baselines.
+OURS = ("triton", "cuda")
+BASELINES = ("eager", "compile", "native", "liger", "quack")
+
+Fn = Callable[..., torch.Tensor]
+
 
 @dataclass
 class Impl:
     name: str
-    fn: Callable[..., torch.Tensor]  # (x, weight, eps) -> y
+    fn: Fn  # (x, weight, eps) -> y
     ours: bool = False  # a kernel under study: also callable as fn(x, weight, eps, out=y)
     cpu: bool = False  # runs on CPU tensors (the Triton interpreter)
     unavailable: Optional[str] = None  # why it cannot run here, or None
     notes: list[str] = field(default_factory=list)
+    # per-shape setup before validation: (x, weight, eps) -> (callable to check and time,
+    # compile seconds or None); None means fn itself is used as is
+    prepare: Optional[Callable[..., tuple[Fn, Optional[float]]]] = None
 
 
 def _triton() -> Impl:
@@ -46,9 +84,131 @@ def _cuda() -> Impl:
     return Impl("cuda", cuda_impl.rms_norm, ours=True)
 
 
-def registry() -> dict[str, Impl]:
-    """All implementations, available or not, keyed by name."""
+def eager_rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
+) -> torch.Tensor:
+    """RMSNorm in plain PyTorch ops: fp32 math on upcast x, one cast at the end.
+
+    The timed eager baseline (and what torch.compile compiles). Same formula as
+    harness.reference, which stays the one definition of correct.
+    """
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def native_rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
+) -> torch.Tensor:
+    """torch.nn.functional.rms_norm over the last dimension."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def compile_fresh(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> tuple[Fn, float]:
+    """Reset dynamo, compile eager_rms_norm for exactly these inputs, run it once.
+
+    Returns the compiled callable and the seconds its first call took (trace, Inductor
+    codegen, Triton compile and one run), which is kept out of the timing.
+    """
+    torch._dynamo.reset()
+    compiled = torch.compile(eager_rms_norm, dynamic=False, fullgraph=True)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    compiled(x, weight, eps)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return compiled, time.perf_counter() - t0
+
+
+class _LazyCompiled:
+    """``compile``'s fn outside the benchmark: compiles afresh whenever the inputs' shape,
+    strides, dtypes or eps change (the benchmark calls ``prepare`` instead and times the
+    compiled callable itself, without this check)."""
+
+    def __init__(self) -> None:
+        self._key: Optional[tuple] = None
+        self._fn: Optional[Fn] = None
+
+    def __call__(self, x, weight=None, eps=1e-6):
+        key = (
+            tuple(x.shape), x.stride(), x.dtype, x.device, eps,
+            None if weight is None else (weight.dtype, tuple(weight.shape)),
+        )
+        if key != self._key:
+            self._fn, _ = compile_fresh(x, weight, eps)
+            self._key = key
+        return self._fn(x, weight, eps)
+
+
+def _eager() -> Impl:
+    return Impl("eager", eager_rms_norm, notes=["fp32 temporaries: several kernels"])
+
+
+def _compile() -> Impl:
+    return Impl(
+        "compile",
+        _LazyCompiled(),
+        prepare=compile_fresh,
+        notes=["torch.compile(eager, dynamic=False, fullgraph=True), reset per shape"],
+    )
+
+
+def _native() -> Impl:
+    return Impl("native", native_rms_norm, notes=["torch.nn.functional.rms_norm"])
+
+
+def _liger() -> Impl:
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception as e:  # ImportError, or a broken install failing at import
+        return Impl("liger", None, unavailable=f"liger-kernel not importable ({e})")
+
+    def liger_rms_norm(x, weight=None, eps=1e-6):
+        if weight is None:  # Liger's kernel always reads a weight
+            weight = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        # (X, W, eps, offset, casting_mode, in_place): gemma = fp32 math, one final cast
+        return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "gemma", True)
+
+    return Impl(
+        "liger",
+        liger_rms_norm,
+        notes=["casting_mode='gemma' (fp32 x and weight, one cast); refuses N > 65536",
+               "also writes one fp32 rstd per row (not counted in the bytes model)"],
+    )
+
+
+def _quack() -> Impl:
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+    except Exception as e:
+        return Impl("quack", None, unavailable=f"quack not importable ({e})")
+
+    def quack_rms_norm(x, weight=None, eps=1e-6):
+        rows = x.reshape(-1, x.shape[-1])  # rmsnorm_fwd takes 2-D (M, N)
+        out = rmsnorm_fwd(rows, weight, eps=eps)
+        if isinstance(out, tuple):  # newer versions return (out, residual_out, rstd)
+            out = out[0]
+        return out.view(x.shape)
+
+    return Impl(
+        "quack",
+        quack_rms_norm,
+        notes=["compiled per (N, dtype) on first call; may fail for odd N in 16-bit"],
+    )
+
+
+def registry(baselines: bool = False) -> dict[str, Impl]:
+    """All implementations, available or not, keyed by name.
+
+    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger and
+    quack (the benchmark's comparison; CUDA only).
+    """
     impls = [_triton(), _cuda()]
+    if baselines:
+        impls += [_eager(), _compile(), _native(), _liger(), _quack()]
     return {i.name: i for i in impls}
 
 

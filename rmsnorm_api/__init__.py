@@ -53,11 +53,6 @@ def check_inputs(
         )
     if x.dim() == 0:
         raise ValueError(f"{impl}: x is 0-dimensional; expected at least 1 dimension")
-    if not allow_cpu and x.device.type != "cuda":
-        raise ValueError(
-            f"{impl}: x is on device '{x.device}'; expected a CUDA tensor"
-            " (the Triton kernel runs on CPU only under TRITON_INTERPRET=1)"
-        )
     n = x.shape[-1]
     if n < 1:
         raise ValueError(f"{impl}: x's last dimension is {n}; expected N >= 1")
@@ -91,6 +86,10 @@ def check_inputs(
         raise TypeError(f"{impl}: eps must be a real number, got {type(eps).__name__}")
     if not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"{impl}: eps is {eps}; expected a finite number > 0")
+    # last, so that every other check also runs on a machine without a GPU
+    if not allow_cpu and x.device.type != "cuda":
+        hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
+        raise ValueError(f"{impl}: x is on device '{x.device}'; expected a CUDA tensor{hint}")
 
 
 def check_out(out: torch.Tensor, x: torch.Tensor, *, impl: str = "rms_norm") -> None:

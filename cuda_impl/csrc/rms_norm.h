@@ -1,0 +1,21 @@
+// Declarations shared by the op schema (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+namespace cuda_impl {
+
+// Largest row width accepted; must equal rmsnorm_api.MAX_N on the Python side.
+constexpr int64_t kMaxN = 262144;
+
+// The argument checks of rmsnorm_api.check_inputs, repeated for direct torch.ops callers:
+// TypeError / ValueError in Python, with the same wording.
+void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+void check_out(const at::Tensor& out, const at::Tensor& x);
+
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                  double eps);
+
+}  // namespace cuda_impl

@@ -1,0 +1,355 @@
+// Fused RMSNorm forward in CUDA C++: y = x / sqrt(mean(x^2) + eps) * weight.
+//
+// Parallelisation: a "row group" of ROW_THREADS threads owns one row. For small N a block
+// holds several row groups (8..64 threads a row, 128 threads a block); for large N a block
+// of up to 1024 threads owns one row; for rows wider than one block can hold in registers
+// (N > 8192 vectors), a thread-block cluster of 2..8 CTAs shares the row and combines its
+// partial sums through distributed shared memory (sm_90). In every path the row is loaded
+// once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
+// from HBM exactly once.
+//
+// Alignment: the row is split into a scalar head (elements before x's first 16-byte
+// boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
+// offsets and strided rows all keep vector loads; y is stored with vectors whenever its row
+// shares x's alignment (always, for contiguous x), and the weight is read with vectors when
+// its offset allows.
+//
+// Precision: the policy of native F.rms_norm's fused path (rmsnorm_api): fp32 squares and
+// sum, rsqrt and weight multiply in fp32, one cast to x's dtype at the store.
+//
+// Learned from: Apex / PyTorch's fused RMSNorm (warp shuffles, vector IO), QuACK's rmsnorm
+// (rows in registers, clusters for wide rows), the CUDA programming guide on clusters.
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "rms_norm.h"
+
+namespace cuda_impl {
+namespace {
+
+namespace cg = cooperative_groups;
+
+// ---- element conversions -------------------------------------------------------------
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// VEC elements of T make one 16-byte vector.
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);
+
+template <typename T>
+union Pack {
+  uint4 raw;
+  T e[kVec<T>];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// Read-only, no-L1-allocate load: x is streamed once.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// VEC weights as floats starting at w (element offset already applied); vector loads when
+// the address is 16-byte aligned (fp32 weights beside 16-bit x take two vectors).
+template <typename W, int VEC>
+__device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok,
+                                            float (&out)[VEC]) {
+  if (vec_ok) {
+    constexpr int kPer = 16 / sizeof(W);
+#pragma unroll
+    for (int v = 0; v < VEC / kPer; ++v) {
+      Pack<W> p;
+      p.raw = __ldg(reinterpret_cast<const uint4*>(w) + v);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = to_float(p.e[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = to_float(__ldg(w + i));
+  }
+}
+
+constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
+
+// ---- the kernel ----------------------------------------------------------------------
+// T: x / y element; W: weight element (T or float); ROW_THREADS threads own a row; each
+// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster.
+template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER>
+__global__ void __launch_bounds__(block_threads(ROW_THREADS))
+    rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                    int64_t stride_x,  // elements between rows of x
+                    int64_t stride_y,  // elements between rows of y
+                    int64_t M, int N, float eps) {
+  constexpr int VEC = kVec<T>;
+  constexpr int BLOCK = block_threads(ROW_THREADS);
+  constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
+  constexpr int WARPS_PER_ROW = ROW_THREADS / 32;
+  static_assert(ROW_THREADS >= VEC, "head and tail need one thread per element");
+  static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
+  __shared__ float warp_sums[BLOCK / 32];
+  __shared__ float block_sum;
+
+  // which row, and which slice of it this thread owns
+  int rank = 0, ranks = 1;
+  int64_t row;
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    rank = static_cast<int>(cluster.block_rank());
+    ranks = static_cast<int>(cluster.num_blocks());
+#endif
+    row = blockIdx.x / ranks;
+  } else {
+    row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / ROW_THREADS;
+  }
+  const int lane = threadIdx.x % ROW_THREADS;
+  const int g = rank * ROW_THREADS + lane;  // thread index within the row
+  const int G = ranks * ROW_THREADS;        // threads sharing the row
+  const bool row_ok = row < M;
+
+  // split the row at x's 16-byte boundaries: scalar head, vector body, scalar tail
+  const T* xr = x + (row_ok ? row : 0) * stride_x;
+  T* yr = y + (row_ok ? row : 0) * stride_y;
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(xr) & 15) / sizeof(T);
+  const int head = min(misalign ? VEC - misalign : 0, N);
+  const int nvec = (N - head) / VEC;
+  const int tail0 = head + nvec * VEC;
+  const int tail = N - tail0;
+
+  // load: every vector of this thread's slice is in flight before the first use
+  Pack<T> v[VPT];
+  const uint4* xv = reinterpret_cast<const uint4*>(xr + head);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = g + k * G;
+    v[k].raw = (row_ok && j < nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
+  }
+  const float xh = (row_ok && g < head) ? to_float(xr[g]) : 0.f;
+  const float xt = (row_ok && g < tail) ? to_float(xr[tail0 + g]) : 0.f;
+
+  // accumulate squares in fp32 (zero-filled lanes add nothing)
+  float ss = xh * xh + xt * xt;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float f = to_float(v[k].e[i]);
+      ss = fmaf(f, f, ss);
+    }
+  // reduce: within the warp (xor stays inside aligned groups of ROW_THREADS < 32) ...
+#pragma unroll
+  for (int off = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; off > 0; off /= 2)
+    ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  // ... across the warps of the row ...
+  if constexpr (WARPS_PER_ROW > 1) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) warp_sums[warp] = ss;
+    __syncthreads();
+    const int first = (threadIdx.x / ROW_THREADS) * WARPS_PER_ROW;
+    ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS_PER_ROW; ++i) ss += warp_sums[first + i];
+  }
+  // ... and across the CTAs of the cluster, through distributed shared memory
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) block_sum = ss;
+    cluster.sync();
+    ss = 0.f;
+    for (int r = 0; r < ranks; ++r) ss += *cluster.map_shared_rank(&block_sum, r);
+    cluster.sync();  // no CTA leaves while another still reads its block_sum
+#endif
+  }
+  const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
+
+  // scale by rstd and the weight in fp32, cast once, store
+  if (!row_ok) return;
+  const bool y_vec = aligned16(yr + head);
+  const bool w_vec = w != nullptr && aligned16(w + head);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = g + k * G;
+    if (j >= nvec) break;
+    const int e0 = head + j * VEC;
+    float wf[VEC];
+    if (w != nullptr) {
+      load_weight<W, VEC>(w + e0, w_vec, wf);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+    }
+    Pack<T> o;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
+    if (y_vec) {
+      *reinterpret_cast<uint4*>(yr + e0) = o.raw;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) yr[e0 + i] = o.e[i];
+    }
+  }
+  if (g < head) {
+    const float wh = w != nullptr ? to_float(__ldg(w + g)) : 1.f;
+    yr[g] = from_float<T>(xh * rstd * wh);
+  }
+  if (g < tail) {
+    const float wt = w != nullptr ? to_float(__ldg(w + tail0 + g)) : 1.f;
+    yr[tail0 + g] = from_float<T>(xt * rstd * wt);
+  }
+}
+
+// ---- launch configuration --------------------------------------------------------------
+// One entry per row-width class, by the number of 16-byte vectors a row holds.
+struct Config {
+  int row_threads;
+  int vpt;
+};
+constexpr Config kConfigs[] = {{8, 1},   {16, 1},  {32, 1},  {32, 2},   {32, 4},  {64, 4},
+                               {128, 4}, {256, 4}, {512, 4}, {1024, 4}, {1024, 8}};
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+constexpr int kMaxVecsPerCta = 1024 * 8;  // the last config: beyond it, clusters
+constexpr int kMaxCluster = 8;            // portable cluster size
+
+template <typename T, typename W, int I>
+void launch_config(int idx, const T* x, const W* w, T* y, int64_t sx, int64_t sy, int64_t M,
+                   int N, float eps, cudaStream_t stream) {
+  if constexpr (I < kNumConfigs) {
+    if (idx != I) return launch_config<T, W, I + 1>(idx, x, w, y, sx, sy, M, N, eps, stream);
+    constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
+    constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
+    const int64_t blocks = (M + ROWS - 1) / ROWS;
+    TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", M,
+                      " rows, more than one launch can cover");
+    rms_norm_kernel<T, W, RT, VPT, false>
+        <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename T, typename W>
+void launch_cluster(int ranks, const T* x, const W* w, T* y, int64_t sx, int64_t sy, int64_t M,
+                    int N, float eps, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(M * ranks));
+  cfg.blockDim = dim3(1024);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ranks;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(
+      cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, 1024, 8, true>, x, w, y, sx, sy, M, N, eps));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename W>
+void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps) {
+  const int64_t M = x2.size(0);
+  const int N = static_cast<int>(x2.size(1));
+  const T* x = reinterpret_cast<const T*>(x2.const_data_ptr());
+  T* y = reinterpret_cast<T*>(y2.mutable_data_ptr());
+  const int64_t sx = x2.stride(0), sy = y2.stride(0);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int vecs = N / kVec<T>;  // body vectors a row can have, at most
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (vecs <= kConfigs[i].row_threads * kConfigs[i].vpt) {
+      return launch_config<T, W, 0>(i, x, w, y, sx, sy, M, N, eps, stream);
+    }
+  }
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                        c10::cuda::current_device()));
+  TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", N,
+                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", major,
+                    "x; the widest row it supports has ", kMaxVecsPerCta * kVec<T>, " elements");
+  int ranks = 2;
+  while (ranks * kMaxVecsPerCta < vecs) ranks *= 2;
+  TORCH_CHECK(ranks <= kMaxCluster, "cuda_impl.rms_norm: internal: N = ", N,
+              " exceeds the cluster capacity");
+  TORCH_CHECK_VALUE(M * ranks <= INT32_MAX, "cuda_impl.rms_norm: x has ", M,
+                    " rows, more than one launch can cover");
+  launch_cluster<T, W>(ranks, x, w, y, sx, sy, M, N, eps, stream);
+}
+
+// Dispatch on x's dtype and the weight's (x's dtype, fp32, or none).
+void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+         at::Tensor& y) {
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y2 = y.view({-1, x.size(-1)});
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const bool w_fp32 = w.defined() && w.scalar_type() == at::kFloat;
+  const float e = static_cast<float>(eps);
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      return launch<float, float>(x2, w.defined() ? w.const_data_ptr<float>() : nullptr, y2, e);
+    case at::kHalf:
+      if (w_fp32) return launch<__half, float>(x2, w.const_data_ptr<float>(), y2, e);
+      return launch<__half, __half>(
+          x2, w.defined() ? reinterpret_cast<const __half*>(w.const_data_ptr()) : nullptr, y2, e);
+    case at::kBFloat16:
+      if (w_fp32) return launch<__nv_bfloat16, float>(x2, w.const_data_ptr<float>(), y2, e);
+      return launch<__nv_bfloat16, __nv_bfloat16>(
+          x2, w.defined() ? reinterpret_cast<const __nv_bfloat16*>(w.const_data_ptr()) : nullptr,
+          y2, e);
+    default:
+      TORCH_CHECK_TYPE(false, "cuda_impl.rms_norm: unsupported dtype ", x.scalar_type());
+  }
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  check_inputs(x, weight, eps);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  run(x, weight, eps, y);
+  return y;
+}
+
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                  double eps) {
+  check_inputs(x, weight, eps);
+  check_out(out, x);
+  run(x, weight, eps, out);
+}
+
+TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_out", &rms_norm_out);
+}
+
+}  // namespace cuda_impl

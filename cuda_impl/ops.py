@@ -1,0 +1,76 @@
+"""Python face of the CUDA C++ RMSNorm: loads the extension, registers fakes, wraps the op.
+
+The library is whichever build is found: ``$CUDA_IMPL_LIBRARY`` if set (e.g. the CMake
+build's ``build/cmake/libcuda_impl_ops.so``), else ``cuda_impl/_C*.so`` from
+``python setup.py build_ext --inplace``. Same semantics, checks and error messages as
+triton_impl (rmsnorm_api); the C++ side repeats the checks for direct torch.ops callers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Optional
+
+import torch
+
+from rmsnorm_api import DEFAULT_EPS, RMSNormModule, check_inputs, check_out
+
+_IMPL = "cuda_impl.rms_norm"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library_path() -> str:
+    env = os.environ.get("CUDA_IMPL_LIBRARY")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"CUDA_IMPL_LIBRARY={env} does not exist")
+        return env
+    found = sorted(glob.glob(os.path.join(_HERE, "_C*.so")))
+    if not found:
+        raise ImportError(
+            "cuda_impl: the CUDA extension is not built. Build it with "
+            "`CUDA_HOME=/usr/local/cuda python setup.py build_ext --inplace` "
+            "(or `pip install --no-build-isolation -e .`) in the repository root."
+        )
+    return found[0]
+
+
+LIBRARY = _library_path()
+torch.ops.load_library(LIBRARY)
+
+
+@torch.library.register_fake("cuda_impl::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("cuda_impl::rms_norm_out")
+def _rms_norm_out_fake(out, x, weight, eps):
+    return None
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """RMSNorm over x's last dim with the CUDA C++ kernel; semantics as in rmsnorm_api.
+
+    Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` and
+    returns it. Raises TypeError/ValueError naming the argument for unsupported input.
+    """
+    check_inputs(x, weight, eps, impl=_IMPL)
+    if out is None:
+        return torch.ops.cuda_impl.rms_norm(x, weight, float(eps))
+    check_out(out, x, impl=_IMPL)
+    torch.ops.cuda_impl.rms_norm_out(out, x, weight, float(eps))
+    return out
+
+
+class RMSNorm(RMSNormModule):
+    """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the CUDA C++ kernel."""
+
+    _fn = staticmethod(rms_norm)

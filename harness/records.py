@@ -1,0 +1,261 @@
+"""Benchmark records: one JSON object per line, append-only, the environment in every line.
+
+Every figure and table in a report is drawn from these lines, so any machine can redraw a
+GPU run. A line is written (and flushed) as soon as it is measured: an interrupted run
+keeps what it measured.
+
+The one bytes model, for every implementation alike (METHOD.md rule 2):
+    bytes = read x (M*N) + read weight (N) + write y (M*N), each in its own element size.
+An implementation that moves more (Liger's rstd row, eager's fp32 temporaries) is still
+charged only this, so GB/s compares work done, not traffic generated.
+
+Schema (version 1). Every line has:
+    schema, run_id, time (UTC ISO), kind ("timing" | "copy" | "skip"), env (dict),
+    impl, dtype ("fp32" | "fp16" | "bf16" | None), shape ([M, N] | None),
+    sections (list: "grid", "msweep", "decode", "quick", "custom"), shape_class,
+    mode ("cold" | "graph" | "host" | None), small (bool: working set under L2 or ~20 us),
+    bytes (int | None), status ("PASS" | "FAIL" | "SKIP"),
+    correct ({max_abs, max_rel, passed, error} | None),
+    samples_us (list), blocks (list of {median_us, p20_us, p80_us, n}),
+    stats ({median_us, p20_us, p80_us, min_us, max_us, mean_us, n} | None),
+    spread (relative spread of the block medians | None),
+    gbps, gbps_lo, gbps_hi (GB/s at the median, p80 and p20 times | None),
+    pct_peak, pct_copy (% of theoretical peak / measured copy ceiling | None; None for
+    small shapes and for graph/host modes, whose bytes need not come from HBM),
+    kernels ({class, names, count, path} | None), compile_s (float | None),
+    resources (list of {name, n_regs, n_spills, num_warps} | None), clocks (dict | None),
+    notes (list of str).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+SCHEMA_VERSION = 1
+KINDS = ("timing", "copy", "skip")
+MODES = ("cold", "graph", "host")
+STATUSES = ("PASS", "FAIL", "SKIP")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+# field -> allowed types (None in the tuple means the value may be null)
+_FIELDS: dict[str, tuple] = {
+    "schema": (int,),
+    "run_id": (str,),
+    "time": (str,),
+    "kind": (str,),
+    "env": (dict,),
+    "impl": (str,),
+    "dtype": (str, None),
+    "shape": (list, None),
+    "sections": (list,),
+    "shape_class": (str, None),
+    "mode": (str, None),
+    "small": (bool,),
+    "bytes": (int, None),
+    "status": (str,),
+    "correct": (dict, None),
+    "samples_us": (list,),
+    "blocks": (list,),
+    "stats": (dict, None),
+    "spread": (float, int, None),
+    "gbps": (float, int, None),
+    "gbps_lo": (float, int, None),
+    "gbps_hi": (float, int, None),
+    "pct_peak": (float, int, None),
+    "pct_copy": (float, int, None),
+    "kernels": (dict, None),
+    "compile_s": (float, int, None),
+    "resources": (list, None),
+    "clocks": (dict, None),
+    "notes": (list,),
+}
+_STAT_KEYS = ("median_us", "p20_us", "p80_us", "min_us", "max_us", "mean_us", "n")
+
+
+class RecordError(ValueError):
+    """A line that does not follow the schema; the message names the field."""
+
+
+def bytes_moved(m: int, n: int, x_bytes: int, w_bytes: Optional[int] = None) -> int:
+    """The one bytes model: read x + read weight + write y (y has x's element size).
+
+    ``w_bytes`` is the weight's element size, or None when there is no weight.
+    """
+    if m < 0 or n < 1:
+        raise ValueError(f"bytes_moved: shape ({m}, {n}) must have M >= 0 and N >= 1")
+    weight = n * w_bytes if w_bytes else 0
+    return 2 * m * n * x_bytes + weight
+
+
+def gbps(nbytes: int, seconds: Optional[float]) -> Optional[float]:
+    """Decimal GB/s (1e9 bytes per second), the unit of every figure; None if no time."""
+    if seconds is None or seconds <= 0 or not math.isfinite(seconds):
+        return None
+    return nbytes / seconds / 1e9
+
+
+def new_run_id() -> str:
+    """A sortable id for one bench invocation: the UTC start time."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _clean(value: Any) -> Any:
+    """NaN and inf are not JSON: store them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def make_record(*, run_id: str, env: dict, kind: str, impl: str, **fields: Any) -> dict:
+    """A complete record: the given fields over defaults for everything else."""
+    rec: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "run_id": run_id,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "kind": kind,
+        "env": env,
+        "impl": impl,
+        "dtype": None,
+        "shape": None,
+        "sections": [],
+        "shape_class": None,
+        "mode": None,
+        "small": False,
+        "bytes": None,
+        "status": "PASS",
+        "correct": None,
+        "samples_us": [],
+        "blocks": [],
+        "stats": None,
+        "spread": None,
+        "gbps": None,
+        "gbps_lo": None,
+        "gbps_hi": None,
+        "pct_peak": None,
+        "pct_copy": None,
+        "kernels": None,
+        "compile_s": None,
+        "resources": None,
+        "clocks": None,
+        "notes": [],
+    }
+    unknown = set(fields) - set(_FIELDS)
+    if unknown:
+        raise RecordError(f"make_record: unknown fields {sorted(unknown)}")
+    rec.update(fields)
+    if rec["shape"] is not None:
+        rec["shape"] = [int(v) for v in rec["shape"]]
+    rec = _clean(rec)
+    validate_record(rec)
+    return rec
+
+
+def validate_record(rec: Any) -> None:
+    """Raise RecordError naming the first field that breaks the schema."""
+    if not isinstance(rec, dict):
+        raise RecordError(f"a record must be a JSON object, got {type(rec).__name__}")
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"schema is {rec.get('schema')!r}; this reader knows {SCHEMA_VERSION}")
+    for name, types in _FIELDS.items():
+        if name not in rec:
+            raise RecordError(f"missing field '{name}'")
+        value = rec[name]
+        if value is None:
+            if None not in types:
+                raise RecordError(f"field '{name}' is null")
+            continue
+        ok_types = tuple(t for t in types if t is not None)
+        if isinstance(value, bool) and bool not in ok_types:
+            raise RecordError(f"field '{name}' is a bool; expected {ok_types}")
+        if not isinstance(value, ok_types):
+            raise RecordError(f"field '{name}' is {type(value).__name__}; expected {ok_types}")
+    if rec["kind"] not in KINDS:
+        raise RecordError(f"kind is {rec['kind']!r}; expected one of {KINDS}")
+    if rec["status"] not in STATUSES:
+        raise RecordError(f"status is {rec['status']!r}; expected one of {STATUSES}")
+    if rec["mode"] is not None and rec["mode"] not in MODES:
+        raise RecordError(f"mode is {rec['mode']!r}; expected one of {MODES}")
+    if rec["dtype"] is not None and rec["dtype"] not in DTYPE_BYTES:
+        raise RecordError(f"dtype is {rec['dtype']!r}; expected one of {tuple(DTYPE_BYTES)}")
+    shape = rec["shape"]
+    if shape is not None and (len(shape) != 2 or not all(isinstance(v, int) for v in shape)):
+        raise RecordError(f"shape is {shape!r}; expected [M, N] integers")
+    if rec["kind"] == "timing" and rec["status"] != "SKIP":
+        for name in ("dtype", "shape", "mode", "bytes"):
+            if rec[name] is None:
+                raise RecordError(f"a timing record needs '{name}'")
+    if rec["status"] == "PASS" and rec["kind"] in ("timing", "copy"):
+        stats = rec["stats"]
+        if stats is None:
+            raise RecordError("a PASS measurement needs 'stats'")
+        missing = [k for k in _STAT_KEYS if k not in stats]
+        if missing:
+            raise RecordError(f"stats lacks {missing}")
+    if rec["status"] == "FAIL" and rec["kind"] == "timing" and rec["correct"] is None:
+        raise RecordError("a FAIL record needs 'correct' (the error it failed with)")
+
+
+class RecordWriter:
+    """Appends validated records to a .jsonl file, one flushed line each."""
+
+    def __init__(self, path: str | os.PathLike, *, append: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, rec: dict) -> None:
+        validate_record(rec)
+        self._f.write(json.dumps(rec, allow_nan=False, separators=(",", ":")) + "\n")
+        self._f.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_records(path: str | os.PathLike) -> Iterator[dict]:
+    """Validated records in file order; RecordError names the line that is wrong."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                validate_record(rec)
+            except (json.JSONDecodeError, RecordError) as e:
+                raise RecordError(f"{path}:{lineno}: {e}") from e
+            yield rec
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """All records of a file (see iter_records)."""
+    return list(iter_records(path))
+
+
+def latest(records: Iterable[dict]) -> list[dict]:
+    """One record per measurement (kind, impl, dtype, shape, mode): the last one written.
+
+    A rerun of some shapes appended to a file replaces the earlier lines for those shapes.
+    """
+    keep: dict[tuple, dict] = {}
+    for rec in records:
+        shape = tuple(rec["shape"]) if rec["shape"] else None
+        keep[(rec["kind"], rec["impl"], rec["dtype"], shape, rec["mode"])] = rec
+    return list(keep.values())

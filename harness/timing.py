@@ -1,0 +1,228 @@
+"""How a kernel is timed (METHOD.md rules 4-6), and the statistics every record carries.
+
+Cold timing, the headline: before each repetition a buffer >= 4x the L2 size is zeroed,
+outside the timed event pair, so every repetition reads x from HBM. Start and end are
+CUDA events recorded on the current stream around one call; there is no sync between
+repetitions (the flush kernel separates them), one sync at the end of a batch.
+
+Drift control: ``interleaved`` runs three blocks per shape; inside each block every
+implementation runs its repetitions in turn, and the order rotates from block to block, so
+a change of clock or temperature hits all implementations alike. Each block keeps its own
+median; the spread of the block medians is the noise floor of the comparison.
+
+Small shapes (working set under L2, or a few microseconds): a single call is dominated by
+launch and the flush, so they also get ``graph_samples`` (device time per call under
+CUDA-graph replay of back-to-back calls, L2 warm) and ``host_samples`` (wall time per call
+of a loop of calls without sync: what the CPU pays to launch).
+
+The statistics helpers at the top are pure Python and testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import torch
+
+#: Blocks per shape; implementations are interleaved inside each block.
+BLOCKS = 3
+#: Cold repetitions per implementation and block are chosen to fill about this much time.
+TARGET_BLOCK_S = 0.015
+MIN_REPS, MAX_REPS = 10, 100
+#: Warm-up per shape, shared round-robin by all implementations (hundreds of ms).
+WARMUP_S = 0.2
+
+
+# ---------------------------------------------------------------------------------------
+# statistics (pure)
+# ---------------------------------------------------------------------------------------
+
+
+def quantile(samples: Sequence[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) with linear interpolation between order statistics."""
+    if not samples:
+        raise ValueError("quantile of no samples")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile: q is {q}; expected 0 <= q <= 1")
+    s = sorted(samples)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(samples_us: Sequence[float]) -> dict:
+    """Median, p20, p80, min, max, mean and count of samples in microseconds."""
+    return {
+        "median_us": quantile(samples_us, 0.5),
+        "p20_us": quantile(samples_us, 0.2),
+        "p80_us": quantile(samples_us, 0.8),
+        "min_us": min(samples_us),
+        "max_us": max(samples_us),
+        "mean_us": sum(samples_us) / len(samples_us),
+        "n": len(samples_us),
+    }
+
+
+def spread(block_medians: Sequence[float]) -> float:
+    """(max - min) / median of the block medians: 0.02 means blocks disagree by 2%."""
+    if len(block_medians) < 2:
+        return 0.0
+    mid = quantile(block_medians, 0.5)
+    return (max(block_medians) - min(block_medians)) / mid if mid > 0 else float("nan")
+
+
+def reps_for(estimate_s: float, target_s: float = TARGET_BLOCK_S) -> int:
+    """Repetitions per block for a call of ``estimate_s`` seconds, in [MIN_REPS, MAX_REPS]."""
+    if estimate_s <= 0 or not math.isfinite(estimate_s):
+        return MAX_REPS
+    return max(MIN_REPS, min(MAX_REPS, round(target_s / estimate_s)))
+
+
+def rotations(names: Sequence[str], blocks: int = BLOCKS) -> list[list[str]]:
+    """The order of implementations in each block: rotated by one per block."""
+    k = len(names)
+    return [[names[(b + i) % k] for i in range(k)] for b in range(blocks)] if k else []
+
+
+# ---------------------------------------------------------------------------------------
+# device timing
+# ---------------------------------------------------------------------------------------
+
+
+class L2Flush:
+    """Zeroes a buffer of at least 4x the L2 size: after it, nothing of x is in L2."""
+
+    def __init__(self, l2_bytes: int, device: torch.device | str = "cuda") -> None:
+        self.nbytes = max(4 * int(l2_bytes), 64 << 20)
+        self.buf = torch.empty(self.nbytes, dtype=torch.int8, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def cold_samples(fn: Callable[[], object], reps: int, flush: L2Flush) -> list[float]:
+    """Seconds per call for ``reps`` calls, each after an L2 flush outside its events."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        flush()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)]
+
+
+def warm_up(fns: Sequence[Callable[[], object]], seconds: float = WARMUP_S) -> None:
+    """Call the functions round-robin for ``seconds`` of wall time (at least 3 rounds).
+
+    Brings clocks up, finishes any JIT compilation, fills the allocator's cache.
+    """
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while rounds < 3 or time.perf_counter() < deadline:
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+        rounds += 1
+
+
+def estimate_s(fn: Callable[[], object], flush: L2Flush) -> float:
+    """A quick cold estimate of one call: the median of 3 flushed calls."""
+    return quantile(cold_samples(fn, 3, flush), 0.5)
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    reps: dict[str, int],
+    flush: L2Flush,
+    blocks: int = BLOCKS,
+) -> dict[str, list[list[float]]]:
+    """Cold samples (seconds) per implementation and block, implementations interleaved."""
+    out: dict[str, list[list[float]]] = {name: [] for name in fns}
+    for order in rotations(list(fns), blocks):
+        for name in order:
+            out[name].append(cold_samples(fns[name], reps[name], flush))
+    return out
+
+
+def graph_samples(
+    fn: Callable[[], object], calls: int = 20, replays: int = 10
+) -> list[float]:
+    """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
+
+    One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as the CUDA docs ask
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    del graph
+    return [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends)]
+
+
+def host_samples(
+    fn: Callable[[], object], calls: int = 100, repeats: int = 7
+) -> list[float]:
+    """Host seconds per call: wall time of ``calls`` back-to-back calls with no sync."""
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        out.append((t1 - t0) / calls)
+    torch.cuda.synchronize()
+    return out
+
+
+def to_us(samples_s: Sequence[float]) -> list[float]:
+    return [s * 1e6 for s in samples_s]
+
+
+def block_summary(blocks_s: Sequence[Sequence[float]]) -> tuple[list[dict], dict, float]:
+    """Per-block {median_us, p20_us, p80_us, n}, stats over all samples, and the spread."""
+    per_block = []
+    for b in blocks_s:
+        us = to_us(b)
+        per_block.append(
+            {
+                "median_us": quantile(us, 0.5),
+                "p20_us": quantile(us, 0.2),
+                "p80_us": quantile(us, 0.8),
+                "n": len(us),
+            }
+        )
+    all_us = [v for b in blocks_s for v in to_us(b)]
+    return per_block, summarize(all_us), spread([b["median_us"] for b in per_block])
+
+
+def maybe(fn: Callable[[], list[float]]) -> tuple[Optional[list[float]], Optional[str]]:
+    """Run a timing function; (samples, None) or (None, the error) if it raised."""
+    try:
+        return fn(), None
+    except Exception as e:  # a capture failure is reported, never fatal to the run
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -1,0 +1,50 @@
+"""Build the CUDA C++ extension in place: ``python setup.py build_ext --inplace``.
+
+Produces cuda_impl/_C*.so, a plain shared library that cuda_impl.ops loads with
+torch.ops.load_library (TORCH_LIBRARY registration; no Python bindings needed).
+
+Keep SOURCES and the flags in sync with CMakeLists.txt, which builds the same library.
+
+Target GPUs: $TORCH_CUDA_ARCH_LIST if set (e.g. "9.0"); else the GPU present (torch's
+default); with no GPU visible (CI), "9.0" (sm_90: H100/H200), the project's target.
+Set RMSNORM_PTXAS_VERBOSE=1 to print registers and spills per kernel (-Xptxas -v).
+"""
+
+import os
+
+from setuptools import setup
+
+SOURCES = ["cuda_impl/csrc/rms_norm.cpp", "cuda_impl/csrc/rms_norm_kernel.cu"]
+CXX_FLAGS = ["-O3"]  # the C++ standard is torch's own choice (C++20 for torch >= 2.10)
+NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
+
+
+def ext_modules():
+    import torch
+    from torch.utils.cpp_extension import CUDAExtension
+
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    nvcc = list(NVCC_FLAGS)
+    if os.environ.get("RMSNORM_PTXAS_VERBOSE") == "1":
+        nvcc.append("-Xptxas=-v")
+    return [
+        CUDAExtension(
+            name="cuda_impl._C",
+            sources=SOURCES,
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": nvcc},
+        )
+    ]
+
+
+def cmdclass():
+    from torch.utils.cpp_extension import BuildExtension
+
+    return {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+setup(
+    packages=["triton_impl", "cuda_impl", "harness", "rmsnorm_api"],
+    ext_modules=ext_modules(),
+    cmdclass=cmdclass(),
+)
