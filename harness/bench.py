@@ -52,14 +52,29 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EPS = 1e-6
 
 GRID_ELEMENTS = 2**27
-LARGE_NS = (128, 512, 1000, 1024, 2048, 4095, 4096, 4097, 5120, 8192, 12288, 16384, 32768,
-            65536, 131072)
+LARGE_NS = (
+    128,
+    512,
+    1000,
+    1024,
+    2048,
+    4095,
+    4096,
+    4097,
+    5120,
+    8192,
+    12288,
+    16384,
+    32768,
+    65536,
+    131072,
+)
 MSWEEP_N = 4096
 MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768
 DECODE = tuple((m, n) for n in (4096, 8192) for m in (1, 8, 32, 128))
 
 QUICK_NS = (4096, 4097, 8192)
-QUICK_MSWEEP = (1, 64, 1024)
+QUICK_MSWEEP = (1, 64, 1024, 32768)  # 32768 x 4096 is also a grid shape
 QUICK_DECODE = ((8, 4096),)
 
 #: The shape --profile traces when --shapes does not name one.
@@ -118,7 +133,12 @@ def plan(
 def shape_class(dtype: str, n: int, small: bool) -> str:
     """The class a profiled call stands for: dtype, small or large, N range, odd N."""
     width = (
-        "N<=1024" if n <= 1024 else "N<=8192" if n <= 8192 else "N<=65536" if n <= 65536
+        "N<=1024"
+        if n <= 1024
+        else "N<=8192"
+        if n <= 8192
+        else "N<=65536"
+        if n <= 65536
         else "N>65536"
     )
     return f"{dtype},{'small' if small else 'large'},{width}{',odd' if n % 8 else ''}"
@@ -142,7 +162,9 @@ def kernels_of(call, name: str) -> dict:
         call()
         torch.cuda.synchronize()
     names = [
-        e.name for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+        e.name
+        for e in prof.events()
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
     ]
     path = None
     if name == "native":
@@ -203,8 +225,7 @@ class Bench:
     ours_failed: int = 0
 
     def write(self, impl: str, kind: str = "timing", **fields) -> dict:
-        rec = records.make_record(run_id=self.run_id, env=self.env, kind=kind, impl=impl,
-                                  **fields)
+        rec = records.make_record(run_id=self.run_id, env=self.env, kind=kind, impl=impl, **fields)
         self.writer.write(rec)
         return rec
 
@@ -231,101 +252,166 @@ def _validate(impl: Impl, x, w, ref) -> tuple[Optional[object], Optional[float],
 
 def measure_shape(b: Bench, p: Planned, impls: list[Impl]) -> None:
     """Check, profile and time every implementation at one shape; write its records."""
-    from tqdm import tqdm
-
     dtype = DTYPES[p.dtype]
     g = torch.Generator(device="cuda").manual_seed(b.seed + p.m * 131 + p.n)
     x = torch.randn(p.m, p.n, generator=g, device="cuda").to(dtype)
     w = (1.0 + 0.5 * torch.randn(p.n, generator=g, device="cuda")).to(dtype)
     nbytes = records.bytes_moved(p.m, p.n, x.element_size(), w.element_size())
     small = nbytes < b.small_bytes
-    cls = shape_class(p.dtype, p.n, small)
-    base = dict(dtype=p.dtype, shape=[p.m, p.n], sections=p.sections, shape_class=cls,
-                bytes=nbytes, small=small)
-    ref = rms_norm_ref(x, w, EPS)
+    base = dict(
+        dtype=p.dtype,
+        shape=[p.m, p.n],
+        sections=p.sections,
+        shape_class=shape_class(p.dtype, p.n, small),
+        bytes=nbytes,
+        small=small,
+    )
+    ready = _check_all(b, impls, x, w, base)
+    if ready:
+        _time_cold(b, ready, base)
+    if ready and small:
+        _time_small(b, ready, base)
 
+
+def _check_all(b: Bench, impls: list[Impl], x, w, base: dict) -> dict[str, dict]:
+    """Validate each implementation on (x, w); write FAIL records; profile the first of a
+    shape class. Returns {name: {call, compile_s, correct, kernels, resources, notes}}."""
+    from tqdm import tqdm
+
+    ref = rms_norm_ref(x, w, EPS)
+    cls, (m, n) = base["shape_class"], base["shape"]
     ready: dict[str, dict] = {}
     for impl in impls:
         before = _triton_variants() if impl.name == "triton" else {}
         fn, compile_s, correct = _validate(impl, x, w, ref)
         if fn is None:
-            if impl.ours:
-                b.ours_failed += 1
-            tqdm.write(f"FAIL {impl.name} {p.dtype} {p.m}x{p.n}: {correct['error']}")
-            b.write(impl.name, mode="cold", status="FAIL", correct=correct, compile_s=compile_s,
-                    notes=list(impl.notes), **base)
+            b.ours_failed += impl.ours
+            tqdm.write(f"FAIL {impl.name} {base['dtype']} {m}x{n}: {correct['error']}")
+            b.write(
+                impl.name,
+                mode="cold",
+                status="FAIL",
+                correct=correct,
+                compile_s=compile_s,
+                notes=list(impl.notes),
+                **base,
+            )
             continue
         call = functools.partial(fn, x, w, EPS)
         key = (impl.name, cls)
         if key not in b.kernels:
             try:
-                b.kernels[key] = {"class": cls, "profiled_shape": [p.m, p.n],
-                                  **kernels_of(call, impl.name)}
+                found = kernels_of(call, impl.name)
             except Exception as e:
-                b.kernels[key] = {"class": cls, "names": [], "count": 0,
-                                  "path": f"profiler failed: {_first_line(e)}"}
+                found = {"names": [], "count": 0, "path": f"profiler failed: {_first_line(e)}"}
+            b.kernels[key] = {"class": cls, "profiled_shape": [m, n], **found}
         resources = None
         if impl.name == "triton":
             from triton_impl import launch_config
 
-            cfg = (p.dtype, tuple(sorted(launch_config(p.n, x.element_size()).items())))
+            cfg = (base["dtype"], tuple(sorted(launch_config(n, x.element_size()).items())))
             new = [k for i, k in _triton_variants().items() if i not in before]
             if new:
                 b.resources[cfg] = _resources(new)
             resources = b.resources.get(cfg)
-        ready[impl.name] = dict(call=call, compile_s=compile_s, correct=correct,
-                                kernels=b.kernels[key], resources=resources, notes=impl.notes)
-    del ref
+        ready[impl.name] = dict(
+            call=call,
+            compile_s=compile_s,
+            correct=correct,
+            kernels=b.kernels[key],
+            resources=resources,
+            notes=impl.notes,
+        )
+    return ready
 
+
+def _time_cold(b: Bench, ready: dict[str, dict], base: dict) -> None:
+    """Warm up, then three interleaved cold blocks; one PASS record per implementation."""
     # warm-up, each implementation on its own so one that breaks now is dropped, not fatal
     for name in list(ready):
         try:
-            timing.warm_up([ready[name]["call"]], timing.WARMUP_S / max(1, len(ready)))
+            timing.warm_up([ready[name]["call"]], timing.WARMUP_S / len(ready))
         except Exception as e:
             r = ready.pop(name)
             r["correct"] = {**r["correct"], "passed": False, "error": _first_line(e)}
-            b.write(name, mode="cold", status="FAIL", correct=r["correct"], notes=["raised in warm-up"],
-                    **base)
+            b.write(
+                name,
+                mode="cold",
+                status="FAIL",
+                correct=r["correct"],
+                notes=["raised in warm-up"],
+                **base,
+            )
     if not ready:
         return
     fns = {name: r["call"] for name, r in ready.items()}
     reps = {name: timing.reps_for(timing.estimate_s(f, b.flush)) for name, f in fns.items()}
     clk0 = hardware.clocks()
     blocks = timing.interleaved(fns, reps, b.flush)
-    clk1 = hardware.clocks()
-    clk = _merge_clocks(clk0, clk1)
-    peak, copy = b.env.get("peak_gbps"), b.env.get("copy_gbps")
+    clk = _merge_clocks(clk0, hardware.clocks())
+    nbytes, small = base["bytes"], base["small"]
     for name, r in ready.items():
         per_block, stats, spr = timing.block_summary(blocks[name])
         gb = records.gbps(nbytes, stats["median_us"] * 1e-6)
         b.write(
-            name, mode="cold", status="PASS", correct=r["correct"],
+            name,
+            mode="cold",
+            status="PASS",
+            correct=r["correct"],
             samples_us=[v for blk in blocks[name] for v in timing.to_us(blk)],
-            blocks=per_block, stats=stats, spread=spr, gbps=gb,
+            blocks=per_block,
+            stats=stats,
+            spread=spr,
+            gbps=gb,
             gbps_lo=records.gbps(nbytes, stats["p80_us"] * 1e-6),
             gbps_hi=records.gbps(nbytes, stats["p20_us"] * 1e-6),
-            pct_peak=_pct(gb, peak, small), pct_copy=_pct(gb, copy, small), kernels=r["kernels"],
-            compile_s=r["compile_s"], resources=r["resources"], clocks=clk,
-            notes=list(r["notes"]) + ["L2 flushed before each repetition"], **base,
+            pct_peak=_pct(gb, b.env.get("peak_gbps"), small),
+            pct_copy=_pct(gb, b.env.get("copy_gbps"), small),
+            kernels=r["kernels"],
+            compile_s=r["compile_s"],
+            resources=r["resources"],
+            clocks=clk,
+            notes=list(r["notes"]) + ["L2 flushed before each repetition"],
+            **base,
         )
-    if small:
-        for name, r in ready.items():
-            for mode, sampler in (("graph", timing.graph_samples), ("host", timing.host_samples)):
-                got, err = timing.maybe(functools.partial(sampler, r["call"]))
-                if got is None:
-                    b.write(name, mode=mode, status="SKIP", notes=[f"{mode} timing failed: {err}"],
-                            kernels=r["kernels"], **base)
-                    continue
-                us = timing.to_us(got)
-                stats = timing.summarize(us)
-                note = ("CUDA-graph replay of 20 back-to-back calls, L2 warm" if mode == "graph"
-                        else "host wall time per call, 100 calls without sync")
+
+
+def _time_small(b: Bench, ready: dict[str, dict], base: dict) -> None:
+    """Small shapes: CUDA-graph device time and host time per call, a record each."""
+    notes = {
+        "graph": "CUDA-graph replay of 20 back-to-back calls, L2 warm",
+        "host": "host wall time per call, 100 calls without sync",
+    }
+    clk = hardware.clocks()
+    for name, r in ready.items():
+        for mode, sampler in (("graph", timing.graph_samples), ("host", timing.host_samples)):
+            got, err = timing.maybe(functools.partial(sampler, r["call"]))
+            if got is None:
                 b.write(
-                    name, mode=mode, status="PASS", correct=r["correct"], samples_us=us,
-                    stats=stats, kernels=r["kernels"], clocks=clk,
-                    gbps=records.gbps(nbytes, stats["median_us"] * 1e-6) if mode == "graph" else None,
-                    notes=[note], **base,
+                    name,
+                    mode=mode,
+                    status="SKIP",
+                    kernels=r["kernels"],
+                    notes=[f"{mode} timing failed: {err}"],
+                    **base,
                 )
+                continue
+            us = timing.to_us(got)
+            stats = timing.summarize(us)
+            gb = records.gbps(base["bytes"], stats["median_us"] * 1e-6)
+            b.write(
+                name,
+                mode=mode,
+                status="PASS",
+                correct=r["correct"],
+                samples_us=us,
+                stats=stats,
+                kernels=r["kernels"],
+                clocks=clk,
+                gbps=gb if mode == "graph" else None,
+                notes=[notes[mode]],
+                **base,
+            )
 
 
 def _pct(gb: Optional[float], ceiling: Optional[float], small: bool) -> Optional[float]:
@@ -339,7 +425,9 @@ def _merge_clocks(before: Optional[dict], after: Optional[dict]) -> Optional[dic
         return before
     merged = dict(after)
     merged["throttled"] = bool(after.get("throttled") or (before or {}).get("throttled"))
-    merged["reasons"] = sorted(set(after.get("reasons", [])) | set((before or {}).get("reasons", [])))
+    merged["reasons"] = sorted(
+        set(after.get("reasons", [])) | set((before or {}).get("reasons", []))
+    )
     merged["sm_mhz_before"] = (before or {}).get("sm_mhz")
     return merged
 
@@ -357,26 +445,46 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     t_start = time.perf_counter()
     env = hardware.environment()
     peak = hardware.theoretical_peak()
-    print(f"{env['gpu']}: peak {peak['gbps'] or float('nan'):.0f} GB/s ({peak['source']}); "
-          "measuring the copy ceiling ...", flush=True)
+    print(
+        f"{env['gpu']}: peak {peak['gbps'] or float('nan'):.0f} GB/s ({peak['source']}); "
+        "measuring the copy ceiling ...",
+        flush=True,
+    )
     copy = hardware.copy_ceiling()
-    env.update(peak_gbps=peak["gbps"], peak_source=peak["source"],
-               mem_clock_mhz=peak["mem_clock_mhz"], bus_width_bits=peak["bus_width_bits"],
-               copy_gbps=copy["gbps"])
+    env.update(
+        peak_gbps=peak["gbps"],
+        peak_source=peak["source"],
+        mem_clock_mhz=peak["mem_clock_mhz"],
+        bus_width_bits=peak["bus_width_bits"],
+        copy_gbps=copy["gbps"],
+    )
     print(f"copy ceiling {copy['gbps']:.0f} GB/s (1 GiB device-to-device, read + written)")
     run_id = records.new_run_id()
     path = out / "records.jsonl"
     writer = records.RecordWriter(path, append=args.append)
     l2 = env["l2_bytes"] or (50 << 20)
-    b = Bench(run_id=run_id, env=env, writer=writer, flush=timing.L2Flush(l2),
-              small_bytes=max(l2, 20e-6 * copy["gbps"] * 1e9), seed=args.seed)
+    b = Bench(
+        run_id=run_id,
+        env=env,
+        writer=writer,
+        flush=timing.L2Flush(l2),
+        small_bytes=max(l2, 20e-6 * copy["gbps"] * 1e9),
+        seed=args.seed,
+    )
     copy_stats = timing.summarize(copy["samples_us"])
-    b.write("copy", kind="copy", bytes=copy["bytes"], samples_us=copy["samples_us"],
-            stats=copy_stats, gbps=copy["gbps"],
-            gbps_lo=records.gbps(copy["bytes"], copy_stats["p80_us"] * 1e-6),
-            gbps_hi=records.gbps(copy["bytes"], copy_stats["p20_us"] * 1e-6),
-            pct_peak=100 * copy["gbps"] / peak["gbps"] if peak["gbps"] else None,
-            clocks=hardware.clocks(), notes=["torch copy_ of 1 GiB, bytes read + written"])
+    b.write(
+        "copy",
+        kind="copy",
+        bytes=copy["bytes"],
+        samples_us=copy["samples_us"],
+        stats=copy_stats,
+        gbps=copy["gbps"],
+        gbps_lo=records.gbps(copy["bytes"], copy_stats["p80_us"] * 1e-6),
+        gbps_hi=records.gbps(copy["bytes"], copy_stats["p20_us"] * 1e-6),
+        pct_peak=100 * copy["gbps"] / peak["gbps"] if peak["gbps"] else None,
+        clocks=hardware.clocks(),
+        notes=["torch copy_ of 1 GiB, bytes read + written"],
+    )
 
     all_impls = registry(baselines=True)
     impls = []
@@ -389,14 +497,23 @@ def run_gpu(args, names: list[str], out: Path) -> int:
             impls.append(all_impls[name])
     shapes = plan(args.dtypes, quick=args.quick, shapes=args.shapes)
     print(f"{len(shapes)} shapes x {len(impls)} implementations -> {path}")
-    bar = tqdm(shapes, unit="shape", dynamic_ncols=True, file=sys.stderr)
+    # a log file (not a terminal) gets a line every 5 s instead of every redraw
+    every = 0.1 if sys.stderr.isatty() else 5.0
+    bar = tqdm(shapes, unit="shape", dynamic_ncols=True, file=sys.stderr, mininterval=every)
     for i, p in enumerate(bar):
         if time.perf_counter() - t_start > args.budget_s:
             rest = shapes[i:]
             tqdm.write(f"time budget of {args.budget_s:.0f} s spent: {len(rest)} shapes not run")
             for q in rest:
-                b.write("all", kind="skip", status="SKIP", dtype=q.dtype, shape=[q.m, q.n],
-                        sections=q.sections, notes=["not run: time budget spent"])
+                b.write(
+                    "all",
+                    kind="skip",
+                    status="SKIP",
+                    dtype=q.dtype,
+                    shape=[q.m, q.n],
+                    sections=q.sections,
+                    notes=["not run: time budget spent"],
+                )
             break
         bar.set_postfix_str(f"{p.dtype} {p.m}x{p.n}")
         measure_shape(b, p, impls)
@@ -457,21 +574,26 @@ def run_without_gpu(args, out: Path) -> int:
         print(f"triton: {why}")
         failed = 1
     else:
-        for i, (name, shape) in enumerate([("n1000", (7, 1000)), ("n4097", (3, 4097)),
-                                           ("m64-n128", (64, 128))]):
-            for dname, dtype in DTYPES.items():
+        for i, (name, shape) in enumerate(
+            [("n1000", (7, 1000)), ("n4097", (3, 4097)), ("m64-n128", (64, 128))]
+        ):
+            for dtype in DTYPES.values():
                 r = run_case(Case(name, shape, dtype), triton, "cpu", args.seed + i)
                 failed += not r.ok
-                print(f"interpreter {r.case:<14} max rel {r.max_rel:.2e} "
-                      f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}")
+                print(
+                    f"interpreter {r.case:<14} max rel {r.max_rel:.2e} "
+                    f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}"
+                )
     if COMMITTED.exists():
         for f in plot.redraw(COMMITTED, out):
             print(f"wrote {f}")
         print(f"redrew the committed H200 run ({COMMITTED.relative_to(REPO)}) into {out}")
     else:
-        print(f"no committed H200 records yet ({COMMITTED.relative_to(REPO)} does not exist):"
-              " nothing to redraw; run python -m harness.bench on a GPU and commit"
-              " results/<gpu>/")
+        print(
+            f"no committed H200 records yet ({COMMITTED.relative_to(REPO)} does not exist):"
+            " nothing to redraw; run python -m harness.bench on a GPU and commit"
+            " results/<gpu>/"
+        )
     return 1 if failed else 0
 
 
@@ -481,22 +603,40 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         description="Validate, time and report every RMSNorm implementation.",
     )
     p.add_argument("--quick", action="store_true", help="a handful of bf16 shapes (< 1 min)")
-    p.add_argument("--dtypes", default=None,
-                   help="comma-separated from fp32,fp16,bf16 (default: all three for the "
-                        "grid; bf16 with --quick or --shapes)")
-    p.add_argument("--shapes", default=None, help="MxN list replacing the grid, e.g. 4096x4096,1x8192")
-    p.add_argument("--impls", default=None,
-                   help=f"comma-separated from {','.join(OURS + BASELINES)} (default: all)")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: results/<gpu>/ on a GPU, a temporary "
-                        "directory without one)")
+    p.add_argument(
+        "--dtypes",
+        default=None,
+        help="comma-separated from fp32,fp16,bf16 (default: all three for the "
+        "grid; bf16 with --quick or --shapes)",
+    )
+    p.add_argument(
+        "--shapes", default=None, help="MxN list replacing the grid, e.g. 4096x4096,1x8192"
+    )
+    p.add_argument(
+        "--impls",
+        default=None,
+        help=f"comma-separated from {','.join(OURS + BASELINES)} (default: all)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: results/<gpu>/ on a GPU, a temporary "
+        "directory without one)",
+    )
     p.add_argument("--append", action="store_true", help="append to records.jsonl, not replace")
-    p.add_argument("--profile", action="store_true",
-                   help="only write a torch.profiler Chrome trace per implementation at one "
-                        f"shape (the first of --shapes, else {PROFILE_SHAPE[0]}x{PROFILE_SHAPE[1]})")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="only write a torch.profiler Chrome trace per implementation at one "
+        f"shape (the first of --shapes, else {PROFILE_SHAPE[0]}x{PROFILE_SHAPE[1]})",
+    )
     p.add_argument("--require-gpu", action="store_true", help="exit 1 if there is no GPU")
-    p.add_argument("--budget-s", type=float, default=540.0,
-                   help="start no new shape after this many seconds (default 540)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="start no new shape after this many seconds (default 540)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -530,10 +670,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("no CUDA GPU on this machine, and --require-gpu was given", file=sys.stderr)
             return 1
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rmsnorm-bench-"))
-        print(f"no CUDA GPU: checking the Triton kernel under the interpreter and redrawing "
-              f"the committed H200 results into {out}")
+        print(
+            f"no CUDA GPU: checking the Triton kernel under the interpreter and redrawing "
+            f"the committed H200 results into {out}"
+        )
         return run_without_gpu(args, out)
-    out = Path(args.out) if args.out else REPO / "results" / hardware.gpu_slug(torch.cuda.get_device_name())
+    out = (
+        Path(args.out)
+        if args.out
+        else REPO / "results" / hardware.gpu_slug(torch.cuda.get_device_name())
+    )
     out.mkdir(parents=True, exist_ok=True)
     if args.profile:
         return run_profile(args, args.impls, out)

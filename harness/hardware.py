@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -47,8 +48,13 @@ _REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-_THROTTLING = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-               "hw_power_brake_slowdown"}
+_THROTTLING = {
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+}
 
 
 def peak_gbps(mem_clock_mhz: float, bus_width_bits: int) -> float:
@@ -56,6 +62,7 @@ def peak_gbps(mem_clock_mhz: float, bus_width_bits: int) -> float:
     return 2 * mem_clock_mhz * 1e6 * bus_width_bits / 8 / 1e9
 
 
+@functools.cache
 def _nvml_handle(device: int = 0) -> Optional[Any]:
     """An NVML handle for torch's device index, or None where NVML is unavailable."""
     try:
@@ -96,8 +103,12 @@ def theoretical_peak(device: int = 0) -> dict:
             clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
             width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
             if clock and width:
-                return dict(gbps=peak_gbps(clock, width), mem_clock_mhz=clock,
-                            bus_width_bits=width, source="nvml")
+                return dict(
+                    gbps=peak_gbps(clock, width),
+                    mem_clock_mhz=clock,
+                    bus_width_bits=width,
+                    source="nvml",
+                )
         except Exception:
             pass
     props = torch.cuda.get_device_properties(device)
@@ -105,40 +116,48 @@ def theoretical_peak(device: int = 0) -> dict:
     width = getattr(props, "memory_bus_width", 0)
     if clock_khz and width:
         clock = clock_khz / 1000
-        return dict(gbps=peak_gbps(clock, width), mem_clock_mhz=clock, bus_width_bits=width,
-                    source="torch")
+        return dict(
+            gbps=peak_gbps(clock, width), mem_clock_mhz=clock, bus_width_bits=width, source="torch"
+        )
     spec = fallback_memory(name)
     if spec:
-        return dict(gbps=peak_gbps(*spec), mem_clock_mhz=spec[0], bus_width_bits=spec[1],
-                    source="table")
+        return dict(
+            gbps=peak_gbps(*spec), mem_clock_mhz=spec[0], bus_width_bits=spec[1], source="table"
+        )
     return dict(gbps=None, mem_clock_mhz=None, bus_width_bits=None, source="unknown")
 
 
-def copy_ceiling(nbytes: int = 1 << 30, reps: int = 20, device: int = 0) -> dict:
+def copy_ceiling(
+    nbytes: int = 1 << 30, reps: int = 20, warmup_s: float = 0.3, device: int = 0
+) -> dict:
     """Median GB/s of a device-to-device copy of ``nbytes`` (bytes read + written).
 
+    Copies for ``warmup_s`` first (which also brings the clocks up for the whole run).
     Returns {gbps, bytes, samples_us, median_us, p20_us, p80_us}.
     """
-    from harness.timing import quantile
+    from harness.timing import elapsed_s, event_pairs, quantile, warm_up
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
-    for _ in range(3):
+    warm_up([functools.partial(dst.copy_, src)], warmup_s)
+    pairs = event_pairs(reps)
+    for start, end in pairs:
+        start.record()
         dst.copy_(src)
+        end.record()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        dst.copy_(src)
-        e.record()
-    torch.cuda.synchronize()
-    us = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    us = [s * 1e6 for s in elapsed_s(pairs)]
     del src, dst
     torch.cuda.empty_cache()
     median = quantile(us, 0.5)
-    return dict(gbps=2 * nbytes / (median * 1e-6) / 1e9, bytes=2 * nbytes, samples_us=us,
-                median_us=median, p20_us=quantile(us, 0.2), p80_us=quantile(us, 0.8))
+    return dict(
+        gbps=2 * nbytes / (median * 1e-6) / 1e9,
+        bytes=2 * nbytes,
+        samples_us=us,
+        median_us=median,
+        p20_us=quantile(us, 0.2),
+        p80_us=quantile(us, 0.8),
+    )
 
 
 def decode_reasons(mask: int) -> list[str]:
@@ -188,11 +207,22 @@ def gpu_slug(name: str) -> str:
 def git_info(repo: Path = REPO) -> tuple[Optional[str], Optional[bool]]:
     """(HEAD's SHA, whether tracked files differ from it), or (None, None) outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                             text=True, check=True, timeout=10).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=repo, capture_output=True, text=True, check=True,
-                                timeout=10).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
         return sha, bool(status.strip())
     except Exception:
         return None, None
@@ -224,8 +254,15 @@ def environment(device: int = 0) -> dict:
     sha, dirty = git_info()
     env: dict[str, Any] = {"git_sha": sha, "git_dirty": dirty, **software()}
     if not torch.cuda.is_available():
-        return {"gpu": None, "sm_count": None, "l2_bytes": None, "mem_bytes": None,
-                "cc": None, "driver": None, **env}
+        return {
+            "gpu": None,
+            "sm_count": None,
+            "l2_bytes": None,
+            "mem_bytes": None,
+            "cc": None,
+            "driver": None,
+            **env,
+        }
     props = torch.cuda.get_device_properties(device)
     driver = None
     if _nvml_handle(device) is not None:

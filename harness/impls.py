@@ -134,7 +134,11 @@ class _LazyCompiled:
 
     def __call__(self, x, weight=None, eps=1e-6):
         key = (
-            tuple(x.shape), x.stride(), x.dtype, x.device, eps,
+            tuple(x.shape),
+            x.stride(),
+            x.dtype,
+            x.device,
+            eps,
             None if weight is None else (weight.dtype, tuple(weight.shape)),
         )
         if key != self._key:
@@ -175,8 +179,10 @@ def _liger() -> Impl:
     return Impl(
         "liger",
         liger_rms_norm,
-        notes=["casting_mode='gemma' (fp32 x and weight, one cast); refuses N > 65536",
-               "also writes one fp32 rstd per row (not counted in the bytes model)"],
+        notes=[
+            "casting_mode='gemma' (fp32 x and weight, one cast); refuses N > 65536",
+            "also writes one fp32 rstd per row (not counted in the bytes model)",
+        ],
     )
 
 

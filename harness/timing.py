@@ -20,6 +20,7 @@ The statistics helpers at the top are pure Python and testable without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -104,17 +105,29 @@ class L2Flush:
         self.buf.zero_()
 
 
+def event_pairs(n: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """n (start, end) timing events; ``record()`` puts them on the current stream."""
+    return [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(n)
+    ]
+
+
+def elapsed_s(pairs: Sequence[tuple[torch.cuda.Event, torch.cuda.Event]]) -> list[float]:
+    """Seconds between each start and end event (call after a synchronize)."""
+    return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
+
+
 def cold_samples(fn: Callable[[], object], reps: int, flush: L2Flush) -> list[float]:
     """Seconds per call for ``reps`` calls, each after an L2 flush outside its events."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
+    pairs = event_pairs(reps)
+    for start, end in pairs:
         flush()
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)]
+    return elapsed_s(pairs)
 
 
 def warm_up(fns: Sequence[Callable[[], object]], seconds: float = WARMUP_S) -> None:
@@ -150,9 +163,7 @@ def interleaved(
     return out
 
 
-def graph_samples(
-    fn: Callable[[], object], calls: int = 20, replays: int = 10
-) -> list[float]:
+def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> list[float]:
     """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
 
     One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
@@ -171,20 +182,17 @@ def graph_samples(
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends):
+    pairs = event_pairs(replays)
+    for start, end in pairs:
         start.record()
         graph.replay()
         end.record()
     torch.cuda.synchronize()
     del graph
-    return [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends)]
+    return [s / calls for s in elapsed_s(pairs)]
 
 
-def host_samples(
-    fn: Callable[[], object], calls: int = 100, repeats: int = 7
-) -> list[float]:
+def host_samples(fn: Callable[[], object], calls: int = 100, repeats: int = 7) -> list[float]:
     """Host seconds per call: wall time of ``calls`` back-to-back calls with no sync."""
     out = []
     for _ in range(repeats):
@@ -224,5 +232,6 @@ def maybe(fn: Callable[[], list[float]]) -> tuple[Optional[list[float]], Optiona
     try:
         return fn(), None
     except Exception as e:  # a capture failure is reported, never fatal to the run
-        torch.cuda.synchronize()
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

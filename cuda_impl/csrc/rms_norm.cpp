@@ -5,7 +5,7 @@
 // clear "expected a CUDA tensor" error instead of the dispatcher's "could not run" message.
 
 #include <cmath>
-#include <sstream>
+#include <string>
 
 #include <torch/library.h>
 
@@ -16,11 +16,9 @@ namespace {
 
 // A shape as Python prints a tuple: (4,) or (4, 64).
 std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << (s.size() == 1 ? ",)" : ")");
-  return os.str();
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + num(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
 }
 
 bool supported(at::ScalarType t) {
@@ -35,24 +33,24 @@ void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, 
   TORCH_CHECK_VALUE(x.dim() > 0,
                     "cuda_impl.rms_norm: x is 0-dimensional; expected at least 1 dimension");
   const int64_t n = x.size(-1);
-  TORCH_CHECK_VALUE(n >= 1, "cuda_impl.rms_norm: x's last dimension is ", n,
+  TORCH_CHECK_VALUE(n >= 1, "cuda_impl.rms_norm: x's last dimension is ", num(n),
                     "; expected N >= 1");
-  TORCH_CHECK_VALUE(n <= kMaxN, "cuda_impl.rms_norm: x's last dimension is ", n,
-                    "; the supported maximum is N = ", kMaxN);
+  TORCH_CHECK_VALUE(n <= kMaxN, "cuda_impl.rms_norm: x's last dimension is ", num(n),
+                    "; the supported maximum is N = ", num(kMaxN));
   TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "cuda_impl.rms_norm: x has stride ",
-                    x.stride(-1), " in its last dimension; expected 1");
+                    num(x.stride(-1)), " in its last dimension; expected 1");
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
     TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, "cuda_impl.rms_norm: weight has shape ",
-                      shape_str(w.sizes()), " but x's last dimension is ", n, "; expected (",
-                      n, ",)");
+                      shape_str(w.sizes()), " but x's last dimension is ", num(n),
+                      "; expected (", num(n), ",)");
     TORCH_CHECK_TYPE(w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kFloat,
                      "cuda_impl.rms_norm: weight has dtype ", w.scalar_type(),
                      "; expected x's dtype (", x.scalar_type(), ") or float32");
     TORCH_CHECK_VALUE(w.device() == x.device(), "cuda_impl.rms_norm: weight is on device '",
                       w.device(), "' but x is on '", x.device(), "'");
   }
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "cuda_impl.rms_norm: eps is ", eps,
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "cuda_impl.rms_norm: eps is ", num(eps),
                     "; expected a finite number > 0");
   // last, as on the Python side
   TORCH_CHECK_VALUE(x.is_cuda(), "cuda_impl.rms_norm: x is on device '", x.device(),

@@ -4,7 +4,22 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <cstdio>
+#include <string>
+
 namespace cuda_impl {
+
+// Numbers in messages are formatted with snprintf, never through an ostream: a build whose
+// libstdc++ is linked statically (seen with torch 2.11's extension flags) crashes in the
+// ostream's locale facets when formatting a number inside the host process.
+inline std::string num(int64_t v) { return std::to_string(v); }
+inline std::string num(int v) { return std::to_string(v); }
+
+inline std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
 
 // Largest row width accepted; must equal rmsnorm_api.MAX_N on the Python side.
 constexpr int64_t kMaxN = 262144;

@@ -248,7 +248,7 @@ void launch_config(int idx, const T* x, const W* w, T* y, int64_t sx, int64_t sy
     constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
     const int64_t blocks = (M + ROWS - 1) / ROWS;
-    TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", M,
+    TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
                       " rows, more than one launch can cover");
     rms_norm_kernel<T, W, RT, VPT, false>
         <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
@@ -292,14 +292,15 @@ void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps) {
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                         c10::cuda::current_device()));
-  TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", N,
-                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", major,
-                    "x; the widest row it supports has ", kMaxVecsPerCta * kVec<T>, " elements");
+  TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", num(N),
+                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", num(major),
+                    "x; the widest row it supports has ", num(kMaxVecsPerCta * kVec<T>),
+                    " elements");
   int ranks = 2;
   while (ranks * kMaxVecsPerCta < vecs) ranks *= 2;
-  TORCH_CHECK(ranks <= kMaxCluster, "cuda_impl.rms_norm: internal: N = ", N,
+  TORCH_CHECK(ranks <= kMaxCluster, "cuda_impl.rms_norm: internal: N = ", num(N),
               " exceeds the cluster capacity");
-  TORCH_CHECK_VALUE(M * ranks <= INT32_MAX, "cuda_impl.rms_norm: x has ", M,
+  TORCH_CHECK_VALUE(M * ranks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
                     " rows, more than one launch can cover");
   launch_cluster<T, W>(ranks, x, w, y, sx, sy, M, N, eps, stream);
 }

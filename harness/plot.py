@@ -1,0 +1,280 @@
+"""Plots and report drawn only from records, so any machine can redraw a GPU run.
+
+    python -m harness.plot RECORDS [--out DIR]
+
+(a) bandwidth_vs_n.png  GB/s against N, one panel per dtype, a line per implementation
+    with its p20-p80 band, dashed lines at the theoretical peak and the copy ceiling;
+(b) bandwidth_vs_m.png  GB/s against M at N = 4096, bf16: how bandwidth grows with the
+    work, up to saturation;
+(c) speedup.png         triton's and cuda's speedup over each baseline on the grid shapes,
+    bars at the geometric mean per dtype, one dot per shape;
+(d) small_shapes.png    small/decode shapes: device time per call under CUDA graphs and
+    host time per call, side by side.
+Then report.md (harness.report) beside them. When a file holds several runs, the last
+record of each measurement wins (harness.records.latest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from harness import records, report  # noqa: E402
+from harness.impls import BASELINES, OURS  # noqa: E402
+
+COLORS = {
+    "triton": "tab:blue",
+    "cuda": "tab:red",
+    "eager": "tab:gray",
+    "compile": "tab:green",
+    "native": "tab:orange",
+    "liger": "tab:purple",
+    "quack": "tab:brown",
+}
+DTYPE_ORDER = ("bf16", "fp16", "fp32")
+
+
+def _style(name: str) -> dict:
+    ours = name in OURS
+    return dict(
+        color=COLORS.get(name),
+        lw=2.2 if ours else 1.3,
+        marker="o" if ours else ".",
+        ms=4,
+        ls="-" if ours else "--",
+        label=name,
+    )
+
+
+def subtitle(env: dict) -> str:
+    """GPU and versions, for every figure's title."""
+    parts = [
+        env.get("gpu") or "no GPU",
+        f"torch {env.get('torch')}",
+        f"triton {env.get('triton')}",
+        f"CUDA {env.get('cuda')}",
+    ]
+    if env.get("git_sha"):
+        parts.append(f"git {env['git_sha'][:8]}{'+dirty' if env.get('git_dirty') else ''}")
+    text = " · ".join(parts)
+    return f"SYNTHETIC RECORDS (test data) · {text}" if env.get("synthetic") else text
+
+
+def _ceilings(ax, env: dict) -> None:
+    if env.get("peak_gbps"):
+        ax.axhline(
+            env["peak_gbps"],
+            color="black",
+            ls="--",
+            lw=1,
+            label=f"theoretical peak {env['peak_gbps']:.0f} GB/s",
+        )
+    if env.get("copy_gbps"):
+        ax.axhline(
+            env["copy_gbps"],
+            color="dimgray",
+            ls=":",
+            lw=1.5,
+            label=f"copy ceiling {env['copy_gbps']:.0f} GB/s",
+        )
+
+
+def _lines(ax, recs: Sequence[dict], x_of) -> None:
+    """One line per implementation with its p20-p80 band (gbps_lo..gbps_hi)."""
+    by_impl: dict[str, list[dict]] = {}
+    for r in recs:
+        by_impl.setdefault(r["impl"], []).append(r)
+    for name in report.impl_order(by_impl):
+        rs = sorted(by_impl[name], key=x_of)
+        xs = [x_of(r) for r in rs]
+        ax.plot(xs, [r["gbps"] for r in rs], **_style(name))
+        lo = [r["gbps_lo"] or r["gbps"] for r in rs]
+        hi = [r["gbps_hi"] or r["gbps"] for r in rs]
+        ax.fill_between(xs, lo, hi, color=COLORS.get(name), alpha=0.18, lw=0)
+
+
+def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path) -> Optional[Path]:
+    """(a) GB/s against N per dtype, grid shapes."""
+    grid = report.passed(recs, "cold", "grid")
+    dtypes = [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in grid)]
+    if not dtypes:
+        return None
+    env = report.env_of(recs)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes, strict=True):
+        rs = [r for r in grid if r["dtype"] == dtype]
+        _lines(ax, rs, lambda r: r["shape"][1])
+        _ceilings(ax, env)
+        ax.set_xscale("log", base=2)
+        ns = sorted({r["shape"][1] for r in rs})
+        ax.set_xticks(ns, [str(n) for n in ns], rotation=60, fontsize=7)
+        ax.set_xlabel("N, row width (elements); M = 2^27 / N rows")
+        ax.set_ylabel("GB/s (read x + weight, write y)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{dtype}")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"(a) RMSNorm forward bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env)}",
+        fontsize=10,
+    )
+    return _save(fig, out / "bandwidth_vs_n.png")
+
+
+def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path) -> Optional[Path]:
+    """(b) GB/s against M at N = 4096, bf16."""
+    sweep = report.passed(recs, "cold", "msweep")
+    if not sweep:
+        return None
+    env = report.env_of(recs)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    _lines(ax, sweep, lambda r: r["shape"][0])
+    _ceilings(ax, env)
+    if env.get("copy_gbps"):
+        ax.axhline(
+            report.SATURATION * env["copy_gbps"],
+            color="dimgray",
+            ls="-.",
+            lw=0.8,
+            label=f"{report.SATURATION:.1f}x copy ceiling",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("M, rows (N = 4096, bf16)")
+    ax.set_ylabel("GB/s (read x + weight, write y), log scale")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"(b) bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env)}", fontsize=10)
+    return _save(fig, out / "bandwidth_vs_m.png")
+
+
+def plot_speedup(recs: Sequence[dict], out: Path) -> Optional[Path]:
+    """(c) speedup of triton and cuda over each baseline, geometric mean per dtype."""
+    sp = report.speedups(recs, "grid")
+    ours = [o for o in OURS if any(k[0] == o for k in sp)]
+    if not ours:
+        return None
+    env = report.env_of(recs)
+    dtypes = [d for d in DTYPE_ORDER if any(k[2] == d for k in sp)]
+    fig, axes = plt.subplots(1, len(ours), figsize=(7 * len(ours), 5), squeeze=False)
+    width = 0.8 / len(dtypes)
+    for ax, o in zip(axes[0], ours, strict=True):
+        bases = [b for b in BASELINES if any(k[0] == o and k[1] == b for k in sp)]
+        for j, dtype in enumerate(dtypes):
+            for i, base in enumerate(bases):
+                vals = [s for _, s in sp.get((o, base, dtype), [])]
+                gm = report.geomean(vals)
+                if gm is None:
+                    continue
+                x = i + (j - (len(dtypes) - 1) / 2) * width
+                ax.bar(
+                    x, gm, width * 0.9, color=f"C{j}", alpha=0.6, label=dtype if i == 0 else None
+                )
+                ax.scatter([x] * len(vals), vals, s=8, color="black", zorder=3)
+                ax.annotate(f"{gm:.2f}x", (x, gm), ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(bases)), bases)
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.set_ylabel(f"speedup of {o} (baseline time / {o} time), log scale")
+        ax.set_xlabel("baseline")
+        ax.set_title(f"{o}: bar = geometric mean over grid shapes, dot = one shape", fontsize=9)
+        ax.grid(alpha=0.3, axis="y", which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"(c) speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10)
+    return _save(fig, out / "speedup.png")
+
+
+def plot_small(recs: Sequence[dict], out: Path) -> Optional[Path]:
+    """(d) small shapes: graph device time and host time per call, side by side."""
+    graph = report.passed(recs, "graph")
+    host = report.passed(recs, "host")
+    decode = [r for r in graph + host if "decode" in r["sections"]]
+    chosen = decode or graph + host
+    if not chosen:
+        return None
+    shapes = sorted(
+        {(r["dtype"], r["shape"][0], r["shape"][1]) for r in chosen}, key=lambda k: (k[2], k[1])
+    )
+    names = report.impl_order({r["impl"] for r in chosen})
+    env = report.env_of(recs)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    width = 0.8 / len(names)
+    for ax, mode, what in (
+        (axes[0], "graph", "device time per call under CUDA-graph replay"),
+        (axes[1], "host", "host time per call (loop, no sync)"),
+    ):
+        idx = report.by_shape(r for r in chosen if r["mode"] == mode)
+        for j, name in enumerate(names):
+            xs, ys = [], []
+            for i, key in enumerate(shapes):
+                r = idx.get(key, {}).get(name)
+                if r is not None:
+                    xs.append(i + (j - (len(names) - 1) / 2) * width)
+                    ys.append(r["stats"]["median_us"])
+            ax.bar(xs, ys, width * 0.9, color=COLORS.get(name), label=name)
+        ax.set_xticks(range(len(shapes)), [f"{m}x{n}\n{d}" for d, m, n in shapes], fontsize=7)
+        ax.set_xlabel("shape (M x N)")
+        ax.set_ylabel("microseconds per call (median)")
+        ax.set_title(what, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"(d) small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10)
+    return _save(fig, out / "small_shapes.png")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def redraw(records_path: str | Path, out: str | Path) -> list[Path]:
+    """Draw the four plots and report.md from a records file; return the files written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recs = records.latest(records.read_records(records_path))
+    plots = [
+        p
+        for p in (
+            plot_bandwidth_vs_n(recs, out),
+            plot_bandwidth_vs_m(recs, out),
+            plot_speedup(recs, out),
+            plot_small(recs, out),
+        )
+        if p is not None
+    ]
+    return plots + [report.write_report(recs, out, plots)]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.plot", description=__doc__.split("\n")[0])
+    p.add_argument("records", help="a records.jsonl written by python -m harness.bench")
+    p.add_argument("--out", default=None, help="output directory (default: beside RECORDS)")
+    args = p.parse_args(argv)
+    path = Path(args.records)
+    if not path.is_file():
+        p.error(f"RECORDS: no such file: {path}")
+    try:
+        written = redraw(path, Path(args.out) if args.out else path.parent)
+    except records.RecordError as e:
+        print(f"invalid records: {e}", file=sys.stderr)
+        return 1
+    for f in written:
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
