@@ -205,7 +205,13 @@ def gpu_slug(name: str) -> str:
 
 
 def git_info(repo: Path = REPO) -> tuple[Optional[str], Optional[bool]]:
-    """(HEAD's SHA, whether tracked files differ from it), or (None, None) outside git."""
+    """(HEAD's SHA, whether tracked files differ from it), or (None, None) outside git.
+
+    A copy of the tree without .git (e.g. on a remote GPU machine) can name its commit in
+    $RMSNORM_GIT_SHA (and $RMSNORM_GIT_DIRTY=1 if it differs from that commit).
+    """
+    if os.environ.get("RMSNORM_GIT_SHA"):
+        return os.environ["RMSNORM_GIT_SHA"], os.environ.get("RMSNORM_GIT_DIRTY") == "1"
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"],

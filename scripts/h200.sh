@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick]     (default all)
+#   bash scripts/h200.sh [all|test|bench|quick|stage]     (default all)
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -11,22 +11,35 @@ cd "$(dirname "$0")/.."
 MODE="${1:-all}"
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONUNBUFFERED=1
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 PY=python3
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+# Optional peers, carried as wheels (the device machine has no registry):
+#   .whl/  liger-kernel (pure Python)
+#   .qk1/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is larger than
+#   one call carries, so .qk1 holds its first part and travels in a call of its own
+#   (`bash scripts/h200.sh stage`, to a warm machine); .qk2 holds the rest.
+mkdir -p /tmp/qk
+[[ -d .qk1 ]] && cp .qk1/* /tmp/qk/
+[[ "$MODE" == stage ]] && { ls -la /tmp/qk; exit 0; }
+[[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
+for part in /tmp/qk/*.whl.part-aa; do
+  [[ -e "$part" ]] && cat "${part%.part-aa}".part-* >"${part%.part-aa}" && rm "${part%.part-aa}".part-*
+done
+wheels=$(ls .whl/*.whl /tmp/qk/*.whl 2>/dev/null)
+if [[ -n "$wheels" ]]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+    --target /tmp/site $wheels && export RMSNORM_SITE_DIRS=/tmp/site
 fi
 
-exec > >(tee -a "$OUT/run.log") 2>&1
 step "environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-git rev-parse --short HEAD 2>/dev/null || true
+echo "commit: ${RMSNORM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 
 step "build (setup.py, -Xptxas -v)"
 start=$(date +%s%N)
@@ -52,6 +65,6 @@ fi
 if [[ "$MODE" == all || "$MODE" == bench || "$MODE" == quick ]]; then
   step "benchmark"
   flag=""; [[ "$MODE" == quick ]] && flag="--quick"
-  $PY -m harness.bench $flag --require-gpu --out "$OUT/results" 2>&1 || status=1
+  $PY -m harness.bench $flag --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" --out "$OUT/results" 2>&1 || status=1
 fi
 exit $status
