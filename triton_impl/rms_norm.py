@@ -126,6 +126,9 @@ def _launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, y: torc
         return
     x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
     m, n = x2.shape
+    # Block shape and warps are compile-time choices: under dynamic-shape tracing this
+    # specialises on the row width (a guard), while M may stay symbolic.
+    n = int(n)
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
     cfg = launch_config(n, x.element_size())
