@@ -3,7 +3,12 @@
 Cold timing, the headline: before each repetition a buffer >= 4x the L2 size is zeroed,
 outside the timed event pair, so every repetition reads x from HBM. Start and end are
 CUDA events recorded on the current stream around one call; there is no sync between
-repetitions (the flush kernel separates them), one sync at the end of a batch.
+repetitions (the flush kernel separates them), one sync at the end of a batch. A GPU sleep
+queued ahead of each batch lets the host enqueue the whole batch before the GPU reaches
+it: without it, a call whose host-side launch is slower than the flush (Python launchers:
+Triton, Liger) leaves the GPU idle between its start event and its kernel, and that idle
+gap, host time, is counted as device time (seen on the H200 as block medians of 136 vs
+212 us for the same Triton kernel).
 
 Drift control: ``interleaved`` runs three blocks per shape; inside each block every
 implementation runs its repetitions in turn, and the order rotates from block to block, so
@@ -35,6 +40,12 @@ TARGET_BLOCK_S = 0.015
 MIN_REPS, MAX_REPS = 10, 100
 #: Warm-up per shape, shared round-robin by all implementations (hundreds of ms).
 WARMUP_S = 0.2
+#: Host time budgeted to enqueue one cold repetition (flush, two events, one call); the
+#: GPU sleeps this long per repetition before a batch, so it never waits for the host.
+HOST_LEAD_S_PER_REP = 250e-6
+#: Cycles per second assumed for torch.cuda._sleep: the highest SM clock of the GPUs in
+#: view (H100/H200 boost at 1.98 GHz); a slower clock only lengthens the sleep.
+SLEEP_CLOCK_HZ = 2.0e9
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,9 +129,15 @@ def elapsed_s(pairs: Sequence[tuple[torch.cuda.Event, torch.cuda.Event]]) -> lis
     return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
 
 
+def lead_cycles(reps: int) -> int:
+    """GPU sleep cycles that give the host time to enqueue ``reps`` cold repetitions."""
+    return int(reps * HOST_LEAD_S_PER_REP * SLEEP_CLOCK_HZ)
+
+
 def cold_samples(fn: Callable[[], object], reps: int, flush: L2Flush) -> list[float]:
     """Seconds per call for ``reps`` calls, each after an L2 flush outside its events."""
     pairs = event_pairs(reps)
+    torch.cuda._sleep(lead_cycles(reps))  # outside every event pair: not timed
     for start, end in pairs:
         flush()
         start.record()

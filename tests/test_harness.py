@@ -190,6 +190,14 @@ def test_spread_reps_and_rotation():
     assert spr == pytest.approx((3.0 - 1.0) / 1.5)
 
 
+def test_host_lead_covers_the_batch():
+    """The GPU sleeps long enough before a batch for the host to enqueue all of it."""
+    reps = timing.MAX_REPS
+    seconds = timing.lead_cycles(reps) / timing.SLEEP_CLOCK_HZ
+    assert seconds == pytest.approx(reps * timing.HOST_LEAD_S_PER_REP)
+    assert timing.HOST_LEAD_S_PER_REP >= 100e-6  # above a Python launcher's cost per call
+
+
 def test_hardware_pure_helpers():
     assert hardware.peak_gbps(3201, 6016) == pytest.approx(4814.3, abs=0.1)  # 4814 GB/s
     assert hardware.fallback_memory("NVIDIA H200") == (3201, 6016)
