@@ -19,7 +19,16 @@ CXX_FLAGS = ["-O3"]  # the C++ standard is torch's own choice (C++20 for torch >
 NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
+def default_cuda_home() -> None:
+    """Point torch at the toolkit in /usr/local/cuda when CUDA_HOME is unset: torch otherwise
+    guesses from the first nvcc on PATH, which may be a wrapper outside the toolkit."""
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        if os.path.exists("/usr/local/cuda/bin/nvcc"):
+            os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+
 def ext_modules():
+    default_cuda_home()
     import torch
     from torch.utils.cpp_extension import CUDAExtension
 

@@ -45,14 +45,26 @@ def test_setup_py_build_imports():
     assert "error: cuda_impl.rms_norm: x is on device 'cpu'; expected a CUDA tensor" in text
 
 
+def cmake_exe() -> str:
+    """The pip-installed CMake (requirements.txt) if present, else the one on PATH."""
+    try:
+        import cmake
+
+        return os.path.join(cmake.CMAKE_BIN_DIR, "cmake")
+    except ImportError:
+        exe = shutil.which("cmake")
+        if exe is None:
+            pytest.fail("cmake is not installed; pip install cmake (see requirements.txt)")
+        return exe
+
+
 def build_cmake() -> None:
-    if shutil.which("cmake") is None:
-        pytest.fail("cmake is not installed; pip install cmake (see requirements.txt)")
+    exe = cmake_exe()
     prefix = torch.utils.cmake_prefix_path
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     cmds = [
-        ["cmake", "-S", ROOT, "-B", CMAKE_DIR, *gen, f"-DCMAKE_PREFIX_PATH={prefix}"],
-        ["cmake", "--build", CMAKE_DIR],
+        [exe, "-S", ROOT, "-B", CMAKE_DIR, *gen, f"-DCMAKE_PREFIX_PATH={prefix}"],
+        [exe, "--build", CMAKE_DIR],
     ]
     for cmd in cmds:
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
