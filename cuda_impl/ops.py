@@ -70,6 +70,31 @@ def rms_norm(
     return out
 
 
+def configs() -> list[dict]:
+    """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
+    (CTAs share a row), default (part of the ladder the kernel picks from by N)."""
+    flat = torch.ops.cuda_impl.rms_norm_configs()
+    return [
+        dict(row_threads=rt, vpt=vpt, cluster=bool(cl), default=bool(dflt))
+        for rt, vpt, cl, dflt in (flat[i : i + 4] for i in range(0, len(flat), 4))
+    ]
+
+
+def rms_norm_with_config(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    row_threads: int,
+    vpt: int,
+    cluster: int = 1,
+) -> torch.Tensor:
+    """rms_norm with a forced launch config (one of configs()), for sweeps; same result."""
+    check_inputs(x, weight, eps, impl=_IMPL)
+    return torch.ops.cuda_impl.rms_norm_with_config(
+        x, weight, float(eps), row_threads, vpt, cluster
+    )
+
+
 class RMSNorm(RMSNormModule):
     """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the CUDA C++ kernel."""
 

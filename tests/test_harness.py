@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import HAS_GPU
+from conftest import DEVICE, HAS_GPU
 from harness import bench, hardware, plot, records, report, timing
 from harness.impls import BASELINES, OURS, eager_rms_norm, registry, runnable
 from harness.reference import TOL, rms_norm_ref
@@ -419,3 +419,32 @@ def test_no_synthetic_records_committed():
         for line in path.read_text().splitlines():
             assert not json.loads(line)["env"].get("synthetic"), path
     assert math.isfinite(ENV["peak_gbps"])
+
+
+@pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072])
+@pytest.mark.parametrize("elem", [2, 4])
+def test_sweep_candidates_include_todays_config(n, elem):
+    """harness.sweep compares each kernel's current choice with its alternatives."""
+    from harness import sweep
+
+    assert sweep.default_config("triton", n, elem) in sweep.triton_candidates(n, elem)
+    try:
+        import cuda_impl  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"cuda extension not built: {e}")
+    assert sweep.default_config("cuda", n, elem) in sweep.cuda_candidates(n, elem)
+
+
+def test_forced_configs_compute_the_same_function():
+    """The sweep's forced-config entry points give the reference's answer (Triton here)."""
+    from harness import sweep
+    from triton_impl.rms_norm import rms_norm_with_config
+
+    x = torch.randn(8, 1000, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(1000, device=DEVICE).to(torch.bfloat16)
+    for cfg in sweep.triton_candidates(1000, 2)[:4]:
+        torch.testing.assert_close(
+            rms_norm_with_config(x, w, 1e-6, cfg), rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16]
+        )
+    with pytest.raises(ValueError, match="narrower than the row"):
+        rms_norm_with_config(x, w, 1e-6, dict(kernel="fused", BLOCK_M=1, BLOCK_N=512, num_warps=4))

@@ -120,8 +120,15 @@ def launch_config(n: int, element_size: int) -> dict:
     return dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
 
 
-def _launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, y: torch.Tensor) -> None:
-    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller)."""
+def _launch(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    y: torch.Tensor,
+    cfg: Optional[dict] = None,
+) -> None:
+    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller), with
+    launch_config's choice or a forced ``cfg`` of the same form."""
     if x.numel() == 0:
         return
     x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
@@ -131,7 +138,7 @@ def _launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, y: torc
     n = int(n)
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
-    cfg = launch_config(n, x.element_size())
+    cfg = cfg or launch_config(n, x.element_size())
     if cfg["kernel"] == "fused":
         grid = (triton.cdiv(m, cfg["BLOCK_M"]),)
         wrap_triton(_rms_norm_fwd_fused)[grid](
@@ -185,6 +192,23 @@ def rms_norm(
     check_out(out, x, impl=_IMPL)
     torch.ops.triton_impl.rms_norm_out(out, x, weight, float(eps))
     return out
+
+
+def rms_norm_with_config(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: dict
+) -> torch.Tensor:
+    """rms_norm with a forced launch config (launch_config's form), for sweeps; same result.
+
+    cfg: kernel "fused" (BLOCK_M rows of BLOCK_N >= N lanes a program) or "chunked" (one row
+    a program, BLOCK_N-wide chunks), and num_warps.
+    """
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    n = x.shape[-1]
+    if cfg["kernel"] == "fused" and cfg["BLOCK_N"] < n:
+        raise ValueError(f"cfg: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(x, weight, float(eps), y, cfg)
+    return y
 
 
 class RMSNorm(RMSNormModule):

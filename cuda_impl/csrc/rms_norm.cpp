@@ -82,16 +82,27 @@ void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x,
   TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
 }
 
+at::Tensor rms_norm_with_config_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                    double eps, int64_t, int64_t, int64_t) {
+  check_inputs(x, weight, eps);
+  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
+  // For sweeps: force one of the compiled launch configs; and list them.
+  m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
+        "int cluster) -> Tensor");
+  m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("rms_norm_out", &rms_norm_out_cpu);
+  m.impl("rms_norm_with_config", &rms_norm_with_config_cpu);
 }
 
 }  // namespace cuda_impl

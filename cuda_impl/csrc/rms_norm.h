@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace cuda_impl {
 
@@ -32,5 +33,8 @@ void check_out(const at::Tensor& out, const at::Tensor& x);
 at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
                   double eps);
+
+// Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder).
+std::vector<int64_t> rms_norm_configs();
 
 }  // namespace cuda_impl

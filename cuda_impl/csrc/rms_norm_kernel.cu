@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "rms_norm.h"
 
@@ -229,85 +230,108 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 }
 
 // ---- launch configuration --------------------------------------------------------------
-// One entry per row-width class, by the number of 16-byte vectors a row holds.
+// A config: ROW_THREADS threads a row, VPT vectors a thread, or (cluster) a cluster of CTAs
+// of ROW_THREADS threads sharing one row. The first kLadder entries are the default ladder,
+// in order of capacity: the first one that holds the row's vectors is used. The rest are
+// candidates that only rms_norm_with_config reaches, for sweeps (harness/sweep.py).
 struct Config {
   int row_threads;
   int vpt;
+  bool cluster;
 };
-constexpr Config kConfigs[] = {{8, 1},   {16, 1},  {32, 1},  {32, 2},   {32, 4},  {64, 4},
-                               {128, 4}, {256, 4}, {512, 4}, {1024, 4}, {1024, 8}};
+constexpr Config kConfigs[] = {
+    {8, 1, false},   {16, 1, false},  {32, 1, false},   {32, 2, false},  {32, 4, false},
+    {64, 4, false},  {128, 4, false}, {256, 4, false},  {512, 4, false}, {1024, 4, false},
+    {1024, 8, false},                                                    // the ladder
+    {8, 2, false},   {16, 2, false},  {128, 8, false},  {256, 8, false}, {512, 8, false},
+    {1024, 8, true}, {512, 8, true}};                                    // sweep candidates
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
-constexpr int kMaxVecsPerCta = 1024 * 8;  // the last config: beyond it, clusters
-constexpr int kMaxCluster = 8;            // portable cluster size
+constexpr int kLadder = 11;
+constexpr int kDefaultCluster = 16;  // {1024, 8, true}: rows wider than the ladder
+constexpr int kMaxCluster = 8;       // portable cluster size
+
+// Which config, and how many CTAs share a row (1 unless the config is a cluster).
+struct Plan {
+  int config;
+  int ranks;
+};
+
+int capacity(const Plan& p) {
+  return kConfigs[p.config].row_threads * kConfigs[p.config].vpt * p.ranks;
+}
+
+Plan default_plan(int vecs) {
+  for (int i = 0; i < kLadder; ++i) {
+    if (vecs <= kConfigs[i].row_threads * kConfigs[i].vpt) return {i, 1};
+  }
+  const int per_cta = kConfigs[kDefaultCluster].row_threads * kConfigs[kDefaultCluster].vpt;
+  int ranks = 2;
+  while (ranks * per_cta < vecs) ranks *= 2;
+  return {kDefaultCluster, ranks};
+}
 
 template <typename T, typename W, int I>
-void launch_config(int idx, const T* x, const W* w, T* y, int64_t sx, int64_t sy, int64_t M,
-                   int N, float eps, cudaStream_t stream) {
+void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, int64_t sy,
+                   int64_t M, int N, float eps, cudaStream_t stream) {
   if constexpr (I < kNumConfigs) {
-    if (idx != I) return launch_config<T, W, I + 1>(idx, x, w, y, sx, sy, M, N, eps, stream);
+    if (plan.config != I) {
+      return launch_config<T, W, I + 1>(plan, x, w, y, sx, sy, M, N, eps, stream);
+    }
     constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
+    constexpr bool CLUSTER = kConfigs[I].cluster;
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
-    const int64_t blocks = (M + ROWS - 1) / ROWS;
+    const int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
     TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
                       " rows, more than one launch can cover");
-    rms_norm_kernel<T, W, RT, VPT, false>
-        <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
+    if constexpr (CLUSTER) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+      cfg.blockDim = dim3(BLOCK);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = plan.ranks;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true>, x, w, y, sx,
+                                        sy, M, N, eps));
+    } else {
+      rms_norm_kernel<T, W, RT, VPT, false>
+          <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
 template <typename T, typename W>
-void launch_cluster(int ranks, const T* x, const W* w, T* y, int64_t sx, int64_t sy, int64_t M,
-                    int N, float eps, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(M * ranks));
-  cfg.blockDim = dim3(1024);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ranks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(
-      cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, 1024, 8, true>, x, w, y, sx, sy, M, N, eps));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T, typename W>
-void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps) {
+void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps,
+            const std::optional<Plan>& forced) {
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const T* x = reinterpret_cast<const T*>(x2.const_data_ptr());
-  T* y = reinterpret_cast<T*>(y2.mutable_data_ptr());
-  const int64_t sx = x2.stride(0), sy = y2.stride(0);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
-  for (int i = 0; i < kNumConfigs; ++i) {
-    if (vecs <= kConfigs[i].row_threads * kConfigs[i].vpt) {
-      return launch_config<T, W, 0>(i, x, w, y, sx, sy, M, N, eps, stream);
-    }
+  const Plan plan = forced.has_value() ? *forced : default_plan(vecs);
+  TORCH_CHECK_VALUE(vecs <= capacity(plan), "cuda_impl.rms_norm: config (",
+                    num(kConfigs[plan.config].row_threads), ", ", num(kConfigs[plan.config].vpt),
+                    ", cluster ", num(plan.ranks), ") holds ", num(capacity(plan) * kVec<T>),
+                    " elements a row; N is ", num(N));
+  if (kConfigs[plan.config].cluster) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                          c10::cuda::current_device()));
+    TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", num(N),
+                      " needs thread-block clusters (sm_90 or newer); this GPU is sm_",
+                      num(major), "x");
   }
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                        c10::cuda::current_device()));
-  TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", num(N),
-                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", num(major),
-                    "x; the widest row it supports has ", num(kMaxVecsPerCta * kVec<T>),
-                    " elements");
-  int ranks = 2;
-  while (ranks * kMaxVecsPerCta < vecs) ranks *= 2;
-  TORCH_CHECK(ranks <= kMaxCluster, "cuda_impl.rms_norm: internal: N = ", num(N),
-              " exceeds the cluster capacity");
-  TORCH_CHECK_VALUE(M * ranks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
-                    " rows, more than one launch can cover");
-  launch_cluster<T, W>(ranks, x, w, y, sx, sy, M, N, eps, stream);
+  launch_config<T, W, 0>(plan, reinterpret_cast<const T*>(x2.const_data_ptr()), w,
+                         reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0),
+                         M, N, eps, c10::cuda::getCurrentCUDAStream());
 }
 
 // Dispatch on x's dtype and the weight's (x's dtype, fp32, or none).
 void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-         at::Tensor& y) {
+         at::Tensor& y, const std::optional<Plan>& plan = std::nullopt) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
@@ -317,16 +341,20 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
   const float e = static_cast<float>(eps);
   switch (x.scalar_type()) {
     case at::kFloat:
-      return launch<float, float>(x2, w.defined() ? w.const_data_ptr<float>() : nullptr, y2, e);
+      return launch<float, float>(x2, w.defined() ? w.const_data_ptr<float>() : nullptr, y2, e,
+                                  plan);
     case at::kHalf:
-      if (w_fp32) return launch<__half, float>(x2, w.const_data_ptr<float>(), y2, e);
+      if (w_fp32) return launch<__half, float>(x2, w.const_data_ptr<float>(), y2, e, plan);
       return launch<__half, __half>(
-          x2, w.defined() ? reinterpret_cast<const __half*>(w.const_data_ptr()) : nullptr, y2, e);
+          x2, w.defined() ? reinterpret_cast<const __half*>(w.const_data_ptr()) : nullptr, y2, e,
+          plan);
     case at::kBFloat16:
-      if (w_fp32) return launch<__nv_bfloat16, float>(x2, w.const_data_ptr<float>(), y2, e);
+      if (w_fp32) {
+        return launch<__nv_bfloat16, float>(x2, w.const_data_ptr<float>(), y2, e, plan);
+      }
       return launch<__nv_bfloat16, __nv_bfloat16>(
           x2, w.defined() ? reinterpret_cast<const __nv_bfloat16*>(w.const_data_ptr()) : nullptr,
-          y2, e);
+          y2, e, plan);
     default:
       TORCH_CHECK_TYPE(false, "cuda_impl.rms_norm: unsupported dtype ", x.scalar_type());
   }
@@ -348,9 +376,42 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
   run(x, weight, eps, out);
 }
 
+at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                double eps, int64_t row_threads, int64_t vpt, int64_t cluster) {
+  check_inputs(x, weight, eps);
+  const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
+  int found = -1;
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
+        kConfigs[i].cluster == (ranks > 1)) {
+      found = i;
+    }
+  }
+  TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
+                    num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
+                    "); see cuda_impl.ops.configs()");
+  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxCluster && (ranks & (ranks - 1)) == 0),
+                    "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
+                    "; expected 1, 2, 4 or 8");
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  run(x, weight, eps, y, Plan{found, ranks});
+  return y;
+}
+
 TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rms_norm_out", &rms_norm_out);
+  m.impl("rms_norm_with_config", &rms_norm_with_config);
+}
+
+// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder) quadruples.
+std::vector<int64_t> rms_norm_configs() {
+  std::vector<int64_t> out;
+  for (int i = 0; i < kNumConfigs; ++i) {
+    out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
+                           i < kLadder});
+  }
+  return out;
 }
 
 }  // namespace cuda_impl
