@@ -53,7 +53,10 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
                 lo, hi = TRITON_THREAD_BYTES
                 fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
                 if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
-                    out.append(dict(kernel="fused", BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps))
+                    tile = dict(BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps)
+                    out.append(dict(kernel="fused", **tile))
+                    if rows == 1 and n >= 16 // elem:  # the same tile, split at 16-byte edges
+                        out.append(dict(kernel="split", **tile))
     if n >= 16384:
         for chunk in TRITON_CHUNKS:
             for warps in (4, 8, 16):

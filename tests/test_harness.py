@@ -440,11 +440,13 @@ def test_forced_configs_compute_the_same_function():
     from harness import sweep
     from triton_impl.rms_norm import rms_norm_with_config
 
-    x = torch.randn(8, 1000, device=DEVICE).to(torch.bfloat16)
-    w = torch.randn(1000, device=DEVICE).to(torch.bfloat16)
-    for cfg in sweep.triton_candidates(1000, 2)[:4]:
-        torch.testing.assert_close(
-            rms_norm_with_config(x, w, 1e-6, cfg), rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16]
-        )
+    for n in (1000, 4097):
+        x = torch.randn(8, n, device=DEVICE).to(torch.bfloat16)
+        w = torch.randn(n, device=DEVICE).to(torch.bfloat16)
+        cands = sweep.triton_candidates(n, 2)
+        assert any(c["kernel"] == "split" for c in cands)
+        for cfg in cands[:4] + [c for c in cands if c["kernel"] == "split"][:2]:
+            y = rms_norm_with_config(x, w, 1e-6, cfg)
+            torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
     with pytest.raises(ValueError, match="narrower than the row"):
         rms_norm_with_config(x, w, 1e-6, dict(kernel="fused", BLOCK_M=1, BLOCK_N=512, num_warps=4))

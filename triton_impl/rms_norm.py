@@ -104,6 +104,45 @@ def _rms_norm_fwd_chunked(
         tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_split(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between rows; stride_x = stride_y (mod VEC)
+    N, eps,  # true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # one program per row, split at x's 16-byte boundaries (VEC elements): a scalar head,
+    # an aligned body the compiler can load with 16-byte vectors, a scalar tail. For odd N
+    # the masked fused kernel cannot prove alignment and loads every element alone.
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.minimum((VEC - (row * stride_x) % VEC) % VEC, N).to(tl.int32)
+    nbody = tl.multiple_of((N - head) // VEC * VEC, VEC)
+    xb_start = tl.multiple_of(row * stride_x + head, VEC)
+    yb_start = tl.multiple_of(row * stride_y + head, VEC)
+    cols = tl.arange(0, BLOCK_N)
+    body = cols < nbody
+    # edges: lanes [0, VEC) are the head, [VEC, 2 VEC) the tail
+    e = tl.arange(0, 2 * VEC)
+    is_head = e < VEC
+    e_col = tl.where(is_head, e, head + nbody + e - VEC)
+    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    # load body and edges; masked lanes read 0
+    xb = tl.load(x_ptr + xb_start + cols, mask=body, other=0.0).to(tl.float32)
+    xe = tl.load(x_ptr + row * stride_x + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    # accumulate in fp32, divide by the true width
+    rstd = tl.rsqrt((tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)) / N + eps)
+    yb = xb * rstd
+    ye = xe * rstd
+    if HAS_WEIGHT:
+        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    # one cast, at the store
+    tl.store(y_ptr + yb_start + cols, yb.to(y_ptr.dtype.element_ty), mask=body)
+    tl.store(y_ptr + row * stride_y + e_col, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
+
+
 def launch_config(n: int, element_size: int) -> dict:
     """Block shape and warps for a row of n elements: which kernel, BLOCK_M, BLOCK_N, warps.
 
@@ -145,6 +184,14 @@ def _launch(
             x2, w, y2, x2.stride(0), y2.stride(0), m, n, eps,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight,
             num_warps=cfg["num_warps"],
+        )
+    elif cfg["kernel"] == "split":
+        vec = 16 // x.element_size()
+        if (x2.stride(0) - y2.stride(0)) % vec or x2.data_ptr() % 16 or y2.data_ptr() % 16:
+            raise ValueError("cfg: the split kernel needs x and y rows of equal alignment")
+        wrap_triton(_rms_norm_fwd_split)[(m,)](
+            x2, w, y2, x2.stride(0), y2.stride(0), n, eps,
+            BLOCK_N=cfg["BLOCK_N"], VEC=vec, HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"],
         )
     else:
         wrap_triton(_rms_norm_fwd_chunked)[(m,)](
@@ -199,12 +246,14 @@ def rms_norm_with_config(
 ) -> torch.Tensor:
     """rms_norm with a forced launch config (launch_config's form), for sweeps; same result.
 
-    cfg: kernel "fused" (BLOCK_M rows of BLOCK_N >= N lanes a program) or "chunked" (one row
-    a program, BLOCK_N-wide chunks), and num_warps.
+    cfg: kernel "fused" (BLOCK_M rows of BLOCK_N >= N lanes a program), "split" (one row a
+    program, BLOCK_N >= N, aligned body with scalar head and tail; needs x and y rows of
+    equal 16-byte alignment) or "chunked" (one row a program, BLOCK_N-wide chunks), and
+    num_warps.
     """
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     n = x.shape[-1]
-    if cfg["kernel"] == "fused" and cfg["BLOCK_N"] < n:
+    if cfg["kernel"] in ("fused", "split") and cfg["BLOCK_N"] < n:
         raise ValueError(f"cfg: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, weight, float(eps), y, cfg)

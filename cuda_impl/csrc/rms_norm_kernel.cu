@@ -244,10 +244,23 @@ constexpr Config kConfigs[] = {
     {64, 4, false},  {128, 4, false}, {256, 4, false},  {512, 4, false}, {1024, 4, false},
     {1024, 8, false},                                                    // the ladder
     {8, 2, false},   {16, 2, false},  {128, 8, false},  {256, 8, false}, {512, 8, false},
+    {128, 16, false}, {256, 16, false}, {512, 16, false},
     {1024, 8, true}, {512, 8, true}};                                    // sweep candidates
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 constexpr int kLadder = 11;
-constexpr int kDefaultCluster = 16;  // {1024, 8, true}: rows wider than the ladder
+
+// Index of a compiled config, or -1.
+constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster) {
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
+        kConfigs[i].cluster == cluster) {
+      return i;
+    }
+  }
+  return -1;
+}
+constexpr int kDefaultCluster = find_config(1024, 8, true);  // rows wider than the ladder
+static_assert(kDefaultCluster >= 0);
 constexpr int kMaxCluster = 8;       // portable cluster size
 
 // Which config, and how many CTAs share a row (1 unless the config is a cluster).
@@ -380,13 +393,7 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
                                 double eps, int64_t row_threads, int64_t vpt, int64_t cluster) {
   check_inputs(x, weight, eps);
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
-  int found = -1;
-  for (int i = 0; i < kNumConfigs; ++i) {
-    if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
-        kConfigs[i].cluster == (ranks > 1)) {
-      found = i;
-    }
-  }
+  const int found = find_config(row_threads, vpt, ranks > 1);
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
                     "); see cuda_impl.ops.configs()");
