@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick|stage]     (default all)
+#   bash scripts/h200.sh [all|test|bench|quick|sweep|stage]     (default all)
+# sweep: SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -71,5 +72,10 @@ if [[ "$MODE" == all || "$MODE" == bench || "$MODE" == quick ]]; then
   step "benchmark"
   flag=""; [[ "$MODE" == quick ]] && flag="--quick"
   $PY -m harness.bench $flag --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" --out "$OUT/results" 2>&1 || status=1
+fi
+if [[ "$MODE" == sweep ]]; then
+  step "sweep of launch configs"
+  # shellcheck disable=SC2086
+  $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
 fi
 exit $status
