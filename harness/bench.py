@@ -174,35 +174,14 @@ def kernels_of(call, name: str) -> dict:
     return {"names": sorted(set(names)), "count": len(names), "path": path}
 
 
-def _triton_variants() -> dict[int, object]:
-    """Every compiled variant of our Triton kernels so far, by id (best effort)."""
+def _resources(impl: Impl, x, w) -> Optional[list[dict]]:
+    """What the kernel an implementation of ours launches for x uses (None for peers)."""
+    if impl.resources is None:
+        return None
     try:
-        from triton_impl import rms_norm as mod
-
-        found = {}
-        for jit in (mod._rms_norm_fwd_fused, mod._rms_norm_fwd_chunked):
-            for entry in getattr(jit, "device_caches", {}).values():
-                cache = entry[0] if isinstance(entry, tuple) else entry
-                for k in getattr(cache, "values", lambda: [])():
-                    found[id(k)] = k
-        return found
-    except Exception:
-        return {}
-
-
-def _resources(kernels) -> list[dict]:
-    out = []
-    for k in kernels:
-        meta = getattr(k, "metadata", None)
-        out.append(
-            {
-                "name": getattr(k, "name", None),
-                "n_regs": getattr(k, "n_regs", None),
-                "n_spills": getattr(k, "n_spills", None),
-                "num_warps": getattr(meta, "num_warps", None),
-            }
-        )
-    return out
+        return [impl.resources(x, w)]
+    except Exception as e:  # recorded, never fatal: the timing does not depend on it
+        return [{"error": _first_line(e)}]
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,7 +200,6 @@ class Bench:
     small_bytes: float
     seed: int
     kernels: dict = field(default_factory=dict)  # (impl, class) -> kernels_of(...)
-    resources: dict = field(default_factory=dict)  # triton launch config -> resources
     ours_failed: int = 0
 
     def write(self, impl: str, kind: str = "timing", **fields) -> dict:
@@ -282,7 +260,6 @@ def _check_all(b: Bench, impls: list[Impl], x, w, base: dict) -> dict[str, dict]
     cls, (m, n) = base["shape_class"], base["shape"]
     ready: dict[str, dict] = {}
     for impl in impls:
-        before = _triton_variants() if impl.name == "triton" else {}
         fn, compile_s, correct = _validate(impl, x, w, ref)
         if fn is None:
             b.ours_failed += impl.ours
@@ -305,15 +282,7 @@ def _check_all(b: Bench, impls: list[Impl], x, w, base: dict) -> dict[str, dict]
             except Exception as e:
                 found = {"names": [], "count": 0, "path": f"profiler failed: {_first_line(e)}"}
             b.kernels[key] = {"class": cls, "profiled_shape": [m, n], **found}
-        resources = None
-        if impl.name == "triton":
-            from triton_impl import launch_config
-
-            cfg = (base["dtype"], tuple(sorted(launch_config(n, x.element_size()).items())))
-            new = [k for i, k in _triton_variants().items() if i not in before]
-            if new:
-                b.resources[cfg] = _resources(new)
-            resources = b.resources.get(cfg)
+        resources = _resources(impl, x, w)
         ready[impl.name] = dict(
             call=call,
             compile_s=compile_s,

@@ -65,6 +65,8 @@ class Impl:
     # per-shape setup before validation: (x, weight, eps) -> (callable to check and time,
     # compile seconds or None); None means fn itself is used as is
     prepare: Optional[Callable[..., tuple[Fn, Optional[float]]]] = None
+    # (x, weight) -> what the kernel it launches uses: config, registers, spills (ours only)
+    resources: Optional[Callable[..., dict]] = None
 
 
 def _triton() -> Impl:
@@ -73,7 +75,9 @@ def _triton() -> Impl:
     except ImportError as e:  # pragma: no cover - triton is a hard dependency
         return Impl("triton", None, ours=True, unavailable=f"import failed: {e}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    return Impl("triton", triton_impl.rms_norm, ours=True, cpu=interp)
+    return Impl(
+        "triton", triton_impl.rms_norm, ours=True, cpu=interp, resources=triton_impl.kernel_info
+    )
 
 
 def _cuda() -> Impl:
@@ -81,7 +85,7 @@ def _cuda() -> Impl:
         import cuda_impl
     except ImportError as e:
         return Impl("cuda", None, ours=True, unavailable=str(e))
-    return Impl("cuda", cuda_impl.rms_norm, ours=True)
+    return Impl("cuda", cuda_impl.rms_norm, ours=True, resources=cuda_impl.ops.kernel_info)
 
 
 def eager_rms_norm(

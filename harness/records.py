@@ -23,7 +23,8 @@ Schema (version 1). Every line has:
     pct_peak, pct_copy (% of theoretical peak / measured copy ceiling | None; None for
     small shapes and for graph/host modes, whose bytes need not come from HBM),
     kernels ({class, names, count, path} | None), compile_s (float | None),
-    resources (list of {name, n_regs, n_spills, num_warps} | None), clocks (dict | None),
+    resources (list of triton_impl / cuda_impl.ops kernel_info dicts | None),
+    clocks (dict | None),
     notes (list of str).
 """
 

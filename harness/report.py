@@ -7,6 +7,7 @@ that saturates bandwidth) are shared with harness.plot.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -291,14 +292,27 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     regs = {}
     for r in passed(recs):
         for res in r["resources"] or []:
-            regs[(r["impl"], res.get("name"), res.get("num_warps"), res.get("n_regs"))] = res
+            key = (r["impl"], r["dtype"], res.get("name") or str(res.get("row_threads")))
+            regs[key + (json.dumps(res, sort_keys=True),)] = res
     if regs:
-        lines += ["## Registers and spills (Triton)", ""]
-        rows = [
-            [k[0], str(k[1]), str(k[2]), str(v.get("n_regs")), str(v.get("n_spills"))]
-            for k, v in sorted(regs.items(), key=lambda kv: str(kv[0]))
+        lines += ["## Registers and spills of our kernels", ""]
+        lines += [
+            "Triton: from the compiled kernel's metadata; CUDA: cudaFuncGetAttributes "
+            "(local bytes = stack and spills).",
+            "",
         ]
-        lines += _table(["impl", "kernel", "warps", "registers", "spills"], rows)
+        rows = []
+        for k, v in sorted(regs.items(), key=lambda kv: str(kv[0])):
+            cfg = v.get("config") or {
+                c: v.get(c) for c in ("row_threads", "vpt", "cluster") if c in v
+            }
+            spills = v.get("n_spills", v.get("local_bytes"))
+            rows.append(
+                [k[0], k[1], str(cfg), str(v.get("n_regs")), str(spills), v.get("error", "")]
+            )
+        lines += _table(
+            ["impl", "dtype", "config", "registers", "spills / local bytes", "error"], rows
+        )
 
     throttled = [r for r in recs if (r["clocks"] or {}).get("throttled")]
     lines += ["## Clocks", ""]

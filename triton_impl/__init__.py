@@ -1,5 +1,5 @@
 """Masked Triton RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)`` and ``RMSNorm``."""
 
-from triton_impl.rms_norm import RMSNorm, launch_config, rms_norm
+from triton_impl.rms_norm import RMSNorm, kernel_info, launch_config, rms_norm
 
-__all__ = ["RMSNorm", "launch_config", "rms_norm"]
+__all__ = ["RMSNorm", "kernel_info", "launch_config", "rms_norm"]

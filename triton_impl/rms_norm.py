@@ -159,17 +159,15 @@ def launch_config(n: int, element_size: int) -> dict:
     return dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
 
 
-def _launch(
+def _plan(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     eps: float,
     y: torch.Tensor,
     cfg: Optional[dict] = None,
-) -> None:
-    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller), with
+) -> tuple:
+    """(kernel, grid, args, meta) for rms_norm(x, weight, eps) into the contiguous y, with
     launch_config's choice or a forced ``cfg`` of the same form."""
-    if x.numel() == 0:
-        return
     x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
     m, n = x2.shape
     # Block shape and warps are compile-time choices: under dynamic-shape tracing this
@@ -178,26 +176,54 @@ def _launch(
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
     cfg = cfg or launch_config(n, x.element_size())
+    meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
+    strides = (x2.stride(0), y2.stride(0))
     if cfg["kernel"] == "fused":
         grid = (triton.cdiv(m, cfg["BLOCK_M"]),)
-        wrap_triton(_rms_norm_fwd_fused)[grid](
-            x2, w, y2, x2.stride(0), y2.stride(0), m, n, eps,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight,
-            num_warps=cfg["num_warps"],
-        )
-    elif cfg["kernel"] == "split":
+        args = (x2, w, y2, *strides, m, n, eps)
+        return _rms_norm_fwd_fused, grid, args, dict(meta, BLOCK_M=cfg["BLOCK_M"])
+    args = (x2, w, y2, *strides, n, eps)
+    if cfg["kernel"] == "split":
         vec = 16 // x.element_size()
-        if (x2.stride(0) - y2.stride(0)) % vec or x2.data_ptr() % 16 or y2.data_ptr() % 16:
+        if (strides[0] - strides[1]) % vec or x2.data_ptr() % 16 or y2.data_ptr() % 16:
             raise ValueError("cfg: the split kernel needs x and y rows of equal alignment")
-        wrap_triton(_rms_norm_fwd_split)[(m,)](
-            x2, w, y2, x2.stride(0), y2.stride(0), n, eps,
-            BLOCK_N=cfg["BLOCK_N"], VEC=vec, HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"],
-        )
-    else:
-        wrap_triton(_rms_norm_fwd_chunked)[(m,)](
-            x2, w, y2, x2.stride(0), y2.stride(0), n, eps,
-            BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"],
-        )
+        return _rms_norm_fwd_split, (m,), args, dict(meta, VEC=vec)
+    return _rms_norm_fwd_chunked, (m,), args, meta
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    y: torch.Tensor,
+    cfg: Optional[dict] = None,
+) -> None:
+    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller)."""
+    if x.numel() == 0:
+        return
+    kernel, grid, args, meta = _plan(x, weight, eps, y, cfg)
+    wrap_triton(kernel)[grid](*args, **meta)
+
+
+def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
+    """The compiled kernel rms_norm runs for x (GPU only): its name, launch config,
+    registers and spills a thread, warps and shared memory, from Triton's metadata."""
+    check_inputs(x, weight, DEFAULT_EPS, impl=_IMPL)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    kernel, grid, args, meta = _plan(x, weight, DEFAULT_EPS, y)
+    compiled = kernel.warmup(*args, grid=grid, **meta)
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:  # registers and spills are read when the binary is loaded
+        init()
+    md = compiled.metadata
+    return dict(
+        name=getattr(md, "name", kernel.__name__),
+        config=dict(launch_config(x.shape[-1], x.element_size())),
+        n_regs=getattr(compiled, "n_regs", None),
+        n_spills=getattr(compiled, "n_spills", None),
+        num_warps=getattr(md, "num_warps", None),
+        shared_bytes=getattr(md, "shared", None),
+    )
 
 
 _IMPL = "triton_impl.rms_norm"

@@ -88,6 +88,12 @@ at::Tensor rms_norm_with_config_cpu(const at::Tensor& x, const std::optional<at:
   TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
 }
 
+std::vector<int64_t> rms_norm_kernel_info_cpu(const at::Tensor& x,
+                                              const std::optional<at::Tensor>& weight) {
+  check_inputs(x, weight, 1e-6);
+  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
@@ -97,12 +103,15 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
         "int cluster) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
+  // The kernel rms_norm would launch for x: config, registers, local (spill) bytes, ...
+  m.def("rms_norm_kernel_info(Tensor x, Tensor? weight) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("rms_norm_out", &rms_norm_out_cpu);
   m.impl("rms_norm_with_config", &rms_norm_with_config_cpu);
+  m.impl("rms_norm_kernel_info", &rms_norm_kernel_info_cpu);
 }
 
 }  // namespace cuda_impl

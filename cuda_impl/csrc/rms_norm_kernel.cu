@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "rms_norm.h"
@@ -318,10 +319,9 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
   }
 }
 
-template <typename T, typename W>
-void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps,
-            const std::optional<Plan>& forced) {
-  const int64_t M = x2.size(0);
+// What rms_norm launches for x2's dtype and width: the forced plan or the default one.
+template <typename T>
+Plan plan_for(const at::Tensor& x2, const std::optional<Plan>& forced) {
   const int N = static_cast<int>(x2.size(1));
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
   const Plan plan = forced.has_value() ? *forced : default_plan(vecs);
@@ -329,6 +329,16 @@ void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps,
                     num(kConfigs[plan.config].row_threads), ", ", num(kConfigs[plan.config].vpt),
                     ", cluster ", num(plan.ranks), ") holds ", num(capacity(plan) * kVec<T>),
                     " elements a row; N is ", num(N));
+  return plan;
+}
+
+template <typename T, typename W>
+void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps,
+            const std::optional<Plan>& forced) {
+  const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
+  const int64_t M = x2.size(0);
+  const int N = static_cast<int>(x2.size(1));
+  const Plan plan = plan_for<T>(x2, forced);
   if (kConfigs[plan.config].cluster) {
     int major = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
@@ -342,6 +352,56 @@ void launch(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps,
                          M, N, eps, c10::cuda::getCurrentCUDAStream());
 }
 
+// Registers, local memory (stack and spills) and limits of the kernel a config compiles to.
+template <typename T, typename W, int I>
+void config_attributes(int idx, cudaFuncAttributes* attr) {
+  if constexpr (I < kNumConfigs) {
+    if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
+    constexpr Config c = kConfigs[I];
+    C10_CUDA_CHECK(cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
+  }
+}
+
+// The two things done per (x dtype, weight dtype): launching, and describing the launch.
+struct Launch {
+  template <typename T, typename W>
+  static void apply(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, float eps,
+                    const std::optional<Plan>& plan) {
+    launch<T, W>(x2, w, y2, eps, plan);
+  }
+};
+
+struct Describe {
+  // out: row_threads, vpt, ranks, registers, local bytes, static shared bytes, max threads
+  template <typename T, typename W>
+  static void apply(const at::Tensor& x2, std::vector<int64_t>& out) {
+    const Plan plan = plan_for<T>(x2, std::nullopt);
+    cudaFuncAttributes attr = {};
+    config_attributes<T, W, 0>(plan.config, &attr);
+    const Config& c = kConfigs[plan.config];
+    out = {c.row_threads, c.vpt, plan.ranks, attr.numRegs, static_cast<int64_t>(attr.localSizeBytes),
+           static_cast<int64_t>(attr.sharedSizeBytes), attr.maxThreadsPerBlock};
+  }
+};
+
+// F::apply<T, W>(args...) for x's dtype and the weight's (x's dtype, fp32, or none).
+template <typename F, typename... Args>
+void dispatch(at::ScalarType x_type, const at::Tensor& w, Args&&... args) {
+  const bool w_fp32 = w.defined() && w.scalar_type() == at::kFloat;
+  switch (x_type) {
+    case at::kFloat:
+      return F::template apply<float, float>(std::forward<Args>(args)...);
+    case at::kHalf:
+      if (w_fp32) return F::template apply<__half, float>(std::forward<Args>(args)...);
+      return F::template apply<__half, __half>(std::forward<Args>(args)...);
+    case at::kBFloat16:
+      if (w_fp32) return F::template apply<__nv_bfloat16, float>(std::forward<Args>(args)...);
+      return F::template apply<__nv_bfloat16, __nv_bfloat16>(std::forward<Args>(args)...);
+    default:
+      TORCH_CHECK_TYPE(false, "cuda_impl.rms_norm: unsupported dtype ", x_type);
+  }
+}
+
 // Dispatch on x's dtype and the weight's (x's dtype, fp32, or none).
 void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
          at::Tensor& y, const std::optional<Plan>& plan = std::nullopt) {
@@ -350,27 +410,7 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor y2 = y.view({-1, x.size(-1)});
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
-  const bool w_fp32 = w.defined() && w.scalar_type() == at::kFloat;
-  const float e = static_cast<float>(eps);
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      return launch<float, float>(x2, w.defined() ? w.const_data_ptr<float>() : nullptr, y2, e,
-                                  plan);
-    case at::kHalf:
-      if (w_fp32) return launch<__half, float>(x2, w.const_data_ptr<float>(), y2, e, plan);
-      return launch<__half, __half>(
-          x2, w.defined() ? reinterpret_cast<const __half*>(w.const_data_ptr()) : nullptr, y2, e,
-          plan);
-    case at::kBFloat16:
-      if (w_fp32) {
-        return launch<__nv_bfloat16, float>(x2, w.const_data_ptr<float>(), y2, e, plan);
-      }
-      return launch<__nv_bfloat16, __nv_bfloat16>(
-          x2, w.defined() ? reinterpret_cast<const __nv_bfloat16*>(w.const_data_ptr()) : nullptr,
-          y2, e, plan);
-    default:
-      TORCH_CHECK_TYPE(false, "cuda_impl.rms_norm: unsupported dtype ", x.scalar_type());
-  }
+  dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan);
 }
 
 }  // namespace
@@ -405,10 +445,21 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
   return y;
 }
 
+std::vector<int64_t> rms_norm_kernel_info(const at::Tensor& x,
+                                          const std::optional<at::Tensor>& weight) {
+  check_inputs(x, weight, 1e-6);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  std::vector<int64_t> out;
+  dispatch<Describe>(x.scalar_type(), w, x.reshape({-1, x.size(-1)}), out);
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rms_norm_out", &rms_norm_out);
   m.impl("rms_norm_with_config", &rms_norm_with_config);
+  m.impl("rms_norm_kernel_info", &rms_norm_kernel_info);
 }
 
 // The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder) quadruples.
