@@ -246,7 +246,7 @@ constexpr Config kConfigs[] = {
     {1024, 8, false},                                                    // the ladder
     {8, 2, false},   {16, 2, false},  {128, 8, false},  {256, 8, false}, {512, 8, false},
     {128, 16, false}, {256, 16, false}, {512, 16, false},
-    {1024, 8, true}, {512, 8, true}};                                    // sweep candidates
+    {1024, 8, true}, {512, 8, true}};  // sweep candidates
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 constexpr int kLadder = 11;
 
@@ -262,7 +262,7 @@ constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster) {
 }
 constexpr int kDefaultCluster = find_config(1024, 8, true);  // rows wider than the ladder
 static_assert(kDefaultCluster >= 0);
-constexpr int kMaxCluster = 8;       // portable cluster size
+constexpr int kMaxCluster = 8;  // portable cluster size
 
 // Which config, and how many CTAs share a row (1 unless the config is a cluster).
 struct Plan {
@@ -358,7 +358,8 @@ void config_attributes(int idx, cudaFuncAttributes* attr) {
   if constexpr (I < kNumConfigs) {
     if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
     constexpr Config c = kConfigs[I];
-    C10_CUDA_CHECK(cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
+    C10_CUDA_CHECK(
+        cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
   }
 }
 
@@ -379,8 +380,13 @@ struct Describe {
     cudaFuncAttributes attr = {};
     config_attributes<T, W, 0>(plan.config, &attr);
     const Config& c = kConfigs[plan.config];
-    out = {c.row_threads, c.vpt, plan.ranks, attr.numRegs, static_cast<int64_t>(attr.localSizeBytes),
-           static_cast<int64_t>(attr.sharedSizeBytes), attr.maxThreadsPerBlock};
+    out = {c.row_threads,
+           c.vpt,
+           plan.ranks,
+           attr.numRegs,
+           static_cast<int64_t>(attr.localSizeBytes),
+           static_cast<int64_t>(attr.sharedSizeBytes),
+           attr.maxThreadsPerBlock};
   }
 };
 
