@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from rmsnorm_api import DEFAULT_EPS, RMSNormModule, check_inputs, check_out
+from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs
 
 _IMPL = "cuda_impl.rms_norm"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,12 +62,8 @@ def rms_norm(
     Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` and
     returns it. Raises TypeError/ValueError naming the argument for unsupported input.
     """
-    check_inputs(x, weight, eps, impl=_IMPL)
-    if out is None:
-        return torch.ops.cuda_impl.rms_norm(x, weight, float(eps))
-    check_out(out, x, impl=_IMPL)
-    torch.ops.cuda_impl.rms_norm_out(out, x, weight, float(eps))
-    return out
+    ops = torch.ops.cuda_impl
+    return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL)
 
 
 def configs() -> list[dict]:

@@ -70,22 +70,13 @@ def subtitle(env: dict) -> str:
 
 
 def _ceilings(ax, env: dict) -> None:
-    if env.get("peak_gbps"):
-        ax.axhline(
-            env["peak_gbps"],
-            color="black",
-            ls="--",
-            lw=1,
-            label=f"theoretical peak {env['peak_gbps']:.0f} GB/s",
-        )
-    if env.get("copy_gbps"):
-        ax.axhline(
-            env["copy_gbps"],
-            color="dimgray",
-            ls=":",
-            lw=1.5,
-            label=f"copy ceiling {env['copy_gbps']:.0f} GB/s",
-        )
+    lines = (
+        ("peak_gbps", "--", 1, "black", "theoretical peak"),
+        ("copy_gbps", ":", 1.5, "dimgray", "copy ceiling"),
+    )
+    for key, ls, lw, color, what in lines:
+        if env.get(key):
+            ax.axhline(env[key], color=color, ls=ls, lw=lw, label=f"{what} {env[key]:.0f} GB/s")
 
 
 def _lines(ax, recs: Sequence[dict], x_of) -> None:

@@ -108,6 +108,27 @@ def check_out(out: torch.Tensor, x: torch.Tensor, *, impl: str = "rms_norm") -> 
         raise ValueError(f"{impl}: out must be contiguous")
 
 
+def call_op(
+    op: Callable[..., torch.Tensor],
+    op_out: Callable[..., None],
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    out: Optional[torch.Tensor],
+    *,
+    impl: str,
+    allow_cpu: bool = False,
+) -> torch.Tensor:
+    """The body of both public rms_norm functions: check the arguments, then run the
+    functional op, or the out= op into ``out`` and return it."""
+    check_inputs(x, weight, eps, allow_cpu=allow_cpu, impl=impl)
+    if out is None:
+        return op(x, weight, float(eps))
+    check_out(out, x, impl=impl)
+    op_out(out, x, weight, float(eps))
+    return out
+
+
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as (M, N) rows sharing one row stride: a view wherever one exists.
 

@@ -31,7 +31,14 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from rmsnorm_api import DEFAULT_EPS, RMSNormModule, as_rows, check_inputs, check_out
+from rmsnorm_api import (
+    DEFAULT_EPS,
+    RMSNormModule,
+    as_rows,
+    call_op,
+    check_inputs,
+    check_out,
+)
 
 #: Widest power-of-two row the fused path keeps in registers, per element size in bytes.
 FUSED_MAX_N = {4: 32768, 2: 65536}
@@ -259,12 +266,10 @@ def rms_norm(
     contiguous tensor of x's shape, dtype and device) and returns it. Raises
     TypeError/ValueError naming the argument for unsupported input.
     """
-    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
-    if out is None:
-        return torch.ops.triton_impl.rms_norm(x, weight, float(eps))
-    check_out(out, x, impl=_IMPL)
-    torch.ops.triton_impl.rms_norm_out(out, x, weight, float(eps))
-    return out
+    ops = torch.ops.triton_impl
+    return call_op(
+        ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
+    )
 
 
 def rms_norm_with_config(
