@@ -214,12 +214,22 @@ def _first_line(e: BaseException) -> str:
 
 
 def _validate(impl: Impl, x, w, ref) -> tuple[Optional[object], Optional[float], dict]:
-    """Prepare and check one implementation on these inputs: (fn or None, compile_s, correct)."""
+    """Prepare and check one implementation on these inputs: (fn or None, compile_s, correct).
+
+    compile_s is the wall time of the first call at this shape, kept out of the timing:
+    torch.compile's trace and codegen (its ``prepare``), or for the others whatever JIT
+    compilation a new shape triggers (Triton kernels, QuACK's CuTe DSL), plus one run."""
     compile_s = None
     try:
         fn = impl.fn
         if impl.prepare is not None:
             fn, compile_s = impl.prepare(x, w, EPS)
+        else:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(x, w, EPS)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
         a, r, ok, err = check(dataclasses.replace(impl, fn=fn), x, w, EPS, ref)
         torch.cuda.synchronize()
     except Exception as e:  # a crash or a refusal is this shape's failure, reported

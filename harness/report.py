@@ -249,6 +249,25 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
             "",
         ]
 
+    first = {}
+    for r in passed(recs, "cold"):
+        if r["impl"] != "compile" and r["compile_s"] is not None:
+            first.setdefault(r["impl"], []).append(r["compile_s"])
+    if first:
+        lines += [
+            "## First call at a new shape (JIT compilation included)",
+            "",
+            "Wall seconds of the first call at each shape, before any timing: Triton compiles",
+            "a kernel per new specialisation (dtype, constexprs, divisibility of N), QuACK",
+            "per (N, dtype); the CUDA extension was compiled ahead of time by nvcc.",
+            "",
+        ]
+        rows = [
+            [name, f"{max(v):.3f}", f"{sorted(v)[len(v) // 2]:.4f}", f"{sum(v):.1f}"]
+            for name, v in ((n, first[n]) for n in impl_order(first))
+        ]
+        lines += _table(["impl", "max s", "median s", "total s"], rows)
+
     fails = [r for r in recs if r["status"] == "FAIL"]
     lines += ["## Failures", ""]
     if fails:

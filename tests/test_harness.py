@@ -452,8 +452,8 @@ def test_forced_configs_compute_the_same_function():
         rms_norm_with_config(x, w, 1e-6, dict(kernel="fused", BLOCK_M=1, BLOCK_N=512, num_warps=4))
 
 
-def test_report_lists_registers_of_our_kernels(tmp_path):
-    """kernel_info dicts of both kernels (and a failed query) reach the report."""
+def test_report_lists_registers_and_first_calls_of_our_kernels(tmp_path):
+    """kernel_info dicts and first-call (JIT) times of both kernels reach the report."""
     recs = [
         _timing("triton", "bf16", 2**15, 4096, 140.0, ["grid"]),
         _timing("cuda", "bf16", 2**15, 4096, 141.0, ["grid"]),
@@ -463,6 +463,7 @@ def test_report_lists_registers_of_our_kernels(tmp_path):
         dict(name="_rms_norm_fwd_fused", config=dict(kernel="fused"), n_regs=40, n_spills=0)
     ]
     recs[1]["resources"] = [dict(row_threads=128, vpt=4, cluster=1, n_regs=32, local_bytes=0)]
+    recs[0]["compile_s"], recs[1]["compile_s"] = 1.25, 0.0004
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     plot.redraw(path, tmp_path / "out")
@@ -470,3 +471,4 @@ def test_report_lists_registers_of_our_kernels(tmp_path):
     assert "## Registers and spills of our kernels" in text
     assert "'kernel': 'fused'" in text
     assert "'row_threads': 128" in text and "| 32 |" in text and "| 40 |" in text
+    assert "## First call at a new shape" in text and "| triton | 1.250 |" in text
