@@ -73,6 +73,10 @@ MSWEEP_N = 4096
 MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768
 DECODE = tuple((m, n) for n in (4096, 8192) for m in (1, 8, 32, 128))
 
+#: bf16 shapes measured elsewhere with independent tools, to check this harness against
+#: (issue 4: compile ~3.9 TB/s, native ~2.5 TB/s, copy ~4.27 TB/s at 8192 x 8192).
+REFERENCE = ((8192, 8192),)
+
 QUICK_NS = (4096, 4097, 8192)
 QUICK_MSWEEP = (1, 64, 1024, 32768)  # 32768 x 4096 is also a grid shape
 QUICK_DECODE = ((8, 4096),)
@@ -120,6 +124,8 @@ def plan(
         if "bf16" in dtypes:
             wanted += [("bf16", m, MSWEEP_N, "msweep") for m in ms]
             wanted += [("bf16", m, n, "decode") for m, n in decode]
+            if not quick:
+                wanted += [("bf16", m, n, "reference") for m, n in REFERENCE]
         for d in ("fp16", "fp32"):
             wanted += grid.pop(d, [])
     out: dict[tuple[str, int, int], Planned] = {}

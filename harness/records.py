@@ -12,7 +12,7 @@ charged only this, so GB/s compares work done, not traffic generated.
 Schema (version 1). Every line has:
     schema, run_id, time (UTC ISO), kind ("timing" | "copy" | "skip"), env (dict),
     impl, dtype ("fp32" | "fp16" | "bf16" | None), shape ([M, N] | None),
-    sections (list: "grid", "msweep", "decode", "quick", "custom"), shape_class,
+    sections (list: "grid", "msweep", "decode", "reference", "quick", "custom"), shape_class,
     mode ("cold" | "graph" | "host" | None), small (bool: working set under L2 or ~20 us),
     bytes (int | None), status ("PASS" | "FAIL" | "SKIP"),
     correct ({max_abs, max_rel, passed, error} | None),

@@ -193,6 +193,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
 
     for section, title in (
         ("grid", "Grid shapes (M = 2^27 / N), cold"),
+        ("reference", "Reference shapes (independent figures exist), cold"),
         ("custom", "Requested shapes, cold"),
     ):
         table = _cold_table(recs, section)

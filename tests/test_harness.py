@@ -335,6 +335,8 @@ def test_plan():
     assert both.sections == ["grid", "msweep"]
     assert full[0].dtype == "bf16" and full[-1].dtype == "fp32"  # headline first
     assert not any(p.dtype != "bf16" for p in full if "decode" in p.sections)
+    ref = [p for p in full if "reference" in p.sections]
+    assert [(p.dtype, p.m, p.n) for p in ref] == [("bf16", 8192, 8192)]
     quick = bench.plan(["bf16"], quick=True)
     assert 3 <= len(quick) <= 8
     custom = bench.plan(["fp16"], shapes=[(4096, 4096), (1, 8192)])
