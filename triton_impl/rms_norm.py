@@ -8,6 +8,9 @@ Parallelisation
 - Chunked path (wider rows): one program per row walks it in BLOCK_N chunks twice: the
   first sweep accumulates sum(x^2), the second re-reads the chunks (from L2: one row is
   at most 1 MiB and only ~one row per SM is in flight), normalises and stores.
+- Split path (for now only through rms_norm_with_config, a sweep candidate): one program
+  per row, the row split at x's 16-byte boundaries into a scalar head, an aligned body
+  and a scalar tail, so odd N can still use 16-byte accesses.
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is
 divided by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31
 elements index correctly.
