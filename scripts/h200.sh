@@ -61,7 +61,7 @@ if [[ "$MODE" == all || "$MODE" == test ]]; then
   compute-sanitizer $SAN /bin/true >/dev/null 2>&1 || { echo "(no kernel filter)"; SAN=""; }
   step "compute-sanitizer memcheck, our kernels only (cuda numerics + errors)"
   compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
-    tests/test_numerics.py tests/test_errors.py -k cuda 2>&1 | grep -v "^DEBUG" | tail -60 || status=1
+    tests/test_numerics.py tests/test_errors.py tests/test_configs.py -k cuda 2>&1 | grep -v "^DEBUG" | tail -60 || status=1
   step "compute-sanitizer racecheck, our kernels only (odd/strided/wide/cluster cases)"
   compute-sanitizer --tool racecheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
     tests/test_numerics.py -k "cuda and (n4095 or strided or offset or n17- or m4099 or n131072 or n262144 or 4d)" \

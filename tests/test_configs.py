@@ -1,0 +1,87 @@
+"""Every launch config either kernel can be forced into computes the same function.
+
+The sweep (harness.sweep) times configs the default heuristics do not pick; a config that
+is fast but wrong must fail here first. Triton candidates run everywhere (the interpreter
+on CPU); CUDA configs need a GPU, except the table's own consistency.
+"""
+
+import pytest
+import torch
+
+from conftest import DEVICE, fn_or_skip, impl_or_skip
+from harness import sweep
+from harness.reference import TOL, rms_norm_ref
+
+VEC = {torch.float32: 4, torch.bfloat16: 8}
+
+
+def inputs(m, n, dtype):
+    x = torch.randn(m, n, device=DEVICE).to(dtype)
+    return x, (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
+
+
+@pytest.mark.parametrize("n", [17, 1000, 4097])
+def test_every_triton_candidate_matches_reference(n):
+    impl_or_skip("triton")
+    from triton_impl.rms_norm import rms_norm_with_config
+
+    x, w = inputs(5, n, torch.bfloat16)
+    want = rms_norm_ref(x, w, 1e-6)
+    for cfg in sweep.triton_candidates(n, 2):
+        got = rms_norm_with_config(x, w, 1e-6, cfg)
+        torch.testing.assert_close(
+            got, want, **TOL[torch.bfloat16], msg=lambda m, cfg=cfg: f"{cfg}: {m}"
+        )
+
+
+def test_cuda_config_table():
+    fn_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    table = ops.configs()
+    ladder = [c for c in table if c["default"]]
+    caps = [c["row_threads"] * c["vpt"] for c in ladder]
+    assert caps == sorted(caps) and len(set(caps)) == len(caps)  # picked by capacity
+    assert not any(c["cluster"] for c in ladder)
+    assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
+
+
+def cuda_cases():
+    """(config, N) pairs: each config at its full capacity and at an odd N just below."""
+    try:
+        import cuda_impl.ops as ops
+    except ImportError:
+        return []
+    out = []
+    for c in ops.configs():
+        ranks = 2 if c["cluster"] else 1
+        for dtype in VEC:
+            cap = c["row_threads"] * c["vpt"] * ranks * VEC[dtype]
+            for n in (cap, cap - 3):
+                out.append(pytest.param(c, ranks, n, dtype, id=f"{c}-x{ranks}-n{n}-{dtype}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg, ranks, n, dtype", cuda_cases())
+def test_every_cuda_config_matches_reference(cfg, ranks, n, dtype):
+    impl_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    x, w = inputs(7, n, dtype)
+    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_forced_cuda_config_errors():
+    impl_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    x, w = inputs(4, 4096, torch.bfloat16)
+    with pytest.raises(ValueError, match="no compiled config"):
+        ops.rms_norm_with_config(x, w, 1e-6, 96, 3, 1)
+    with pytest.raises(ValueError, match="elements a row; N is 4096"):
+        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1)
+    with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
+        ops.rms_norm_with_config(x, w, 1e-6, 1024, 8, 3)
