@@ -3,6 +3,8 @@
 # validation table and the benchmark, writing logs and records under $OUT.
 #   bash scripts/h200.sh [all|test|bench|quick|sweep|stage]     (default all)
 # sweep: SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
+# ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
+#      named in NCU_IMPLS (default triton,cuda,quack), one launch each.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -77,5 +79,17 @@ if [[ "$MODE" == sweep ]]; then
   step "sweep of launch configs"
   # shellcheck disable=SC2086
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
+fi
+if [[ "$MODE" == ncu ]]; then
+  step "Nsight Compute (clock control off), one launch per kernel"
+  metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+  metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+  metrics+=,launch__occupancy_limit_registers,launch__block_size,launch__grid_size
+  for case in ${NCU_CASES:-bf16:32768x4096}; do
+    ncu --clock-control none --profile-from-start off --metrics "$metrics" \
+      $PY scripts/ncu_one.py --impls "${NCU_IMPLS:-triton,cuda,quack}" \
+      --dtype "${case%%:*}" --shape "${case#*:}" 2>&1 | grep -v "^==PROF==" || status=1
+  done
 fi
 exit $status
