@@ -16,6 +16,7 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the repo's packages, for scripts/*.py
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 PY=python3
 status=0
