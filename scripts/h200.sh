@@ -22,7 +22,8 @@ PY=python3
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
 
-# Optional peers, carried as wheels (the device machine has no registry):
+# Optional peers, carried as wheels (the device machine has no registry); fetch them here
+# with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
 #   .qk1/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is larger than
 #   one call carries, so .qk1 holds its first part and travels in a call of its own
