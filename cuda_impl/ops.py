@@ -30,7 +30,7 @@ def _library_path() -> str:
     if not found:
         raise ImportError(
             "cuda_impl: the CUDA extension is not built. Build it with "
-            "`CUDA_HOME=/usr/local/cuda python setup.py build_ext --inplace` "
+            "`python setup.py build_ext --inplace` "
             "(or `pip install --no-build-isolation -e .`) in the repository root."
         )
     return found[0]
@@ -74,6 +74,13 @@ def configs() -> list[dict]:
         dict(row_threads=rt, vpt=vpt, cluster=bool(cl), default=bool(dflt))
         for rt, vpt, cl, dflt in (flat[i : i + 4] for i in range(0, len(flat), 4))
     ]
+
+
+def default_config(n: int, element_size: int) -> dict:
+    """The config rms_norm picks for rows of n elements of element_size bytes (the C++
+    ladder itself, so sweeps compare against exactly what runs)."""
+    rt, vpt, ranks = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
+    return dict(row_threads=rt, vpt=vpt, cluster=ranks)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:

@@ -104,14 +104,7 @@ def default_config(kernel: str, n: int, elem: int) -> Optional[dict]:
         return launch_config(n, elem)
     import cuda_impl.ops as ops
 
-    vecs = n * elem // 16
-    for c in ops.configs():
-        if c["default"] and not c["cluster"] and vecs <= c["row_threads"] * c["vpt"]:
-            return dict(row_threads=c["row_threads"], vpt=c["vpt"], cluster=1)
-    ranks = 2
-    while ranks * 1024 * 8 < vecs:
-        ranks *= 2
-    return dict(row_threads=1024, vpt=8, cluster=ranks)
+    return ops.default_config(n, elem)
 
 
 def sweep_shape(kernel: str, dtype: str, m: int, n: int, flush, copy_gbps: float) -> list[dict]:

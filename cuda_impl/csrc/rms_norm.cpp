@@ -103,6 +103,7 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
         "int cluster) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
+  m.def("rms_norm_default_config(int n, int element_size) -> int[]", &rms_norm_default_config);
   // The kernel rms_norm would launch for x: config, registers, local (spill) bytes, ...
   m.def("rms_norm_kernel_info(Tensor x, Tensor? weight) -> int[]");
 }

@@ -478,4 +478,12 @@ std::vector<int64_t> rms_norm_configs() {
   return out;
 }
 
+std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
+  TORCH_CHECK_VALUE(element_size == 2 || element_size == 4,
+                    "cuda_impl.rms_norm_default_config: element_size is ", num(element_size),
+                    "; expected 2 or 4");
+  const Plan p = default_plan(static_cast<int>(n * element_size / 16));
+  return {kConfigs[p.config].row_threads, kConfigs[p.config].vpt, p.ranks};
+}
+
 }  // namespace cuda_impl
