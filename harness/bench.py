@@ -216,7 +216,7 @@ class Bench:
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    return f"{type(e).__name__}: {records.plain_text(text[0]) if text else ''}"
 
 
 def _validate(impl: Impl, x, w, ref) -> tuple[Optional[object], Optional[float], dict]:

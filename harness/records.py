@@ -34,6 +34,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -99,6 +100,14 @@ def gbps(nbytes: int, seconds: Optional[float]) -> Optional[float]:
     if seconds is None or seconds <= 0 or not math.isfinite(seconds):
         return None
     return nbytes / seconds / 1e9
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """text without terminal colour codes (some peers colour their error messages)."""
+    return _ANSI.sub("", text)
 
 
 def new_run_id() -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.impls import BASELINES, OURS
+from harness.records import plain_text
 
 ORDER = OURS + BASELINES
 SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
@@ -277,7 +278,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
                 r["impl"],
                 r["dtype"] or "–",
                 " x ".join(map(str, r["shape"] or [])) or "–",
-                (r["correct"] or {}).get("error") or "; ".join(r["notes"]),
+                plain_text((r["correct"] or {}).get("error") or "; ".join(r["notes"])),
             ]
             for r in sorted(fails, key=lambda r: (r["impl"], r["dtype"] or "", r["shape"] or []))
         ]
