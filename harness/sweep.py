@@ -35,32 +35,44 @@ EPS = 1e-6
 TRITON_WARPS = (1, 2, 4, 8, 16, 32)
 TRITON_ROWS = (1, 2, 4, 8, 16, 32, 64)
 TRITON_THREAD_BYTES = (16, 256)
-TRITON_CHUNKS = (2048, 4096, 8192)
+TRITON_CHUNKS = (4096, 8192, 16384, 32768)
+TRITON_CHUNK_WARPS = (8, 16, 32)
+TRITON_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
 
 
 def triton_candidates(n: int, elem: int) -> list[dict]:
-    """Fused tiles whose bytes per thread fit TRITON_THREAD_BYTES; chunked for wide rows."""
+    """Fused tiles whose bytes per thread fit TRITON_THREAD_BYTES, the split kernel (its
+    tile sized to the aligned body) for rows that are not whole 16-byte vectors, and the
+    chunked kernel for wide rows."""
     import triton
 
     from triton_impl.rms_norm import FUSED_MAX_N
 
     out = []
+    lo, hi = TRITON_THREAD_BYTES
     block_n = triton.next_power_of_2(n)
+    vec = 16 // elem
+    body = triton.next_power_of_2(max(vec, n // vec * vec))
     if block_n <= FUSED_MAX_N[elem]:
         for rows in TRITON_ROWS:
             for warps in TRITON_WARPS:
                 per_thread = rows * block_n * elem // (32 * warps)
-                lo, hi = TRITON_THREAD_BYTES
                 fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
                 if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
-                    tile = dict(BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps)
-                    out.append(dict(kernel="fused", **tile))
-                    if rows == 1 and n >= 16 // elem:  # the same tile, split at 16-byte edges
-                        out.append(dict(kernel="split", **tile))
+                    out.append(dict(kernel="fused", BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps))
+        if n >= vec and n % 16:  # as launch_config: n not a multiple of 16 elements
+            for warps in TRITON_WARPS:
+                if body * elem // (32 * warps) >= lo or warps == 1:
+                    out.append(dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=warps))
     if n >= 16384:
         for chunk in TRITON_CHUNKS:
-            for warps in (4, 8, 16):
-                out.append(dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps))
+            for warps in TRITON_CHUNK_WARPS:
+                for per_sm in TRITON_PROGRAMS_PER_SM:
+                    if chunk < n and lo <= chunk * elem // (32 * warps) <= hi:
+                        out.append(
+                            dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
+                                 programs_per_sm=per_sm)
+                        )  # fmt: skip
     return out
 
 

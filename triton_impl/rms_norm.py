@@ -5,12 +5,16 @@ Parallelisation
   BLOCK_M whole rows (several rows for small N, one for large N). The tile is loaded
   once, kept in registers, reduced along the row, scaled and stored: x is read from
   memory exactly once.
-- Chunked path (wider rows): one program per row walks it in BLOCK_N chunks twice: the
-  first sweep accumulates sum(x^2), the second re-reads the chunks (from L2: one row is
-  at most 1 MiB and only ~one row per SM is in flight), normalises and stores.
-- Split path (for now only through rms_norm_with_config, a sweep candidate): one program
-  per row, the row split at x's 16-byte boundaries into a scalar head, an aligned body
-  and a scalar tail, so odd N can still use 16-byte accesses.
+- Split path (N not a multiple of 16 in 16-bit dtypes, of 4 in fp32): one program per
+  row, the row split at x's 16-byte boundaries into a scalar head, an aligned body (a
+  power-of-two tile of 16-byte vectors, alignment promised to the compiler) and a scalar
+  tail, so odd N still gets 16-byte accesses.
+- Chunked path (wider rows): a few programs per SM, each walking its rows in BLOCK_N
+  chunks twice: the first sweep accumulates sum(x^2), the second re-reads the chunks
+  (from L2: the rows in flight fit in it), normalises and stores.
+Launch configs (tile shape, warps) come from a sweep on the H200 (launch_config).
+Eager calls skip the torch.library dispatch and Triton's generic launcher: the compiled
+kernel is cached per specialisation and launched directly (_eager_launch).
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is
 divided by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31
 elements index correctly.
@@ -26,6 +30,7 @@ small N, bytes in flight as the figure of merit).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -44,7 +49,7 @@ from rmsnorm_api import (
 )
 
 #: Widest power-of-two row the fused path keeps in registers, per element size in bytes.
-FUSED_MAX_N = {4: 32768, 2: 65536}
+FUSED_MAX_N = {4: 32768, 2: 32768}
 #: Chunk width of the two-sweep path for rows wider than that.
 CHUNK_N = 8192
 
@@ -87,31 +92,36 @@ def _rms_norm_fwd_fused(
 def _rms_norm_fwd_chunked(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
     stride_x, stride_y,  # elements between consecutive rows
-    N, eps,  # true row width, eps (fp32)
+    M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
     # fmt: on
-    # one program per row, too wide for registers: two sweeps over BLOCK_N chunks
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
+    # rows too wide for registers: a program walks its rows (row, row + programs, ...) in
+    # BLOCK_N chunks, twice each. With few programs in flight the rows being normalised
+    # fit in L2, so the second sweep re-reads x from L2, not HBM; the hints keep x's lines
+    # there for it (evict_last) and let them go after (evict_first).
     cols = tl.arange(0, BLOCK_N)
-    # sweep 1: per-lane fp32 partial sums, reduced once at the end
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    # sweep 2: re-read (L2-resident), scale, cast, store
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        ok = c < N
-        x = tl.load(x_row + c, mask=ok, other=0.0).to(tl.float32)
-        y = x * rstd
-        if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    for row in range(first, M, tl.num_programs(0)):
+        x_row = x_ptr + row * stride_x
+        y_row = y_ptr + row * stride_y
+        # sweep 1: per-lane fp32 partial sums, reduced once at the end
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        # sweep 2: re-read (L2-resident), scale, cast, store
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            ok = c < N
+            x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+            y = x.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+            tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 # fmt: off
@@ -153,20 +163,68 @@ def _rms_norm_fwd_split(
     tl.store(y_ptr + row * stride_y + e_col, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
 
 
-def launch_config(n: int, element_size: int) -> dict:
-    """Block shape and warps for a row of n elements: which kernel, BLOCK_M, BLOCK_N, warps.
+#: Tuned by harness.sweep on the H200 (results/h200/sweep-*.jsonl): (BLOCK_M, num_warps) of
+#: the fused kernel per (element size, BLOCK_N, whether N < BLOCK_N), for the widths the
+#: sweep measured; other widths take the rule in launch_config.
+FUSED_TUNED = {
+    # 16-bit, N = BLOCK_N
+    (2, 128, False): (16, 8), (2, 512, False): (4, 4), (2, 1024, False): (2, 2),
+    (2, 2048, False): (1, 4), (2, 4096, False): (4, 16), (2, 8192, False): (2, 4),
+    (2, 16384, False): (1, 8), (2, 32768, False): (1, 32),
+    # 16-bit, padded tiles (N = 5120, 12288)
+    (2, 8192, True): (1, 4), (2, 16384, True): (1, 8),
+    # fp32, N = BLOCK_N
+    (4, 128, False): (8, 4), (4, 512, False): (2, 4), (4, 1024, False): (1, 4),
+    (4, 2048, False): (1, 4), (4, 4096, False): (2, 32), (4, 8192, False): (1, 32),
+    (4, 16384, False): (2, 32), (4, 32768, False): (1, 16),
+    # fp32, padded tiles (N = 1000, 5120, 12288)
+    (4, 1024, True): (1, 1), (4, 8192, True): (4, 32), (4, 16384, True): (2, 32),
+}  # fmt: skip
+#: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
+THREAD_BYTES = {2: 64, 4: 32}
+#: Chunked path: chunk width, warps and programs in flight per SM (few, so the rows being
+#: normalised stay in L2 for the second sweep).
+CHUNKED = dict(BLOCK_N=CHUNK_N, num_warps=16, programs_per_sm=1)
 
-    Aims at 16-byte accesses with a few of them in flight per thread, and at least ~8 KiB
-    per program so small rows still give each program enough bytes to hide latency.
+
+@functools.cache
+def launch_config(n: int, element_size: int, split_ok: bool = True) -> dict:
+    """Which kernel, BLOCK_M, BLOCK_N and warps for rows of n elements of element_size bytes.
+
+    - n % 16 != 0 in 16-bit (n % 4 != 0 in fp32), when x's and y's rows share their 16-byte
+      alignment (split_ok): the split kernel, since the masked fused kernel cannot prove
+      16-byte alignment of such rows and falls back to scalar accesses.
+    - rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED), else
+      several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread.
+    - wider rows: the chunked two-sweep kernel.
     """
+    elem = element_size
+    vec = 16 // elem
     block_n = triton.next_power_of_2(n)
-    if block_n > FUSED_MAX_N[element_size]:
-        return dict(kernel="chunked", BLOCK_M=1, BLOCK_N=CHUNK_N, num_warps=16)
-    row_bytes = block_n * element_size
-    block_m = max(1, min(64, 8192 // row_bytes))
-    tile_bytes = block_m * row_bytes
-    num_warps = max(1, min(32, tile_bytes // 2048))
-    return dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    if block_n > FUSED_MAX_N[elem]:
+        return dict(kernel="chunked", BLOCK_M=1, **CHUNKED)
+    if split_ok and n >= vec and n % (16 if elem == 2 else vec):
+        body = triton.next_power_of_2(n // vec * vec)
+        warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
+        return dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=warps)
+    tuned = FUSED_TUNED.get((elem, block_n, n < block_n))
+    if tuned is None:
+        row_bytes = block_n * elem
+        block_m = max(1, min(64, 4096 // row_bytes))
+        warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[elem])))
+        tuned = (block_m, warps)
+    return dict(kernel="fused", BLOCK_M=tuned[0], BLOCK_N=block_n, num_warps=tuned[1])
+
+
+def _split_ok(x2: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether x's and y's rows start at the same offset from a 16-byte boundary, row by
+    row (what the split kernel's shared head needs)."""
+    vec = 16 // x2.element_size()
+    return (
+        (x2.stride(0) - y2.stride(0)) % vec == 0
+        and x2.data_ptr() % 16 == 0
+        and y2.data_ptr() % 16 == 0
+    )
 
 
 def _plan(
@@ -185,20 +243,29 @@ def _plan(
     n = int(n)
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
-    cfg = cfg or launch_config(n, x.element_size())
+    split_ok = _split_ok(x2, y2)
+    cfg = cfg or launch_config(n, x.element_size(), split_ok)
     meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
     strides = (x2.stride(0), y2.stride(0))
     if cfg["kernel"] == "fused":
         grid = (triton.cdiv(m, cfg["BLOCK_M"]),)
         args = (x2, w, y2, *strides, m, n, eps)
         return _rms_norm_fwd_fused, grid, args, dict(meta, BLOCK_M=cfg["BLOCK_M"])
-    args = (x2, w, y2, *strides, n, eps)
     if cfg["kernel"] == "split":
-        vec = 16 // x.element_size()
-        if (strides[0] - strides[1]) % vec or x2.data_ptr() % 16 or y2.data_ptr() % 16:
+        if not split_ok:
             raise ValueError("cfg: the split kernel needs x and y rows of equal alignment")
-        return _rms_norm_fwd_split, (m,), args, dict(meta, VEC=vec)
-    return _rms_norm_fwd_chunked, (m,), args, meta
+        args = (x2, w, y2, *strides, n, eps)
+        return _rms_norm_fwd_split, (m,), args, dict(meta, VEC=16 // x.element_size())
+    programs = m
+    if cfg.get("programs_per_sm") and x.is_cuda:
+        programs = min(m, cfg["programs_per_sm"] * _sm_count(x.device.index))
+    args = (x2, w, y2, *strides, m, n, eps)
+    return _rms_norm_fwd_chunked, (max(programs, 1),), args, meta
+
+
+@functools.cache
+def _sm_count(device: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _launch(
@@ -213,6 +280,81 @@ def _launch(
         return
     kernel, grid, args, meta = _plan(x, weight, eps, y, cfg)
     wrap_triton(kernel)[grid](*args, **meta)
+
+
+# ---- eager fast path -------------------------------------------------------------------
+# Triton's JITFunction.run binds and specialises every argument, builds a cache key and
+# checks globals on each call: tens of microseconds of host time, which is the whole cost
+# of a decode-sized RMSNorm. Here the compiled kernel is looked up by a key that covers
+# everything Triton specialises on (dtypes, 16-byte alignment of pointers, divisibility by
+# 16 / equality to 1 / 32-bit range of integers, constexprs and warps), and launched with
+# the compiled kernel's own launcher. A new key goes once through the generic path.
+
+_COMPILED: dict = {}
+_I32 = 2**31
+
+
+def _spec(v) -> tuple:
+    """What Triton specialises a kernel argument on."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v % 16 == 0, v == 1, -_I32 <= v < _I32)
+    return (type(v),)
+
+
+def _run_compiled(compiled, grid: tuple, values: list, device: int) -> None:
+    """Launch a compiled kernel as JITFunction.run does (Triton >= 3.3: every argument,
+    constexprs included, in signature order)."""
+    knobs = triton.knobs.runtime
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    md = compiled.launch_metadata(grid, stream, *values) if enter is not None else None
+    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, md,
+                 enter, leave, *values)  # fmt: skip
+
+
+def _launchable(compiled) -> bool:
+    """Whether this Triton's compiled kernel has what _run_compiled uses."""
+    names = ("run", "function", "packed_metadata", "launch_metadata")
+    return hasattr(triton, "knobs") and all(hasattr(compiled, a) for a in names)
+
+
+def _eager_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """rms_norm for real CUDA tensors outside tracing (checked by the caller)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    kernel, grid, args, meta = _plan(x, weight, eps, y)
+    key = (x.device.index, kernel, tuple(meta.items()), *map(_spec, args))
+    compiled = _COMPILED.get(key)
+    if compiled is None:  # compile (or find in Triton's caches) and launch, generically
+        compiled = kernel[grid](*args, **meta)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        _COMPILED[key] = compiled if _launchable(compiled) else False
+        return y
+    if compiled is False:  # a Triton whose compiled kernels this module cannot launch
+        kernel[grid](*args, **meta)
+        return y
+    values = [*args, *(meta[name] for name in kernel.arg_names[len(args) :])]
+    _run_compiled(compiled, grid, values, x.device.index)
+    return y
+
+
+def _eager_ok(x, weight, eps, out) -> bool:
+    """Whether a call can take the fast path: plain CUDA tensors, no out=, no autograd,
+    not being traced (torch.compile, FakeTensor, functorch wrap tensors in subclasses)."""
+    return (
+        out is None
+        and type(x) is torch.Tensor
+        and x.is_cuda
+        and (weight is None or type(weight) in (torch.Tensor, torch.nn.Parameter))
+        and not torch.compiler.is_compiling()
+        and not (
+            torch.is_grad_enabled()
+            and (x.requires_grad or (weight is not None and weight.requires_grad))
+        )
+    )
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
@@ -269,6 +411,9 @@ def rms_norm(
     contiguous tensor of x's shape, dtype and device) and returns it. Raises
     TypeError/ValueError naming the argument for unsupported input.
     """
+    if not INTERPRET and _eager_ok(x, weight, eps, out):
+        check_inputs(x, weight, eps, impl=_IMPL)
+        return _eager_launch(x, weight, float(eps))
     ops = torch.ops.triton_impl
     return call_op(
         ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
@@ -287,7 +432,9 @@ def rms_norm_with_config(
     """
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     n = x.shape[-1]
-    if cfg["kernel"] in ("fused", "split") and cfg["BLOCK_N"] < n:
+    # the split kernel's tile holds the aligned body only, at most n // VEC * VEC lanes
+    need = {"fused": n, "split": n // (16 // x.element_size()) * (16 // x.element_size())}
+    if cfg["BLOCK_N"] < need.get(cfg["kernel"], 0):
         raise ValueError(f"cfg: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, weight, float(eps), y, cfg)
