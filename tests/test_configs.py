@@ -35,15 +35,24 @@ def test_every_triton_candidate_matches_reference(n):
 
 
 def test_cuda_config_table():
+    """The default plan holds the row, grows with N, and uses a cluster only past the
+    widest single-CTA config."""
     fn_or_skip("cuda")
     import cuda_impl.ops as ops
 
     table = ops.configs()
-    ladder = [c for c in table if c["default"]]
-    caps = [c["row_threads"] * c["vpt"] for c in ladder]
-    assert caps == sorted(caps) and len(set(caps)) == len(caps)  # picked by capacity
-    assert not any(c["cluster"] for c in ladder)
+    assert any(c["default"] for c in table) and not all(c["default"] for c in table)
     assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
+    for elem in (2, 4):
+        caps = []
+        for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
+            c = ops.default_config(n, elem)
+            cap = c["row_threads"] * c["vpt"] * c["cluster"]
+            assert cap >= n * elem // 16, (n, elem, c)  # holds the row's whole vectors
+            caps.append(cap)
+        assert caps == sorted(caps), (elem, caps)
+        assert ops.default_config(8192 * 16 // elem, elem)["cluster"] == 1
+        assert ops.default_config(2 * 8192 * 16 // elem, elem)["cluster"] >= 2
 
 
 def cuda_cases():

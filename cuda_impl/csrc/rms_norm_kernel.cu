@@ -71,6 +71,32 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+constexpr int kMaxClusterRanks = 8;  // portable cluster size
+
+// Ask for the line holding p to be brought into L1 (no register, no wait).
+template <typename W>
+__device__ __forceinline__ void prefetch_l1(const W* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// Cluster barrier halves (sm_90): arrive without ordering, arrive releasing this thread's
+// writes (shared::cluster included), and wait (acquire).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 // Read-only, no-L1-allocate load: x is streamed once.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -118,7 +144,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   static_assert(ROW_THREADS >= VEC, "head and tail need one thread per element");
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   __shared__ float warp_sums[BLOCK / 32];
-  __shared__ float block_sum;
+  __shared__ float rank_sums[CLUSTER ? kMaxClusterRanks : 1];  // one per CTA of the cluster
 
   // which row, and which slice of it this thread owns
   int rank = 0, ranks = 1;
@@ -147,6 +173,10 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   const int tail0 = head + nvec * VEC;
   const int tail = N - tail0;
 
+  // A CTA may write into a peer's shared memory only once the peer runs: announce that
+  // this one does (no wait here; the wait comes after the loads are in flight).
+  if constexpr (CLUSTER) cluster_arrive_relaxed();
+
   // load: every vector of this thread's slice is in flight before the first use
   Pack<T> v[VPT];
   const uint4* xv = reinterpret_cast<const uint4*>(xr + head);
@@ -154,6 +184,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
     v[k].raw = (row_ok && j < nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
+  }
+  // the weight is needed only after the reduction: ask for it now (into L1), so that a
+  // latency-bound launch (a few rows) does not wait for it then
+  if (w != nullptr && row_ok) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = g + k * G;
+      if (j < nvec) prefetch_l1(w + head + j * VEC);
+    }
   }
   const float xh = (row_ok && g < head) ? to_float(xr[g]) : 0.f;
   const float xt = (row_ok && g < tail) ? to_float(xr[tail0 + g]) : 0.f;
@@ -182,14 +221,18 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     for (int i = 0; i < WARPS_PER_ROW; ++i) ss += warp_sums[first + i];
   }
   // ... and across the CTAs of the cluster, through distributed shared memory
+  // Each CTA writes its sum into slot `rank` of every CTA's rank_sums, then one cluster
+  // barrier (release/acquire); after it a CTA reads only its own shared memory, so no CTA
+  // can leave while another still touches it.
   if constexpr (CLUSTER) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0) block_sum = ss;
-    cluster.sync();
+    cluster_wait();  // every peer runs
+    if (threadIdx.x < ranks) *cluster.map_shared_rank(&rank_sums[rank], threadIdx.x) = ss;
+    cluster_arrive_release();
+    cluster_wait();  // every peer's sum has landed here
     ss = 0.f;
-    for (int r = 0; r < ranks; ++r) ss += *cluster.map_shared_rank(&block_sum, r);
-    cluster.sync();  // no CTA leaves while another still reads its block_sum
+    for (int r = 0; r < ranks; ++r) ss += rank_sums[r];
 #endif
   }
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
@@ -232,23 +275,22 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
 // ---- launch configuration --------------------------------------------------------------
 // A config: ROW_THREADS threads a row, VPT vectors a thread, or (cluster) a cluster of CTAs
-// of ROW_THREADS threads sharing one row. The first kLadder entries are the default ladder,
-// in order of capacity: the first one that holds the row's vectors is used. The rest are
-// candidates that only rms_norm_with_config reaches, for sweeps (harness/sweep.py).
+// of ROW_THREADS threads sharing one row. Each is compiled for every dtype pair; the
+// default plan picks from two ladders (16-bit and fp32 x), rungs from the sweep on the
+// H200 (harness/sweep.py, results/h200/sweep-*.jsonl); the rest are sweep candidates that
+// only rms_norm_with_config reaches.
 struct Config {
   int row_threads;
   int vpt;
   bool cluster;
 };
 constexpr Config kConfigs[] = {
-    {8, 1, false},   {16, 1, false},  {32, 1, false},   {32, 2, false},  {32, 4, false},
-    {64, 4, false},  {128, 4, false}, {256, 4, false},  {512, 4, false}, {1024, 4, false},
-    {1024, 8, false},                                                    // the ladder
-    {8, 2, false},   {16, 2, false},  {128, 8, false},  {256, 8, false}, {512, 8, false},
-    {128, 16, false}, {256, 16, false}, {512, 16, false},
-    {1024, 8, true}, {512, 8, true}};  // sweep candidates
+    {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
+    {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
+    {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
+    {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
+    {512, 8, true}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
-constexpr int kLadder = 11;
 
 // Index of a compiled config, or -1.
 constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster) {
@@ -260,9 +302,59 @@ constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster) {
   }
   return -1;
 }
-constexpr int kDefaultCluster = find_config(1024, 8, true);  // rows wider than the ladder
-static_assert(kDefaultCluster >= 0);
-constexpr int kMaxCluster = 8;  // portable cluster size
+
+// A rung: rows of at most max_vecs 16-byte vectors take config (row_threads x vpt).
+struct Rung {
+  int max_vecs;
+  int config;
+};
+// Throughput ladders (many rows): ~64 bytes a thread in 16-bit, ~32 in fp32, CTAs of at most
+// 512 threads until a row needs more (a 1024-thread CTA is alone on its SM).
+constexpr Rung kLadder16[] = {
+    {8, find_config(8, 1, false)},      {16, find_config(8, 2, false)},
+    {64, find_config(32, 2, false)},    {128, find_config(32, 4, false)},
+    {256, find_config(64, 4, false)},   {512, find_config(128, 4, false)},
+    {1024, find_config(128, 8, false)}, {2048, find_config(256, 8, false)},
+    {4096, find_config(256, 16, false)}, {8192, find_config(512, 16, false)}};
+constexpr Rung kLadder32[] = {
+    {8, find_config(8, 1, false)},       {32, find_config(16, 2, false)},
+    {128, find_config(64, 4, false)},    {512, find_config(128, 4, false)},
+    {1024, find_config(256, 8, false)},  {1536, find_config(512, 4, false)},
+    {4096, find_config(512, 8, false)},  {8192, find_config(1024, 8, false)}};
+// Latency ladder (fewer row groups than SMs: decode-sized calls): one or two vectors a
+// thread, so each thread's loads and the row's reduction are as short as they get.
+constexpr Rung kLadderFew[] = {
+    {8, find_config(8, 1, false)},      {16, find_config(16, 1, false)},
+    {32, find_config(32, 1, false)},    {64, find_config(32, 2, false)},
+    {256, find_config(128, 4, false)},  {1024, find_config(512, 4, false)},
+    {2048, find_config(1024, 4, false)}};
+constexpr int kDefaultCluster = find_config(1024, 8, true);  // rows wider than the ladders
+constexpr int kMaxCluster = kMaxClusterRanks;
+
+template <int K>
+constexpr bool valid(const Rung (&ladder)[K]) {
+  for (int i = 0; i < K; ++i) {
+    if (ladder[i].config < 0) return false;
+    const Config c = kConfigs[ladder[i].config];
+    if (c.row_threads * c.vpt < ladder[i].max_vecs) return false;
+    if (i > 0 && ladder[i].max_vecs <= ladder[i - 1].max_vecs) return false;
+  }
+  return true;
+}
+static_assert(valid(kLadder16) && valid(kLadder32) && valid(kLadderFew) && kDefaultCluster >= 0,
+              "every rung names a compiled config that holds its rows");
+
+// SMs of a device, asked once per device (a benign race: every writer writes the same).
+int sm_count(int device) {
+  static int cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    cache[device] = n;
+  }
+  return cache[device];
+}
 
 // Which config, and how many CTAs share a row (1 unless the config is a cluster).
 struct Plan {
@@ -274,14 +366,37 @@ int capacity(const Plan& p) {
   return kConfigs[p.config].row_threads * kConfigs[p.config].vpt * p.ranks;
 }
 
-Plan default_plan(int vecs) {
-  for (int i = 0; i < kLadder; ++i) {
-    if (vecs <= kConfigs[i].row_threads * kConfigs[i].vpt) return {i, 1};
+template <int K>
+int climb(const Rung (&ladder)[K], int vecs) {
+  for (int i = 0; i < K; ++i) {
+    if (vecs <= ladder[i].max_vecs) return ladder[i].config;
   }
+  return -1;
+}
+
+// The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
+// GPU of `sms` SMs (rows = 0: many).
+Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
+  int config = elem == 4 ? climb(kLadder32, vecs) : climb(kLadder16, vecs);
+  if (config >= 0 && rows > 0) {
+    const Config c = kConfigs[config];
+    const int64_t groups = (rows + block_threads(c.row_threads) / c.row_threads - 1) /
+                           (block_threads(c.row_threads) / c.row_threads);
+    const int few = climb(kLadderFew, vecs);
+    if (groups < sms && few >= 0) config = few;
+  }
+  if (config >= 0) return {config, 1};
   const int per_cta = kConfigs[kDefaultCluster].row_threads * kConfigs[kDefaultCluster].vpt;
   int ranks = 2;
   while (ranks * per_cta < vecs) ranks *= 2;
   return {kDefaultCluster, ranks};
+}
+
+int in_ladder(int i) {
+  for (const Rung& r : kLadder16) if (r.config == i) return 1;
+  for (const Rung& r : kLadder32) if (r.config == i) return 1;
+  for (const Rung& r : kLadderFew) if (r.config == i) return 1;
+  return i == kDefaultCluster;
 }
 
 template <typename T, typename W, int I>
@@ -324,7 +439,9 @@ template <typename T>
 Plan plan_for(const at::Tensor& x2, const std::optional<Plan>& forced) {
   const int N = static_cast<int>(x2.size(1));
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
-  const Plan plan = forced.has_value() ? *forced : default_plan(vecs);
+  const int sms = sm_count(x2.device().index());
+  const Plan plan =
+      forced.has_value() ? *forced : default_plan(vecs, sizeof(T), x2.size(0), sms);
   TORCH_CHECK_VALUE(vecs <= capacity(plan), "cuda_impl.rms_norm: config (",
                     num(kConfigs[plan.config].row_threads), ", ", num(kConfigs[plan.config].vpt),
                     ", cluster ", num(plan.ranks), ") holds ", num(capacity(plan) * kVec<T>),
@@ -472,8 +589,8 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
 std::vector<int64_t> rms_norm_configs() {
   std::vector<int64_t> out;
   for (int i = 0; i < kNumConfigs; ++i) {
-    out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
-                           i < kLadder});
+    out.insert(out.end(),
+               {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster, in_ladder(i)});
   }
   return out;
 }
@@ -482,7 +599,8 @@ std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
   TORCH_CHECK_VALUE(element_size == 2 || element_size == 4,
                     "cuda_impl.rms_norm_default_config: element_size is ", num(element_size),
                     "; expected 2 or 4");
-  const Plan p = default_plan(static_cast<int>(n * element_size / 16));
+  const Plan p = default_plan(static_cast<int>(n * element_size / 16),
+                              static_cast<int>(element_size));
   return {kConfigs[p.config].row_threads, kConfigs[p.config].vpt, p.ranks};
 }
 
