@@ -216,6 +216,14 @@ def launch_config(n: int, element_size: int, split_ok: bool = True) -> dict:
     return dict(kernel="fused", BLOCK_M=tuned[0], BLOCK_N=block_n, num_warps=tuned[1])
 
 
+def latency_config(cfg: dict, element_size: int) -> dict:
+    """For fewer programs than SMs (decode-sized calls): one row a program and 32 bytes of
+    it a thread, so rows spread over SMs and each thread's loads and the reduction are
+    short; launch_config's tiles aim at throughput, which needs many rows."""
+    warps = max(1, min(16, cfg["BLOCK_N"] * element_size // (32 * 32)))
+    return dict(cfg, BLOCK_M=1, num_warps=warps)
+
+
 def _split_ok(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether x's and y's rows start at the same offset from a 16-byte boundary, row by
     row (what the split kernel's shared head needs)."""
@@ -244,7 +252,11 @@ def _plan(
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
     split_ok = _split_ok(x2, y2)
-    cfg = cfg or launch_config(n, x.element_size(), split_ok)
+    if cfg is None:
+        cfg = launch_config(n, x.element_size(), split_ok)
+        if x.is_cuda and cfg["kernel"] != "chunked":
+            if triton.cdiv(m, cfg["BLOCK_M"]) < _sm_count(x.device.index):
+                cfg = latency_config(cfg, x.element_size())
     meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
     strides = (x2.stride(0), y2.stride(0))
     if cfg["kernel"] == "fused":
