@@ -34,6 +34,27 @@ def test_every_triton_candidate_matches_reference(n):
         )
 
 
+@pytest.mark.parametrize("n", [17, 1000, 4097])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_kernel_any_alignment(n, dtype):
+    """The split kernel finds x's 16-byte boundaries from its address and stores y with
+    vectors only where y lines up: rows at odd offsets and odd strides stay correct."""
+    impl_or_skip("triton")
+    from triton_impl.rms_norm import rms_norm_with_config
+
+    base = torch.randn(6, n + 5, device=DEVICE).to(dtype)
+    x = base[:, 3 : 3 + n]  # 3 elements past the allocation, row stride n + 5
+    w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
+    body = triton_next_pow2(n)
+    cfg = dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=2)
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def test_cuda_config_table():
     """The default plan holds the row, grows with N, and uses a cluster only past the
     widest single-CTA config."""
