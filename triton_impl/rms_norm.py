@@ -49,9 +49,7 @@ from rmsnorm_api import (
 )
 
 #: Widest power-of-two row the fused path keeps in registers, per element size in bytes.
-FUSED_MAX_N = {4: 32768, 2: 32768}
-#: Chunk width of the two-sweep path for rows wider than that.
-CHUNK_N = 8192
+FUSED_MAX_N = {4: 32768, 2: 16384}
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -192,9 +190,13 @@ FUSED_TUNED = {
 }  # fmt: skip
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
-#: Chunked path: chunk width, warps and programs in flight per SM (few, so the rows being
-#: normalised stay in L2 for the second sweep).
-CHUNKED = dict(BLOCK_N=CHUNK_N, num_warps=16, programs_per_sm=1)
+#: Chunked path, from the sweep: (chunk width, warps, programs an SM or 0 for one a row)
+#: per (element size, BLOCK_N); wider rows take the last.
+CHUNKED_TUNED = {
+    (2, 32768): (8192, 16, 0), (2, 65536): (16384, 32, 0), (2, 131072): (32768, 16, 1),
+    (4, 65536): (32768, 32, 2), (4, 131072): (32768, 32, 0),
+}  # fmt: skip
+CHUNKED_WIDE = (32768, 32, 0)
 
 
 @functools.cache
@@ -212,7 +214,9 @@ def launch_config(n: int, element_size: int, split_ok: bool = True) -> dict:
     vec = 16 // elem
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[elem]:
-        return dict(kernel="chunked", BLOCK_M=1, **CHUNKED)
+        chunk, warps, per_sm = CHUNKED_TUNED.get((elem, block_n), CHUNKED_WIDE)
+        return dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
+                    programs_per_sm=per_sm)  # fmt: skip
     if split_ok and n >= vec and n % (16 if elem == 2 else vec):
         body = triton.next_power_of_2(n // vec * vec)
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))

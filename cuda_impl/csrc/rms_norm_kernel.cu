@@ -185,9 +185,10 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     const int j = g + k * G;
     v[k].raw = (row_ok && j < nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
   }
-  // the weight is needed only after the reduction: ask for it now (into L1), so that a
-  // latency-bound launch (a few rows) does not wait for it then
-  if (w != nullptr && row_ok) {
+  // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
+  // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
+  // the prefetches only compete with x's loads (measured: slower), so not there.
+  if (BLOCK == 1024 && w != nullptr && row_ok) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = g + k * G;
@@ -315,7 +316,7 @@ constexpr Rung kLadder16[] = {
     {64, find_config(32, 2, false)},    {128, find_config(32, 4, false)},
     {256, find_config(64, 4, false)},   {512, find_config(128, 4, false)},
     {1024, find_config(128, 8, false)}, {2048, find_config(256, 8, false)},
-    {4096, find_config(256, 16, false)}, {8192, find_config(512, 16, false)}};
+    {4096, find_config(256, 16, false)}, {8192, find_config(1024, 8, false)}};
 constexpr Rung kLadder32[] = {
     {8, find_config(8, 1, false)},       {32, find_config(16, 2, false)},
     {128, find_config(64, 4, false)},    {512, find_config(128, 4, false)},
@@ -328,7 +329,9 @@ constexpr Rung kLadderFew[] = {
     {32, find_config(32, 1, false)},    {64, find_config(32, 2, false)},
     {256, find_config(128, 4, false)},  {1024, find_config(512, 4, false)},
     {2048, find_config(1024, 4, false)}};
-constexpr int kDefaultCluster = find_config(1024, 8, true);  // rows wider than the ladders
+// rows wider than the ladders: clusters of 1024 x 8 CTAs (16-bit) or of 512 x 8 (fp32)
+constexpr int kCluster16 = find_config(1024, 8, true);
+constexpr int kCluster32 = find_config(512, 8, true);
 constexpr int kMaxCluster = kMaxClusterRanks;
 
 template <int K>
@@ -341,7 +344,8 @@ constexpr bool valid(const Rung (&ladder)[K]) {
   }
   return true;
 }
-static_assert(valid(kLadder16) && valid(kLadder32) && valid(kLadderFew) && kDefaultCluster >= 0,
+static_assert(valid(kLadder16) && valid(kLadder32) && valid(kLadderFew) && kCluster16 >= 0 &&
+                  kCluster32 >= 0,
               "every rung names a compiled config that holds its rows");
 
 // SMs of a device, asked once per device (a benign race: every writer writes the same).
@@ -386,17 +390,20 @@ Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
-  const int per_cta = kConfigs[kDefaultCluster].row_threads * kConfigs[kDefaultCluster].vpt;
+  // the fp32 choice holds up to 8 x 4096 vectors; wider rows take the larger CTAs
+  int cluster = elem == 4 ? kCluster32 : kCluster16;
+  auto per_cta = [](int c) { return kConfigs[c].row_threads * kConfigs[c].vpt; };
+  if (kMaxCluster * per_cta(cluster) < vecs) cluster = kCluster16;
   int ranks = 2;
-  while (ranks * per_cta < vecs) ranks *= 2;
-  return {kDefaultCluster, ranks};
+  while (ranks * per_cta(cluster) < vecs) ranks *= 2;
+  return {cluster, ranks};
 }
 
 int in_ladder(int i) {
   for (const Rung& r : kLadder16) if (r.config == i) return 1;
   for (const Rung& r : kLadder32) if (r.config == i) return 1;
   for (const Rung& r : kLadderFew) if (r.config == i) return 1;
-  return i == kDefaultCluster;
+  return i == kCluster16 || i == kCluster32;
 }
 
 template <typename T, typename W, int I>
