@@ -45,13 +45,15 @@ def test_compile_fullgraph(name):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         x, w = inputs(dtype)
         got = compiled(x, w)
-        # the same kernel and config as eager: the same bits
-        torch.testing.assert_close(got, block(x, w), rtol=0, atol=0)
-        # against the reference: y's 1-ulp tolerance, plus 1 ulp of the + 1.0 (a rounding
-        # flip of y near -1 is a large relative error of y + 1)
+        # Against eager and the reference: y's 1-ulp tolerance, plus 1 ulp of the + 1.0 (a
+        # rounding flip of y near -1 is a large relative error of y + 1). Not bit-equal to
+        # eager: inductor recompiles the kernel with its own specialisation, which can
+        # change the vector width and so the order of the fp32 sum (measured on the H200:
+        # differences of 1e-6 in fp32).
         tol = TOL[dtype]
         atol = tol["atol"] + torch.finfo(dtype).eps
         want = rms_norm_ref(x * 2.0, w, 1e-6) + 1.0
+        torch.testing.assert_close(got, block(x, w), rtol=tol["rtol"], atol=atol)
         torch.testing.assert_close(got, want, rtol=tol["rtol"], atol=atol)
 
 
