@@ -113,6 +113,60 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines + [""]
 
 
+def summary(recs: Sequence[dict], section: str = "grid") -> list[dict]:
+    """Per (our impl, dtype) over a section's cold shapes: geometric mean and minimum of %
+    of copy and of the ratio to the best baseline (its time / ours), with the shapes of
+    the minima and how many shapes reach 0.9x copy."""
+    shapes = by_shape(passed(recs, "cold", section))
+    out = []
+    for ours in OURS:
+        for dtype in ("bf16", "fp16", "fp32"):
+            pct, ratio = [], []
+            for (dt, m, n), impls in sorted(shapes.items(), key=lambda kv: kv[0][2]):
+                if dt != dtype or ours not in impls or impls[ours]["pct_copy"] is None:
+                    continue
+                pct.append((impls[ours]["pct_copy"] / 100, f"{m}x{n}"))
+                best = best_baseline(impls)
+                if best:
+                    ratio.append((best[1] / median_us(impls[ours]), f"{m}x{n}"))
+            if not pct:
+                continue
+            row = dict(impl=ours, dtype=dtype, shapes=len(pct))
+            row["geo_copy"] = geomean([v for v, _ in pct])
+            row["min_copy"], row["min_copy_at"] = min(pct)
+            row["at_09"] = sum(v >= SATURATION for v, _ in pct)
+            row["geo_ratio"] = geomean([v for v, _ in ratio])
+            row["min_ratio"], row["min_ratio_at"] = min(ratio) if ratio else (None, "")
+            out.append(row)
+    return out
+
+
+def _summary_table(recs: Sequence[dict]) -> list[str]:
+    rows = [
+        [
+            r["impl"],
+            r["dtype"],
+            f"{_fmt(r['geo_copy'], '.3f')}x",
+            f"{_fmt(r['min_copy'], '.3f')}x ({r['min_copy_at']})",
+            f"{r['at_09']} / {r['shapes']}",
+            f"{_fmt(r['geo_ratio'], '.3f')}x",
+            f"{_fmt(r['min_ratio'], '.3f')}x ({r['min_ratio_at']})",
+        ]
+        for r in summary(recs)
+    ]
+    if not rows:
+        return []
+    header = ["impl", "dtype", "geomean of copy", "min of copy", "shapes >= 0.9x copy"]
+    header += ["geomean ours vs best baseline", "min vs best baseline"]
+    return [
+        "## Summary: grid shapes, cold",
+        "",
+        "Fraction of the measured copy ceiling, and best baseline's time / ours (> 1: ours"
+        " faster), over the grid's shapes.",
+        "",
+    ] + _table(header, rows)
+
+
 def _cold_table(recs: Sequence[dict], section: str) -> list[str]:
     """One table per dtype: GB/s (% of copy) per impl, best baseline, our ratios, spread."""
     lines: list[str] = []
@@ -191,6 +245,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     ]
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += _summary_table(recs)
 
     for section, title in (
         ("grid", "Grid shapes (M = 2^27 / N), cold"),
