@@ -78,22 +78,23 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
 
 def cuda_candidates(n: int, elem: int) -> list[dict]:
     """Compiled configs that hold the row with at most 4x spare capacity (clusters: the
-    fewest CTAs that hold it, and twice that)."""
+    fewest CTAs that hold it, and twice that), pipelined ones included."""
     import cuda_impl.ops as ops
 
     vecs = max(1, n * elem // 16)
     out = []
     for c in ops.configs():
         per_cta = c["row_threads"] * c["vpt"]
+        base = dict(row_threads=c["row_threads"], vpt=c["vpt"], pipelined=c["pipelined"])
         if c["cluster"]:
             ranks = 2
             while ranks * per_cta < vecs and ranks < 8:
                 ranks *= 2
             for r in sorted({ranks, min(8, 2 * ranks)}):
                 if r * per_cta >= vecs:
-                    out.append(dict(row_threads=c["row_threads"], vpt=c["vpt"], cluster=r))
+                    out.append(dict(base, cluster=r))
         elif vecs <= per_cta <= 4 * max(vecs, 8):
-            out.append(dict(row_threads=c["row_threads"], vpt=c["vpt"], cluster=1))
+            out.append(dict(base, cluster=1))
     return out
 
 

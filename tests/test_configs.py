@@ -99,7 +99,41 @@ def test_every_cuda_config_matches_reference(cfg, ranks, n, dtype):
     import cuda_impl.ops as ops
 
     x, w = inputs(7, n, dtype)
-    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks)
+    got = ops.rms_norm_with_config(
+        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["pipelined"]
+    )
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
+def pipelined_cases():
+    try:
+        import cuda_impl.ops as ops
+    except ImportError:
+        return []
+    return [
+        pytest.param(c, dtype, id=f"{c['row_threads']}x{c['vpt']}-{dtype}")
+        for c in ops.configs()
+        if c["pipelined"]
+        for dtype in VEC
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg, dtype", pipelined_cases())
+def test_pipelined_cuda_configs_many_rows(cfg, dtype):
+    """The persistent kernel walks several rows a CTA (twice as many row groups as can be
+    resident), rows at odd strides (head and tail vary by row), odd N near capacity."""
+    impl_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    cap = cfg["row_threads"] * cfg["vpt"] * VEC[dtype]
+    n = cap - 3
+    m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * max(
+        1, 2048 // max(128, cfg["row_threads"])
+    ) * max(1, 128 // cfg["row_threads"])  # fmt: skip
+    x = torch.randn(m, n + 5, device=DEVICE).to(dtype)[:, :n]
+    w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
+    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], 1, True)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 

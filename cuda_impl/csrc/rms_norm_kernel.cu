@@ -128,6 +128,99 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
 
 constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
 
+// A row split at x's 16-byte boundaries: `head` scalars, `nvec` 16-byte vectors from
+// element head, `tail` scalars from element tail0.
+struct RowSplit {
+  int head, nvec, tail0, tail;
+};
+
+template <typename T>
+__device__ __forceinline__ RowSplit split_row(const T* xr, int N) {
+  constexpr int VEC = kVec<T>;
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(xr) & 15) / sizeof(T);
+  RowSplit sp;
+  sp.head = min(misalign ? VEC - misalign : 0, N);
+  sp.nvec = (N - sp.head) / VEC;
+  sp.tail0 = sp.head + sp.nvec * VEC;
+  sp.tail = N - sp.tail0;
+  return sp;
+}
+
+// This thread's sum of squares in fp32 (zero-filled lanes add nothing).
+template <typename T, int VPT>
+__device__ __forceinline__ float sum_squares(const Pack<T> (&v)[VPT], float xh, float xt) {
+  float ss = xh * xh + xt * xt;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int i = 0; i < kVec<T>; ++i) {
+      const float f = to_float(v[k].e[i]);
+      ss = fmaf(f, f, ss);
+    }
+  return ss;
+}
+
+// The sum over a row group: warp shuffles (xor stays inside aligned groups of ROW_THREADS
+// < 32), then, for groups wider than a warp, shared memory (a block barrier: every thread
+// of the block must call this).
+template <int ROW_THREADS>
+__device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
+  constexpr int WARPS_PER_ROW = ROW_THREADS / 32;
+#pragma unroll
+  for (int off = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; off > 0; off /= 2)
+    ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if constexpr (WARPS_PER_ROW > 1) {
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+    __syncthreads();
+    const int first = (threadIdx.x / ROW_THREADS) * WARPS_PER_ROW;
+    ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS_PER_ROW; ++i) ss += warp_sums[first + i];
+  }
+  return ss;
+}
+
+// y = x * rstd * weight for this thread's slice of the row: body vectors g, g + G, ...
+// (VPT of them at most), then head element g and tail element g; fp32 math, one cast.
+template <typename T, typename W, int VPT>
+__device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, float xt,
+                                            const RowSplit& sp, int g, int G, float rstd,
+                                            const W* __restrict__ w, T* yr) {
+  constexpr int VEC = kVec<T>;
+  const bool y_vec = aligned16(yr + sp.head);
+  const bool w_vec = w != nullptr && aligned16(w + sp.head);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = g + k * G;
+    if (j >= sp.nvec) break;
+    const int e0 = sp.head + j * VEC;
+    float wf[VEC];
+    if (w != nullptr) {
+      load_weight<W, VEC>(w + e0, w_vec, wf);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+    }
+    Pack<T> o;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
+    if (y_vec) {
+      *reinterpret_cast<uint4*>(yr + e0) = o.raw;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) yr[e0 + i] = o.e[i];
+    }
+  }
+  if (g < sp.head) {
+    const float wh = w != nullptr ? to_float(__ldg(w + g)) : 1.f;
+    yr[g] = from_float<T>(xh * rstd * wh);
+  }
+  if (g < sp.tail) {
+    const float wt = w != nullptr ? to_float(__ldg(w + sp.tail0 + g)) : 1.f;
+    yr[sp.tail0 + g] = from_float<T>(xt * rstd * wt);
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------
 // T: x / y element; W: weight element (T or float); ROW_THREADS threads own a row; each
 // holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster.
@@ -140,7 +233,6 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   constexpr int VEC = kVec<T>;
   constexpr int BLOCK = block_threads(ROW_THREADS);
   constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
-  constexpr int WARPS_PER_ROW = ROW_THREADS / 32;
   static_assert(ROW_THREADS >= VEC, "head and tail need one thread per element");
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   __shared__ float warp_sums[BLOCK / 32];
@@ -167,11 +259,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   // split the row at x's 16-byte boundaries: scalar head, vector body, scalar tail
   const T* xr = x + (row_ok ? row : 0) * stride_x;
   T* yr = y + (row_ok ? row : 0) * stride_y;
-  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(xr) & 15) / sizeof(T);
-  const int head = min(misalign ? VEC - misalign : 0, N);
-  const int nvec = (N - head) / VEC;
-  const int tail0 = head + nvec * VEC;
-  const int tail = N - tail0;
+  const RowSplit sp = split_row(xr, N);
 
   // A CTA may write into a peer's shared memory only once the peer runs: announce that
   // this one does (no wait here; the wait comes after the loads are in flight).
@@ -179,11 +267,11 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
   // load: every vector of this thread's slice is in flight before the first use
   Pack<T> v[VPT];
-  const uint4* xv = reinterpret_cast<const uint4*>(xr + head);
+  const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
-    v[k].raw = (row_ok && j < nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
+    v[k].raw = (row_ok && j < sp.nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -192,36 +280,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = g + k * G;
-      if (j < nvec) prefetch_l1(w + head + j * VEC);
+      if (j < sp.nvec) prefetch_l1(w + sp.head + j * VEC);
     }
   }
-  const float xh = (row_ok && g < head) ? to_float(xr[g]) : 0.f;
-  const float xt = (row_ok && g < tail) ? to_float(xr[tail0 + g]) : 0.f;
+  const float xh = (row_ok && g < sp.head) ? to_float(xr[g]) : 0.f;
+  const float xt = (row_ok && g < sp.tail) ? to_float(xr[sp.tail0 + g]) : 0.f;
 
-  // accumulate squares in fp32 (zero-filled lanes add nothing)
-  float ss = xh * xh + xt * xt;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k)
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const float f = to_float(v[k].e[i]);
-      ss = fmaf(f, f, ss);
-    }
-  // reduce: within the warp (xor stays inside aligned groups of ROW_THREADS < 32) ...
-#pragma unroll
-  for (int off = (ROW_THREADS < 32 ? ROW_THREADS : 32) / 2; off > 0; off /= 2)
-    ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  // ... across the warps of the row ...
-  if constexpr (WARPS_PER_ROW > 1) {
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) warp_sums[warp] = ss;
-    __syncthreads();
-    const int first = (threadIdx.x / ROW_THREADS) * WARPS_PER_ROW;
-    ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS_PER_ROW; ++i) ss += warp_sums[first + i];
-  }
-  // ... and across the CTAs of the cluster, through distributed shared memory
+  // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
+  float ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
+  // ... and across the CTAs of the cluster, through distributed shared memory.
   // Each CTA writes its sum into slot `rank` of every CTA's rank_sums, then one cluster
   // barrier (release/acquire); after it a CTA reads only its own shared memory, so no CTA
   // can leave while another still touches it.
@@ -237,41 +304,78 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 #endif
   }
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
+  if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr);
+}
 
-  // scale by rstd and the weight in fp32, cast once, store
-  if (!row_ok) return;
-  const bool y_vec = aligned16(yr + head);
-  const bool w_vec = w != nullptr && aligned16(w + head);
+// ---- the persistent, prefetching variant (sweep candidate) -----------------------------
+// Each CTA walks rows blockIdx.x * ROWS + group, then + gridDim.x * ROWS, ...; grid = as
+// many CTAs as fit on the GPU at once. A thread's vectors of the next row are copied into
+// its own slots of shared memory (cp.async, no registers, no wait) while the current row
+// is reduced and stored from registers, so an SM has loads in flight through every phase
+// of a row, not only its first. Slots are private to a thread: no barrier guards them.
+
+// Copy one 16-byte vector from global to shared memory asynchronously (through L2 only).
+__device__ __forceinline__ void stage_vector(uint4* dst, const uint4* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void stage_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+template <typename T, typename W, int ROW_THREADS, int VPT>
+__global__ void __launch_bounds__(block_threads(ROW_THREADS))
+    rms_norm_pipelined(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                       int64_t stride_x, int64_t stride_y, int64_t M, int N, float eps) {
+  constexpr int BLOCK = block_threads(ROW_THREADS);
+  constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
+  static_assert(ROW_THREADS >= kVec<T>, "head and tail need one thread per element");
+  extern __shared__ uint4 staged[];           // [VPT][BLOCK]: the next row's vectors
+  __shared__ float warp_sums[2][BLOCK / 32];  // by row parity: a fast warp may be one ahead
+  const int lane = threadIdx.x % ROW_THREADS;
+  const int group = threadIdx.x / ROW_THREADS;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * ROWS;
+
+  auto stage = [&](int64_t row) {  // issue this thread's vectors of `row`, if it exists
+    if (row < M) {
+      const T* xr = x + row * stride_x;
+      const RowSplit sp = split_row(xr, N);
+      const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = g + k * G;
-    if (j >= nvec) break;
-    const int e0 = head + j * VEC;
-    float wf[VEC];
-    if (w != nullptr) {
-      load_weight<W, VEC>(w + e0, w_vec, wf);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+      for (int k = 0; k < VPT; ++k) {
+        const int j = lane + k * ROW_THREADS;
+        if (j < sp.nvec) stage_vector(&staged[k * BLOCK + threadIdx.x], xv + j);
+      }
     }
-    Pack<T> o;
+    stage_commit();
+  };
+
+  int parity = 0;
+  stage(static_cast<int64_t>(blockIdx.x) * ROWS + group);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * ROWS; base < M; base += step) {
+    const int64_t row = base + group;
+    const bool row_ok = row < M;
+    const T* xr = x + (row_ok ? row : 0) * stride_x;
+    const RowSplit sp = split_row(xr, N);
+    const float xh = (row_ok && lane < sp.head) ? to_float(xr[lane]) : 0.f;
+    const float xt = (row_ok && lane < sp.tail) ? to_float(xr[sp.tail0 + lane]) : 0.f;
+    stage_wait();  // this thread's copies of this row have landed
+    Pack<T> v[VPT];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
-    if (y_vec) {
-      *reinterpret_cast<uint4*>(yr + e0) = o.raw;
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) yr[e0 + i] = o.e[i];
+    for (int k = 0; k < VPT; ++k) {
+      const int j = lane + k * ROW_THREADS;
+      v[k].raw = (row_ok && j < sp.nvec) ? staged[k * BLOCK + threadIdx.x] : make_uint4(0, 0, 0, 0);
     }
+    float ss = sum_squares(v, xh, xt);
+    asm volatile("" ::"f"(ss));  // the slots are read (ss needs them) before refilling them
+    stage(row + step);
+    ss = group_sum<ROW_THREADS>(ss, warp_sums[parity]);
+    parity ^= 1;
+    const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
+    if (row_ok) scale_store(v, xh, xt, sp, lane, ROW_THREADS, rstd, w, y + row * stride_y);
   }
-  if (g < head) {
-    const float wh = w != nullptr ? to_float(__ldg(w + g)) : 1.f;
-    yr[g] = from_float<T>(xh * rstd * wh);
-  }
-  if (g < tail) {
-    const float wt = w != nullptr ? to_float(__ldg(w + tail0 + g)) : 1.f;
-    yr[tail0 + g] = from_float<T>(xt * rstd * wt);
-  }
+  stage_wait();  // nothing left in flight at exit (the last stage() issued no copies)
 }
 
 // ---- launch configuration --------------------------------------------------------------
@@ -284,20 +388,22 @@ struct Config {
   int row_threads;
   int vpt;
   bool cluster;
+  bool pipelined = false;  // the persistent, prefetching kernel (rms_norm_pipelined)
 };
 constexpr Config kConfigs[] = {
     {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
     {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
     {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
     {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
-    {512, 8, true}};
+    {512, 8, true},   {128, 4, false, true},  {128, 8, false, true},   {256, 8, false, true},
+    {512, 8, false, true},  {1024, 8, false, true}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
-constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster) {
+constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, bool pipelined = false) {
   for (int i = 0; i < kNumConfigs; ++i) {
     if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
-        kConfigs[i].cluster == cluster) {
+        kConfigs[i].cluster == cluster && kConfigs[i].pipelined == pipelined) {
       return i;
     }
   }
@@ -416,7 +522,28 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
     constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
     constexpr bool CLUSTER = kConfigs[I].cluster;
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
-    const int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
+    int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
+    if constexpr (kConfigs[I].pipelined) {
+      // as many CTAs as are resident at once (asked once per device), at most one a row group
+      constexpr size_t kStaged = sizeof(uint4) * BLOCK * VPT;
+      auto kernel = rms_norm_pipelined<T, W, RT, VPT>;
+      static int per_sm[64] = {};
+      const int device = c10::cuda::current_device();
+      TORCH_CHECK_VALUE(device < 64, "cuda_impl.rms_norm: device index ", num(device),
+                        " is beyond this build's table of 64");
+      if (per_sm[device] == 0) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStaged)));
+        int n = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BLOCK, kStaged));
+        per_sm[device] = std::max(n, 1);
+      }
+      blocks = std::min<int64_t>(blocks, static_cast<int64_t>(per_sm[device]) * sm_count(device));
+      kernel<<<static_cast<unsigned>(blocks), BLOCK, kStaged, stream>>>(x, w, y, sx, sy, M, N,
+                                                                         eps);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
     TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
                       " rows, more than one launch can cover");
     if constexpr (CLUSTER) {
@@ -482,8 +609,12 @@ void config_attributes(int idx, cudaFuncAttributes* attr) {
   if constexpr (I < kNumConfigs) {
     if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
     constexpr Config c = kConfigs[I];
-    C10_CUDA_CHECK(
-        cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
+    if constexpr (c.pipelined) {
+      C10_CUDA_CHECK(cudaFuncGetAttributes(attr, rms_norm_pipelined<T, W, c.row_threads, c.vpt>));
+    } else {
+      C10_CUDA_CHECK(
+          cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
+    }
   }
 }
 
@@ -560,13 +691,14 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
 }
 
 at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                double eps, int64_t row_threads, int64_t vpt, int64_t cluster) {
+                                double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
+                                bool pipelined) {
   check_inputs(x, weight, eps);
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
-  const int found = find_config(row_threads, vpt, ranks > 1);
+  const int found = find_config(row_threads, vpt, ranks > 1, pipelined);
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
-                    "); see cuda_impl.ops.configs()");
+                    pipelined ? ", pipelined" : "", "); see cuda_impl.ops.configs()");
   TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxCluster && (ranks & (ranks - 1)) == 0),
                     "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
                     "; expected 1, 2, 4 or 8");
@@ -596,8 +728,8 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
 std::vector<int64_t> rms_norm_configs() {
   std::vector<int64_t> out;
   for (int i = 0; i < kNumConfigs; ++i) {
-    out.insert(out.end(),
-               {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster, in_ladder(i)});
+    out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
+                           in_ladder(i), kConfigs[i].pipelined});
   }
   return out;
 }
