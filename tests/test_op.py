@@ -99,7 +99,8 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         import importlib
 
         module = importlib.import_module("triton_impl.rms_norm")  # the module, not the function
-        assert module._COMPILED, "the fast path cached no compiled kernel"
+        plans = [p for p in module._PLANS.values() if p.compiled]
+        assert plans, "the fast path cached no plan with a compiled kernel"
 
 
 @pytest.mark.gpu
@@ -116,3 +117,37 @@ def test_cuda_graph_capture_functional(name):
     g.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
+
+
+PLAN_CASES = {
+    "2d": lambda: torch.randn(37, 4097, device=DEVICE),
+    "strided-rows": lambda: torch.randn(33, 1000 + 11, device=DEVICE)[:, 3 : 3 + 1000],
+    "3d": lambda: torch.randn(3, 5, 4096, device=DEVICE),
+    "3d-transposed": lambda: torch.randn(5, 3, 512, device=DEVICE).transpose(0, 1),
+    "one-row": lambda: torch.randn(1, 8192, device=DEVICE),
+}
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("weight", ["same", "fp32", None])
+def test_triton_eager_plan_cache(case, dtype, weight):
+    """The Triton eager path's plan cache (on CPU through the interpreter, on a GPU with the
+    compiled kernels): the first call plans and checks, repeats reuse the plan with fresh
+    tensors, every result is the reference's, and a plan is kept only when x is used in
+    place (a transposed batch is copied by reshape, so it is planned on every call)."""
+    impl_or_skip("triton")
+    import importlib
+
+    module = importlib.import_module("triton_impl.rms_norm")
+    module._PLANS.clear()
+    for _ in range(3):
+        x = PLAN_CASES[case]().to(dtype)
+        n = x.shape[-1]
+        w = None if weight is None else (1 + torch.randn(n, device=DEVICE))
+        w = w if weight != "same" or w is None else w.to(dtype)
+        got = module._eager_launch(x, w, 1e-6)
+        torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+    assert len(module._PLANS) == (0 if case == "3d-transposed" else 1)
+    with pytest.raises(ValueError, match="eps is"):  # a cached plan still checks eps
+        module._eager_launch(x, w, float("nan"))

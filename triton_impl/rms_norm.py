@@ -307,24 +307,34 @@ def _launch(
 
 
 # ---- eager fast path -------------------------------------------------------------------
-# Triton's JITFunction.run binds and specialises every argument, builds a cache key and
-# checks globals on each call: tens of microseconds of host time, which is the whole cost
-# of a decode-sized RMSNorm. Here the compiled kernel is looked up by a key that covers
-# everything Triton specialises on (dtypes, 16-byte alignment of pointers, divisibility by
-# 16 / equality to 1 / 32-bit range of integers, constexprs and warps), and launched with
-# the compiled kernel's own launcher. A new key goes once through the generic path.
+# A decode-sized RMSNorm costs less on the GPU than the host spends launching it through
+# torch.library dispatch and Triton's JITFunction.run (which binds and specialises every
+# argument on each call). Eager calls therefore go through a plan cache instead: keyed by
+# everything the launch depends on besides the data (shape, strides, storage offset mod
+# 16 bytes, dtypes, devices), a plan holds the kernel, grid, integer arguments and
+# constexprs, and the compiled kernels for each combination of 16-byte alignment of the
+# three pointers (the only specialisation left to the data). A hit skips the argument
+# checks (the key implies they passed; eps is checked each time), the planning and Triton's
+# launcher; a miss, or a new alignment, goes once through the checked, generic path.
 
-_COMPILED: dict = {}
-_I32 = 2**31
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+_INF = float("inf")
 
 
-def _spec(v) -> tuple:
-    """What Triton specialises a kernel argument on."""
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, int) and not isinstance(v, bool):
-        return (v % 16 == 0, v == 1, -_I32 <= v < _I32)
-    return (type(v),)
+class _Plan:
+    __slots__ = ("kernel", "grid", "ints", "meta", "consts", "compiled")
+
+    def __init__(self, kernel, grid: tuple, ints: tuple, meta: dict) -> None:
+        self.kernel, self.grid, self.ints, self.meta = kernel, grid, ints, meta
+        self.consts = tuple(meta[name] for name in kernel.arg_names[3 + len(ints) + 1 :])
+        self.compiled: dict = {}  # (x, w, y 16-byte aligned) -> compiled kernel, or False
+
+
+def _plan_key(x: torch.Tensor, weight: Optional[torch.Tensor]) -> tuple:
+    w = weight
+    wkey = None if w is None else (w.shape, w.stride(), w.dtype, w.get_device())
+    return (x.shape, x.stride(), x.storage_offset() % 8, x.dtype, x.get_device(), wkey)
 
 
 def _run_compiled(compiled, grid: tuple, values: list, device: int) -> None:
@@ -344,24 +354,36 @@ def _launchable(compiled) -> bool:
     return hasattr(triton, "knobs") and all(hasattr(compiled, a) for a in names)
 
 
-def _eager_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    """rms_norm for real CUDA tensors outside tracing (checked by the caller)."""
+def _eager_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps) -> torch.Tensor:
+    """rms_norm for real CUDA tensors outside tracing (see _eager_ok)."""
+    key = _plan_key(x, weight)
+    plan = _PLANS.get(key)
+    if plan is None or not (type(eps) is float and 0.0 < eps < _INF):
+        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    eps = float(eps)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    kernel, grid, args, meta = _plan(x, weight, eps, y)
-    key = (x.device.index, kernel, tuple(meta.items()), *map(_spec, args))
-    compiled = _COMPILED.get(key)
-    if compiled is None:  # compile (or find in Triton's caches) and launch, generically
-        compiled = kernel[grid](*args, **meta)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled
-        _COMPILED[key] = compiled if _launchable(compiled) else False
+    if plan is None:
+        kernel, grid, args, meta = _plan(x, weight, eps, y)
+        # cache only when x and the weight are used in place (no copy made for the launch)
+        if args[0].data_ptr() == x.data_ptr() and (weight is None or args[1] is weight):
+            if len(_PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
+                _PLANS.clear()
+            plan = _PLANS[key] = _Plan(kernel, grid, tuple(args[3:-1]), meta)
+        else:
+            kernel[grid](*args, **meta)
+            return y
+    w = x if weight is None else weight  # a dummy pointer when there is no weight
+    align = (x.data_ptr() % 16 == 0, w.data_ptr() % 16 == 0, y.data_ptr() % 16 == 0)
+    compiled = plan.compiled.get(align)
+    if not compiled:  # compile (or find in Triton's caches) and launch, generically
+        compiled = plan.kernel[plan.grid](x, w, y, *plan.ints, eps, **plan.meta)
+        if align not in plan.compiled:
+            compiled = compiled.result() if hasattr(compiled, "result") else compiled
+            plan.compiled[align] = compiled if _launchable(compiled) else False
         return y
-    if compiled is False:  # a Triton whose compiled kernels this module cannot launch
-        kernel[grid](*args, **meta)
-        return y
-    values = [*args, *(meta[name] for name in kernel.arg_names[len(args) :])]
-    _run_compiled(compiled, grid, values, x.device.index)
+    _run_compiled(compiled, plan.grid, [x, w, y, *plan.ints, eps, *plan.consts], x.get_device())
     return y
 
 
@@ -436,8 +458,7 @@ def rms_norm(
     TypeError/ValueError naming the argument for unsupported input.
     """
     if not INTERPRET and _eager_ok(x, weight, eps, out):
-        check_inputs(x, weight, eps, impl=_IMPL)
-        return _eager_launch(x, weight, float(eps))
+        return _eager_launch(x, weight, eps)
     ops = torch.ops.triton_impl
     return call_op(
         ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
