@@ -13,8 +13,9 @@ Parallelisation
   chunks twice: the first sweep accumulates sum(x^2), the second re-reads the chunks
   (from L2: the rows in flight fit in it), normalises and stores.
 Launch configs (tile shape, warps) come from a sweep on the H200 (launch_config).
-Eager calls skip the torch.library dispatch and Triton's generic launcher: the compiled
-kernel is cached per specialisation and launched directly (_eager_launch).
+Eager calls skip the torch.library dispatch and Triton's generic launcher: a plan per
+shape, strides and dtypes, and the compiled kernel per pointer alignment, are cached and
+launched directly (_eager_launch).
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is
 divided by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31
 elements index correctly.
@@ -178,7 +179,7 @@ FUSED_TUNED = {
     # 16-bit, N = BLOCK_N
     (2, 128, False): (16, 8), (2, 512, False): (4, 4), (2, 1024, False): (2, 2),
     (2, 2048, False): (1, 4), (2, 4096, False): (4, 16), (2, 8192, False): (2, 4),
-    (2, 16384, False): (1, 8), (2, 32768, False): (1, 32),
+    (2, 16384, False): (1, 8),
     # 16-bit, padded tiles (N = 5120, 12288)
     (2, 8192, True): (1, 4), (2, 16384, True): (1, 8),
     # fp32, N = BLOCK_N
