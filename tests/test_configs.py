@@ -111,7 +111,7 @@ def pipelined_cases():
     except ImportError:
         return []
     return [
-        pytest.param(c, dtype, id=f"{c['row_threads']}x{c['vpt']}-{dtype}")
+        pytest.param(c, dtype, id=f"{c['row_threads']}x{c['vpt']}-c{c['cluster']:d}-{dtype}")
         for c in ops.configs()
         if c["pipelined"]
         for dtype in VEC
@@ -121,19 +121,21 @@ def pipelined_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg, dtype", pipelined_cases())
 def test_pipelined_cuda_configs_many_rows(cfg, dtype):
-    """The persistent kernel walks several rows a CTA (twice as many row groups as can be
-    resident), rows at odd strides (head and tail vary by row), odd N near capacity."""
+    """The persistent kernel walks several rows a CTA or cluster (twice as many row groups
+    as can be resident), rows at odd strides (head and tail vary by row), odd N near
+    capacity."""
     impl_or_skip("cuda")
     import cuda_impl.ops as ops
 
-    cap = cfg["row_threads"] * cfg["vpt"] * VEC[dtype]
+    ranks = 2 if cfg["cluster"] else 1
+    cap = cfg["row_threads"] * cfg["vpt"] * ranks * VEC[dtype]
     n = cap - 3
     m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * max(
         1, 2048 // max(128, cfg["row_threads"])
     ) * max(1, 128 // cfg["row_threads"])  # fmt: skip
     x = torch.randn(m, n + 5, device=DEVICE).to(dtype)[:, :n]
     w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
-    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], 1, True)
+    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, True)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 

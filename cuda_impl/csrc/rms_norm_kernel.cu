@@ -324,18 +324,35 @@ __device__ __forceinline__ void stage_commit() {
 }
 __device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-template <typename T, typename W, int ROW_THREADS, int VPT>
+template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     rms_norm_pipelined(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                        int64_t stride_x, int64_t stride_y, int64_t M, int N, float eps) {
   constexpr int BLOCK = block_threads(ROW_THREADS);
   constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
   static_assert(ROW_THREADS >= kVec<T>, "head and tail need one thread per element");
+  static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   extern __shared__ uint4 staged[];           // [VPT][BLOCK]: the next row's vectors
   __shared__ float warp_sums[2][BLOCK / 32];  // by row parity: a fast warp may be one ahead
+  __shared__ float rank_sums[2][CLUSTER ? kMaxClusterRanks : 1];  // likewise, a fast CTA
+
+  // A unit (a CTA, or a cluster sharing each row) walks rows unit * ROWS + group, then
+  // + units * ROWS, ...; the same rows for every CTA of a cluster, so barriers pair up.
+  int rank = 0, ranks = 1;
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    rank = static_cast<int>(cluster.block_rank());
+    ranks = static_cast<int>(cluster.num_blocks());
+#endif
+    cluster_arrive_relaxed();  // this CTA runs (peers wait for it before writing here)
+  }
   const int lane = threadIdx.x % ROW_THREADS;
+  const int g = rank * ROW_THREADS + lane;  // thread index within the row
+  const int G = ranks * ROW_THREADS;        // threads sharing the row
+  const int64_t first = static_cast<int64_t>(blockIdx.x / ranks) * ROWS;
+  const int64_t step = static_cast<int64_t>(gridDim.x / ranks) * ROWS;
   const int group = threadIdx.x / ROW_THREADS;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * ROWS;
 
   auto stage = [&](int64_t row) {  // issue this thread's vectors of `row`, if it exists
     if (row < M) {
@@ -344,7 +361,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
       const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int j = lane + k * ROW_THREADS;
+        const int j = g + k * G;
         if (j < sp.nvec) stage_vector(&staged[k * BLOCK + threadIdx.x], xv + j);
       }
     }
@@ -352,30 +369,48 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   };
 
   int parity = 0;
-  stage(static_cast<int64_t>(blockIdx.x) * ROWS + group);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * ROWS; base < M; base += step) {
+  stage(first + group);
+  for (int64_t base = first; base < M; base += step) {
     const int64_t row = base + group;
     const bool row_ok = row < M;
     const T* xr = x + (row_ok ? row : 0) * stride_x;
     const RowSplit sp = split_row(xr, N);
-    const float xh = (row_ok && lane < sp.head) ? to_float(xr[lane]) : 0.f;
-    const float xt = (row_ok && lane < sp.tail) ? to_float(xr[sp.tail0 + lane]) : 0.f;
+    const float xh = (row_ok && g < sp.head) ? to_float(xr[g]) : 0.f;
+    const float xt = (row_ok && g < sp.tail) ? to_float(xr[sp.tail0 + g]) : 0.f;
     stage_wait();  // this thread's copies of this row have landed
     Pack<T> v[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int j = lane + k * ROW_THREADS;
+      const int j = g + k * G;
       v[k].raw = (row_ok && j < sp.nvec) ? staged[k * BLOCK + threadIdx.x] : make_uint4(0, 0, 0, 0);
     }
     float ss = sum_squares(v, xh, xt);
     asm volatile("" ::"f"(ss));  // the slots are read (ss needs them) before refilling them
     stage(row + step);
     ss = group_sum<ROW_THREADS>(ss, warp_sums[parity]);
+    if constexpr (CLUSTER) {
+      // as in rms_norm_kernel, with the slots alternating by row: a CTA that is a row
+      // ahead writes the other half, and cannot be two ahead (it waits at each row)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cg::cluster_group cluster = cg::this_cluster();
+      if (base == first) cluster_wait();  // every peer runs
+      if (threadIdx.x < ranks) {
+        *cluster.map_shared_rank(&rank_sums[parity][rank], threadIdx.x) = ss;
+      }
+      cluster_arrive_release();
+      cluster_wait();
+      ss = 0.f;
+      for (int r = 0; r < ranks; ++r) ss += rank_sums[parity][r];
+#endif
+    }
     parity ^= 1;
     const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
-    if (row_ok) scale_store(v, xh, xt, sp, lane, ROW_THREADS, rstd, w, y + row * stride_y);
+    if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, y + row * stride_y);
   }
   stage_wait();  // nothing left in flight at exit (the last stage() issued no copies)
+  if constexpr (CLUSTER) {
+    if (first >= M) cluster_wait();  // a unit without rows still pairs its arrive
+  }
 }
 
 // ---- launch configuration --------------------------------------------------------------
@@ -396,7 +431,8 @@ constexpr Config kConfigs[] = {
     {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
     {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
     {512, 8, true},   {128, 4, false, true},  {128, 8, false, true},   {256, 8, false, true},
-    {512, 8, false, true},  {1024, 8, false, true}};
+    {512, 8, false, true},  {1024, 8, false, true}, {1024, 8, true, true},
+    {512, 8, true, true}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
@@ -524,23 +560,47 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
     int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
     if constexpr (kConfigs[I].pipelined) {
-      // as many CTAs as are resident at once (asked once per device), at most one a row group
+      // as many CTAs (clusters) as are resident at once, asked once per device and cluster
+      // size; at most one a row group (a row)
       constexpr size_t kStaged = sizeof(uint4) * BLOCK * VPT;
-      auto kernel = rms_norm_pipelined<T, W, RT, VPT>;
-      static int per_sm[64] = {};
+      auto kernel = rms_norm_pipelined<T, W, RT, VPT, CLUSTER>;
+      static int resident[64][4] = {};  // [device][log2 ranks]
       const int device = c10::cuda::current_device();
+      const int ranks = CLUSTER ? plan.ranks : 1;
+      const int lg = ranks >= 8 ? 3 : ranks >= 4 ? 2 : ranks >= 2 ? 1 : 0;
       TORCH_CHECK_VALUE(device < 64, "cuda_impl.rms_norm: device index ", num(device),
                         " is beyond this build's table of 64");
-      if (per_sm[device] == 0) {
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute attr[1];
+      cfg.blockDim = dim3(BLOCK);
+      cfg.dynamicSmemBytes = kStaged;
+      cfg.stream = stream;
+      if constexpr (CLUSTER) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = ranks;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+      }
+      if (resident[device][lg] == 0) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kStaged)));
         int n = 0;
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BLOCK, kStaged));
-        per_sm[device] = std::max(n, 1);
+        if constexpr (CLUSTER) {
+          cfg.gridDim = dim3(ranks);
+          C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+        } else {
+          C10_CUDA_CHECK(
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BLOCK, kStaged));
+          n *= sm_count(device);
+        }
+        resident[device][lg] = std::max(n, 1);
       }
-      blocks = std::min<int64_t>(blocks, static_cast<int64_t>(per_sm[device]) * sm_count(device));
-      kernel<<<static_cast<unsigned>(blocks), BLOCK, kStaged, stream>>>(x, w, y, sx, sy, M, N,
-                                                                         eps);
+      const int64_t units = CLUSTER ? M : (M + ROWS - 1) / ROWS;
+      blocks = std::min<int64_t>(units, resident[device][lg]) * ranks;
+      cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, x, w, y, sx, sy, M, N, eps));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -610,7 +670,8 @@ void config_attributes(int idx, cudaFuncAttributes* attr) {
     if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
     constexpr Config c = kConfigs[I];
     if constexpr (c.pipelined) {
-      C10_CUDA_CHECK(cudaFuncGetAttributes(attr, rms_norm_pipelined<T, W, c.row_threads, c.vpt>));
+      C10_CUDA_CHECK(cudaFuncGetAttributes(
+          attr, rms_norm_pipelined<T, W, c.row_threads, c.vpt, c.cluster>));
     } else {
       C10_CUDA_CHECK(
           cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
