@@ -180,6 +180,26 @@ __device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
   return ss;
 }
 
+// The sum over the CTAs of a cluster, through distributed shared memory: each CTA writes
+// its sum into slot `rank` of every CTA's `slots`, then one release/acquire barrier; after
+// it a CTA reads only its own shared memory, so no CTA can leave while another still
+// touches it. A CTA may write into a peer only once the peer runs: `wait_peers` completes
+// the barrier phase every CTA opened at its start with cluster_arrive_relaxed (needed
+// before the first exchange only). Every thread of every CTA must call this.
+__device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, int ranks,
+                                             bool wait_peers) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  if (wait_peers) cluster_wait();
+  if (threadIdx.x < ranks) *cluster.map_shared_rank(&slots[rank], threadIdx.x) = ss;
+  cluster_arrive_release();
+  cluster_wait();  // every peer's sum has landed here
+  ss = 0.f;
+  for (int r = 0; r < ranks; ++r) ss += slots[r];
+#endif
+  return ss;
+}
+
 // y = x * rstd * weight for this thread's slice of the row: body vectors g, g + G, ...
 // (VPT of them at most), then head element g and tail element g; fp32 math, one cast.
 template <typename T, typename W, int VPT>
@@ -288,21 +308,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
   // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
   float ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
-  // ... and across the CTAs of the cluster, through distributed shared memory.
-  // Each CTA writes its sum into slot `rank` of every CTA's rank_sums, then one cluster
-  // barrier (release/acquire); after it a CTA reads only its own shared memory, so no CTA
-  // can leave while another still touches it.
-  if constexpr (CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster_wait();  // every peer runs
-    if (threadIdx.x < ranks) *cluster.map_shared_rank(&rank_sums[rank], threadIdx.x) = ss;
-    cluster_arrive_release();
-    cluster_wait();  // every peer's sum has landed here
-    ss = 0.f;
-    for (int r = 0; r < ranks; ++r) ss += rank_sums[r];
-#endif
-  }
+  // ... and across the CTAs of the cluster, through distributed shared memory
+  if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums, rank, ranks, true);
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
   if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr);
 }
@@ -388,21 +395,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     asm volatile("" ::"f"(ss));  // the slots are read (ss needs them) before refilling them
     stage(row + step);
     ss = group_sum<ROW_THREADS>(ss, warp_sums[parity]);
-    if constexpr (CLUSTER) {
-      // as in rms_norm_kernel, with the slots alternating by row: a CTA that is a row
-      // ahead writes the other half, and cannot be two ahead (it waits at each row)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      cg::cluster_group cluster = cg::this_cluster();
-      if (base == first) cluster_wait();  // every peer runs
-      if (threadIdx.x < ranks) {
-        *cluster.map_shared_rank(&rank_sums[parity][rank], threadIdx.x) = ss;
-      }
-      cluster_arrive_release();
-      cluster_wait();
-      ss = 0.f;
-      for (int r = 0; r < ranks; ++r) ss += rank_sums[parity][r];
-#endif
-    }
+    // slots alternate by row: a CTA a row ahead writes the other half, and cannot be two
+    // ahead (it waits at each row)
+    if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums[parity], rank, ranks, base == first);
     parity ^= 1;
     const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
     if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, y + row * stride_y);
