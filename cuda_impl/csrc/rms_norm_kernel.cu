@@ -6,7 +6,9 @@
 // (N > 8192 vectors), a thread-block cluster of 2..8 CTAs shares the row and combines its
 // partial sums through distributed shared memory (sm_90). In every path the row is loaded
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
-// from HBM exactly once.
+// from HBM exactly once. A persistent variant (rms_norm_pipelined, sweep candidates for
+// now) copies each thread's vectors of its next row into shared memory with cp.async
+// while the current row is reduced and stored.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
