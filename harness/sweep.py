@@ -38,12 +38,16 @@ TRITON_THREAD_BYTES = (16, 256)
 TRITON_CHUNKS = (4096, 8192, 16384, 32768)
 TRITON_CHUNK_WARPS = (8, 16, 32)
 TRITON_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
+TRITON_PERSISTENT_PER_SM = (1, 2, 4)
+TRITON_STAGES = (2, 3)
+TRITON_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 
 
 def triton_candidates(n: int, elem: int) -> list[dict]:
     """Fused tiles whose bytes per thread fit TRITON_THREAD_BYTES, the split kernel (its
-    tile sized to the aligned body) for rows that are not whole 16-byte vectors, and the
-    chunked kernel for wide rows."""
+    tile sized to the aligned body) for rows that are not whole 16-byte vectors, the
+    persistent kernel (whole rows, the next ones' loads pipelined through shared memory)
+    where a row fits shared memory, and the chunked kernel for wide rows."""
     import triton
 
     from triton_impl.rms_norm import FUSED_MAX_N
@@ -64,6 +68,17 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
             for warps in TRITON_WARPS:
                 if body * elem // (32 * warps) >= lo or warps == 1:
                     out.append(dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=warps))
+    if 1024 <= n and block_n * elem <= TRITON_STAGED_BYTES:
+        for warps in TRITON_WARPS:
+            per_thread = block_n * elem // (32 * warps)
+            for per_sm in TRITON_PERSISTENT_PER_SM:
+                for stages in TRITON_STAGES:
+                    staged = (stages - 1) * block_n * elem * per_sm
+                    if 32 <= per_thread <= hi and staged <= TRITON_STAGED_BYTES:
+                        out.append(
+                            dict(kernel="persistent", BLOCK_M=1, BLOCK_N=block_n,
+                                 num_warps=warps, programs_per_sm=per_sm, stages=stages)
+                        )  # fmt: skip
     if n >= 16384:
         for chunk in TRITON_CHUNKS:
             for warps in TRITON_CHUNK_WARPS:

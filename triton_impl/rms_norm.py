@@ -9,6 +9,8 @@ Parallelisation
   row, the row split at x's 16-byte boundaries into a scalar head, an aligned body (a
   power-of-two tile of 16-byte vectors, alignment promised to the compiler) and a scalar
   tail, so odd N still gets 16-byte accesses.
+- Persistent path (a sweep candidate for now): a few programs per SM walk whole rows;
+  Triton's pipeliner loads the next rows into shared memory while one is reduced.
 - Chunked path (wider rows): a few programs per SM, each walking its rows in BLOCK_N
   chunks twice: the first sweep accumulates sum(x^2), the second re-reads the chunks
   (from L2: the rows in flight fit in it), normalises and stores.
@@ -121,6 +123,32 @@ def _rms_norm_fwd_chunked(
             if HAS_WEIGHT:
                 y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
             tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_persistent(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
+):
+    # fmt: on
+    # a few programs per SM, each walking rows pid, pid + programs, ...: Triton's software
+    # pipeliner issues the next rows' loads (into shared memory) while this one is reduced
+    # and stored; the weight is loaded once per program, not once per row
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    for row in tl.range(first, M, tl.num_programs(0), num_stages=STAGES):
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 # fmt: off
@@ -282,9 +310,13 @@ def _plan(
         args = (x2, w, y2, *strides, n, eps)
         return _rms_norm_fwd_split, (m,), args, dict(meta, VEC=16 // x.element_size())
     programs = m
-    if cfg.get("programs_per_sm") and x.is_cuda:
-        programs = min(m, cfg["programs_per_sm"] * _sm_count(x.device.index))
+    if cfg.get("programs_per_sm"):  # the interpreter (CPU) pretends to have 2 SMs
+        sms = _sm_count(x.device.index) if x.is_cuda else 2
+        programs = min(m, cfg["programs_per_sm"] * sms)
     args = (x2, w, y2, *strides, m, n, eps)
+    if cfg["kernel"] == "persistent":
+        meta = dict(meta, STAGES=cfg["stages"])
+        return _rms_norm_fwd_persistent, (max(programs, 1),), args, meta
     return _rms_norm_fwd_chunked, (max(programs, 1),), args, meta
 
 
@@ -472,14 +504,16 @@ def rms_norm_with_config(
     """rms_norm with a forced launch config (launch_config's form), for sweeps; same result.
 
     cfg: kernel "fused" (BLOCK_M rows of BLOCK_N >= N lanes a program), "split" (one row a
-    program, BLOCK_N >= N // VEC * VEC lanes of aligned body, scalar head and tail) or
+    program, BLOCK_N >= N // VEC * VEC lanes of aligned body, scalar head and tail),
     "chunked" (rows in BLOCK_N-wide chunks, programs_per_sm programs an SM or, if 0, one
-    a row), and num_warps.
+    a row) or "persistent" (programs_per_sm programs an SM walking whole rows, the next
+    `stages` - 1 rows' loads in flight), and num_warps.
     """
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     n = x.shape[-1]
     # the split kernel's tile holds the aligned body only, at most n // VEC * VEC lanes
-    need = {"fused": n, "split": n // (16 // x.element_size()) * (16 // x.element_size())}
+    vec = 16 // x.element_size()
+    need = {"fused": n, "persistent": n, "split": n // vec * vec}
     if cfg["BLOCK_N"] < need.get(cfg["kernel"], 0):
         raise ValueError(f"cfg: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
