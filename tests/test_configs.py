@@ -122,14 +122,15 @@ def pipelined_cases():
 @pytest.mark.parametrize("cfg, dtype", pipelined_cases())
 def test_pipelined_cuda_configs_many_rows(cfg, dtype):
     """The persistent kernel walks several rows a CTA or cluster (twice as many row groups
-    as can be resident), rows at odd strides (head and tail vary by row), odd N near
-    capacity."""
+    as can be resident), rows at odd strides (head and tail vary by row), odd N (at
+    capacity for the narrow configs; test_every_cuda_config_matches_reference covers
+    capacity for all)."""
     impl_or_skip("cuda")
     import cuda_impl.ops as ops
 
     ranks = 2 if cfg["cluster"] else 1
     cap = cfg["row_threads"] * cfg["vpt"] * ranks * VEC[dtype]
-    n = cap - 3
+    n = cap - 3 if cap <= 16384 else cap // 4 - 3  # wide configs: a quarter (sanitizer time)
     m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * max(
         1, 2048 // max(128, cfg["row_threads"])
     ) * max(1, 128 // cfg["row_threads"])  # fmt: skip
