@@ -182,6 +182,15 @@ __device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
   return ss;
 }
 
+// This CTA's rank within its cluster, and the cluster's size (left as they are before sm_90).
+__device__ __forceinline__ void cluster_position(int& rank, int& ranks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  rank = static_cast<int>(cluster.block_rank());
+  ranks = static_cast<int>(cluster.num_blocks());
+#endif
+}
+
 // The sum over the CTAs of a cluster, through distributed shared memory: each CTA writes
 // its sum into slot `rank` of every CTA's `slots`, then one release/acquire barrier; after
 // it a CTA reads only its own shared memory, so no CTA can leave while another still
@@ -264,11 +273,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   int rank = 0, ranks = 1;
   int64_t row;
   if constexpr (CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::cluster_group cluster = cg::this_cluster();
-    rank = static_cast<int>(cluster.block_rank());
-    ranks = static_cast<int>(cluster.num_blocks());
-#endif
+    cluster_position(rank, ranks);
     row = blockIdx.x / ranks;
   } else {
     row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / ROW_THREADS;
@@ -349,11 +354,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   // + units * ROWS, ...; the same rows for every CTA of a cluster, so barriers pair up.
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::cluster_group cluster = cg::this_cluster();
-    rank = static_cast<int>(cluster.block_rank());
-    ranks = static_cast<int>(cluster.num_blocks());
-#endif
+    cluster_position(rank, ranks);
     cluster_arrive_relaxed();  // this CTA runs (peers wait for it before writing here)
   }
   const int lane = threadIdx.x % ROW_THREADS;
@@ -471,7 +472,6 @@ constexpr Rung kLadderFew[] = {
 // rows wider than the ladders: clusters of 1024 x 8 CTAs (16-bit) or of 512 x 8 (fp32)
 constexpr int kCluster16 = find_config(1024, 8, true);
 constexpr int kCluster32 = find_config(512, 8, true);
-constexpr int kMaxCluster = kMaxClusterRanks;
 
 template <int K>
 constexpr bool valid(const Rung (&ladder)[K]) {
@@ -532,7 +532,7 @@ Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
   // the fp32 choice holds up to 8 x 4096 vectors; wider rows take the larger CTAs
   int cluster = elem == 4 ? kCluster32 : kCluster16;
   auto per_cta = [](int c) { return kConfigs[c].row_threads * kConfigs[c].vpt; };
-  if (kMaxCluster * per_cta(cluster) < vecs) cluster = kCluster16;
+  if (kMaxClusterRanks * per_cta(cluster) < vecs) cluster = kCluster16;
   int ranks = 2;
   while (ranks * per_cta(cluster) < vecs) ranks *= 2;
   return {cluster, ranks};
@@ -757,7 +757,7 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
                     pipelined ? ", pipelined" : "", "); see cuda_impl.ops.configs()");
-  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxCluster && (ranks & (ranks - 1)) == 0),
+  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0),
                     "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
                     "; expected 1, 2, 4 or 8");
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
