@@ -220,12 +220,19 @@ FUSED_TUNED = {
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
 #: Chunked path, from the sweep: (chunk width, warps, programs an SM or 0 for one a row)
-#: per (element size, BLOCK_N); wider rows take the last.
+#: per (element size, BLOCK_N); wider rows take the last. Entries at or below FUSED_MAX_N
+#: replace the fused kernel for N = BLOCK_N only, where the sweep measured them faster
+#: (fp32 16384: 99.1% of copy against 96.6%, sweep-f21bc13.jsonl).
 CHUNKED_TUNED = {
     (2, 32768): (8192, 16, 0), (2, 65536): (16384, 32, 0), (2, 131072): (32768, 16, 1),
-    (4, 65536): (32768, 32, 2), (4, 131072): (32768, 32, 0),
+    (4, 16384): (4096, 32, 0), (4, 65536): (32768, 32, 2), (4, 131072): (32768, 32, 0),
 }  # fmt: skip
 CHUNKED_WIDE = (32768, 32, 0)
+#: Persistent path (the next rows' loads in flight while one is reduced), where the sweep
+#: measured it ahead of the fused kernel: (warps, programs an SM, stages) per FUSED_TUNED's
+#: key. 16-bit 12288: 89.9% of copy against 88.3% (sweep-f21bc13.jsonl); at the other
+#: widths it measured 2-6 points behind the fused kernel.
+PERSISTENT_TUNED = {(2, 16384, True): (16, 1, 3)}
 
 
 @functools.cache
@@ -236,21 +243,28 @@ def launch_config(n: int, element_size: int, split_ok: bool = True) -> dict:
       alignment (split_ok): the split kernel, since the masked fused kernel cannot prove
       16-byte alignment of such rows and falls back to scalar accesses.
     - rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED), else
-      several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread.
-    - wider rows: the chunked two-sweep kernel.
+      several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread; the
+      persistent kernel where PERSISTENT_TUNED names the width.
+    - wider rows, and the widths CHUNKED_TUNED names: the chunked two-sweep kernel.
     """
     elem = element_size
     vec = 16 // elem
     block_n = triton.next_power_of_2(n)
-    if block_n > FUSED_MAX_N[elem]:
-        chunk, warps, per_sm = CHUNKED_TUNED.get((elem, block_n), CHUNKED_WIDE)
+    chunked = CHUNKED_TUNED.get((elem, block_n))
+    if block_n > FUSED_MAX_N[elem] or (chunked and n == block_n):
+        chunk, warps, per_sm = chunked or CHUNKED_WIDE
         return dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
                     programs_per_sm=per_sm)  # fmt: skip
     if split_ok and n >= vec and n % (16 if elem == 2 else vec):
         body = triton.next_power_of_2(n // vec * vec)
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
         return dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=warps)
-    tuned = FUSED_TUNED.get((elem, block_n, n < block_n))
+    key = (elem, block_n, n < block_n)
+    if key in PERSISTENT_TUNED:
+        warps, per_sm, stages = PERSISTENT_TUNED[key]
+        return dict(kernel="persistent", BLOCK_M=1, BLOCK_N=block_n, num_warps=warps,
+                    programs_per_sm=per_sm, stages=stages)  # fmt: skip
+    tuned = FUSED_TUNED.get(key)
     if tuned is None:
         row_bytes = block_n * elem
         block_m = max(1, min(64, 4096 // row_bytes))
