@@ -26,12 +26,19 @@ R = importlib.import_module("triton_impl.rms_norm")
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 
 
-def compile_default(dtype: str, n: int):
+KERNELS = {
+    "fused": R._rms_norm_fwd_fused,
+    "split": R._rms_norm_fwd_split,
+    "chunked": R._rms_norm_fwd_chunked,
+    "persistent": R._rms_norm_fwd_persistent,
+}
+
+
+def compile_default(dtype: str, n: int, cfg: dict = None):
+    """Compile the kernel launch_config picks for (dtype, n), or the given cfg."""
     ty, elem = TYPES[dtype]
-    cfg = R.launch_config(n, elem)
-    kernel = {"fused": R._rms_norm_fwd_fused, "split": R._rms_norm_fwd_split}.get(
-        cfg["kernel"], R._rms_norm_fwd_chunked
-    )
+    cfg = cfg or R.launch_config(n, elem)
+    kernel = KERNELS[cfg["kernel"]]
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
     sig.update(stride_x="i32", stride_y="i32")
     if kernel is not R._rms_norm_fwd_split:
@@ -42,6 +49,8 @@ def compile_default(dtype: str, n: int):
         consts["BLOCK_M"] = cfg["BLOCK_M"]
     if kernel is R._rms_norm_fwd_split:
         consts["VEC"] = 16 // elem
+    if kernel is R._rms_norm_fwd_persistent:
+        consts["STAGES"] = cfg["stages"]
     names = kernel.arg_names
     div = ["x_ptr", "w_ptr", "y_ptr"] + (["stride_x", "stride_y", "N"] if n % 16 == 0 else [])
     src = ASTSource(
@@ -58,7 +67,7 @@ def compile_default(dtype: str, n: int):
 def memory_ops(ptx: str) -> dict:
     ops = collections.Counter()
     for line in ptx.splitlines():
-        m = re.search(r"\b((?:ld|st)\.global[\w.:]*)", line)
+        m = re.search(r"\b((?:ld|st)\.global[\w.:]*|cp\.async\.c[ag]\.shared\.global)", line)
         if m:
             ops[re.sub(r"\.L[12]::[\w:]+|\.L2::cache_hint", "", m.group(1))] += 1
     return dict(ops)
@@ -80,7 +89,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--ns", default="128,512,1000,4095,4096,4097,5120,8192,12288,32768,65536,131072")
     args = p.parse_args()
-    print("| dtype | N | config | global loads / stores in the PTX | registers | local bytes |")
+    print("| dtype | N | config | global memory instructions in the PTX | registers | local bytes |")
     print("|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         for n in map(int, args.ns.split(",")):
