@@ -89,7 +89,9 @@ def main() -> None:
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--ns", default="128,512,1000,4095,4096,4097,5120,8192,12288,32768,65536,131072")
     args = p.parse_args()
-    print("| dtype | N | config | global memory instructions in the PTX | registers | local bytes |")
+    cols = ["dtype", "N", "config", "global memory instructions in the PTX", "registers",
+            "local bytes"]  # fmt: skip
+    print("| " + " | ".join(cols) + " |")
     print("|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         for n in map(int, args.ns.split(",")):
