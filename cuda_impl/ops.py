@@ -80,11 +80,13 @@ def rms_norm(
 def configs() -> list[dict]:
     """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
     (CTAs share a row), default (on a ladder the kernel picks from by N), pipelined (the
-    persistent kernel that prefetches the next row into shared memory)."""
+    persistent kernel that prefetches the next row into shared memory), plain_loads (x
+    through plain `ld.global` instead of the read-only, non-allocating load)."""
     flat = torch.ops.cuda_impl.rms_norm_configs()
     return [
-        dict(row_threads=rt, vpt=vpt, cluster=bool(cl), default=bool(dflt), pipelined=bool(p))
-        for rt, vpt, cl, dflt, p in (flat[i : i + 5] for i in range(0, len(flat), 5))
+        dict(row_threads=rt, vpt=vpt, cluster=bool(cl), default=bool(dflt), pipelined=bool(p),
+             plain_loads=bool(pl))  # fmt: skip
+        for rt, vpt, cl, dflt, p, pl in (flat[i : i + 6] for i in range(0, len(flat), 6))
     ]
 
 
@@ -92,7 +94,7 @@ def default_config(n: int, element_size: int) -> dict:
     """The config rms_norm picks for rows of n elements of element_size bytes (the C++
     ladder itself, so sweeps compare against exactly what runs)."""
     rt, vpt, ranks = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
-    return dict(row_threads=rt, vpt=vpt, cluster=ranks, pipelined=False)
+    return dict(row_threads=rt, vpt=vpt, cluster=ranks, pipelined=False, plain_loads=False)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
@@ -111,11 +113,12 @@ def rms_norm_with_config(
     vpt: int,
     cluster: int = 1,
     pipelined: bool = False,
+    plain_loads: bool = False,
 ) -> torch.Tensor:
     """rms_norm with a forced launch config (one of configs()), for sweeps; same result."""
     check_inputs(x, weight, eps, impl=_IMPL)
     return torch.ops.cuda_impl.rms_norm_with_config(
-        x, weight, float(eps), row_threads, vpt, cluster, pipelined
+        x, weight, float(eps), row_threads, vpt, cluster, pipelined, plain_loads
     )
 
 

@@ -64,6 +64,9 @@ def test_cuda_config_table():
     table = ops.configs()
     assert any(c["default"] for c in table) and not all(c["default"] for c in table)
     assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
+    # sweep-only variants: never on a default ladder
+    for variant in ("pipelined", "plain_loads"):
+        assert any(c[variant] for c in table) and not any(c[variant] and c["default"] for c in table)
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
@@ -100,7 +103,7 @@ def test_every_cuda_config_matches_reference(cfg, ranks, n, dtype):
 
     x, w = inputs(7, n, dtype)
     got = ops.rms_norm_with_config(
-        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["pipelined"]
+        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["pipelined"], cfg["plain_loads"]
     )
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 

@@ -99,12 +99,21 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Read-only, no-L1-allocate load: x is streamed once.
+// x's 16-byte vectors. Default: a read-only, no-L1-allocate load (x is streamed once).
+// PLAIN (sweep candidates): a plain `ld.global.v4`, which is what Triton emits for the same
+// access (SASS LDG.E.128 against LDG.E.NA.128.CONSTANT; docs/FINDINGS.md).
+template <bool PLAIN>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (PLAIN) {
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  }
   return v;
 }
 
@@ -286,8 +295,9 @@ __device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, f
 
 // ---- the kernel ----------------------------------------------------------------------
 // T: x / y element; W: weight element (T or float); ROW_THREADS threads own a row; each
-// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster.
-template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER>
+// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster; PLAIN_LOADS:
+// x through plain loads (load_stream).
+template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER, bool PLAIN_LOADS>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                     int64_t stride_x,  // elements between rows of x
@@ -330,7 +340,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
-    v[k].raw = (row_ok && j < sp.nvec) ? load_stream(xv + j) : make_uint4(0, 0, 0, 0);
+    v[k].raw =
+        (row_ok && j < sp.nvec) ? load_stream<PLAIN_LOADS>(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -456,7 +467,8 @@ struct Config {
   int row_threads;
   int vpt;
   bool cluster;
-  bool pipelined = false;  // the persistent, prefetching kernel (rms_norm_pipelined)
+  bool pipelined = false;    // the persistent, prefetching kernel (rms_norm_pipelined)
+  bool plain_loads = false;  // rms_norm_kernel with plain loads of x (load_stream)
 };
 constexpr Config kConfigs[] = {
     {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
@@ -465,14 +477,18 @@ constexpr Config kConfigs[] = {
     {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
     {512, 8, true},   {128, 4, false, true},  {128, 8, false, true},   {256, 8, false, true},
     {512, 8, false, true},  {1024, 8, false, true}, {1024, 8, true, true},
-    {512, 8, true, true}};
+    {512, 8, true, true},   {64, 4, false, false, true},   {128, 4, false, false, true},
+    {128, 8, false, false, true},  {256, 8, false, false, true},  {512, 8, false, false, true},
+    {1024, 8, false, false, true}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
-constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, bool pipelined = false) {
+constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, bool pipelined = false,
+                          bool plain_loads = false) {
   for (int i = 0; i < kNumConfigs; ++i) {
     if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
-        kConfigs[i].cluster == cluster && kConfigs[i].pipelined == pipelined) {
+        kConfigs[i].cluster == cluster && kConfigs[i].pipelined == pipelined &&
+        kConfigs[i].plain_loads == plain_loads) {
       return i;
     }
   }
@@ -588,7 +604,7 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
       return launch_config<T, W, I + 1>(plan, x, w, y, sx, sy, M, N, eps, stream);
     }
     constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
-    constexpr bool CLUSTER = kConfigs[I].cluster;
+    constexpr bool CLUSTER = kConfigs[I].cluster, PLAIN = kConfigs[I].plain_loads;
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
     int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
     if constexpr (kConfigs[I].pipelined) {
@@ -650,10 +666,10 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
       attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true>, x, w, y, sx,
-                                        sy, M, N, eps));
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true, PLAIN>, x, w,
+                                        y, sx, sy, M, N, eps));
     } else {
-      rms_norm_kernel<T, W, RT, VPT, false>
+      rms_norm_kernel<T, W, RT, VPT, false, PLAIN>
           <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -705,8 +721,8 @@ void config_attributes(int idx, cudaFuncAttributes* attr) {
       C10_CUDA_CHECK(cudaFuncGetAttributes(
           attr, rms_norm_pipelined<T, W, c.row_threads, c.vpt, c.cluster>));
     } else {
-      C10_CUDA_CHECK(
-          cudaFuncGetAttributes(attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster>));
+      C10_CUDA_CHECK(cudaFuncGetAttributes(
+          attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster, c.plain_loads>));
     }
   }
 }
@@ -785,13 +801,14 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
 
 at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                 double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
-                                bool pipelined) {
+                                bool pipelined, bool plain_loads) {
   check_inputs(x, weight, eps);
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
-  const int found = find_config(row_threads, vpt, ranks > 1, pipelined);
+  const int found = find_config(row_threads, vpt, ranks > 1, pipelined, plain_loads);
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
-                    pipelined ? ", pipelined" : "", "); see cuda_impl.ops.configs()");
+                    pipelined ? ", pipelined" : "", plain_loads ? ", plain_loads" : "",
+                    "); see cuda_impl.ops.configs()");
   TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0),
                     "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
                     "; expected 1, 2, 4 or 8");
@@ -817,12 +834,13 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info);
 }
 
-// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder) quadruples.
+// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, pipelined,
+// plain_loads) tuples.
 std::vector<int64_t> rms_norm_configs() {
   std::vector<int64_t> out;
   for (int i = 0; i < kNumConfigs; ++i) {
     out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
-                           in_ladder(i), kConfigs[i].pipelined});
+                           in_ladder(i), kConfigs[i].pipelined, kConfigs[i].plain_loads});
   }
   return out;
 }
