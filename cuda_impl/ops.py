@@ -83,10 +83,11 @@ def configs() -> list[dict]:
     persistent kernel that prefetches the next row into shared memory), plain_loads (x
     through plain `ld.global` instead of the read-only, non-allocating load)."""
     flat = torch.ops.cuda_impl.rms_norm_configs()
+    keys = ("row_threads", "vpt", "cluster", "default", "pipelined", "plain_loads")
+    rows = (flat[i : i + len(keys)] for i in range(0, len(flat), len(keys)))
     return [
-        dict(row_threads=rt, vpt=vpt, cluster=bool(cl), default=bool(dflt), pipelined=bool(p),
-             plain_loads=bool(pl))  # fmt: skip
-        for rt, vpt, cl, dflt, p, pl in (flat[i : i + 6] for i in range(0, len(flat), 6))
+        {k: (v if k in ("row_threads", "vpt") else bool(v)) for k, v in zip(keys, r, strict=True)}
+        for r in rows
     ]
 
 

@@ -66,7 +66,8 @@ def test_cuda_config_table():
     assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
     # sweep-only variants: never on a default ladder
     for variant in ("pipelined", "plain_loads"):
-        assert any(c[variant] for c in table) and not any(c[variant] and c["default"] for c in table)
+        assert any(c[variant] for c in table), variant
+        assert not any(c[variant] and c["default"] for c in table), variant
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
