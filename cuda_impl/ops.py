@@ -17,6 +17,10 @@ import torch
 from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs
 
 _IMPL = "cuda_impl.rms_norm"
+#: Bits of a config's ``variant`` (sweep-only kernel variants; see configs()): x read with
+#: plain loads, and x's fp32 copies not kept alive through the reduction.
+VARIANT_PLAIN_LOADS = 1
+VARIANT_LEAN_REGS = 2
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -79,23 +83,20 @@ def rms_norm(
 
 def configs() -> list[dict]:
     """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
-    (CTAs share a row), default (on a ladder the kernel picks from by N), pipelined (the
-    persistent kernel that prefetches the next row into shared memory), plain_loads (x
-    through plain `ld.global` instead of the read-only, non-allocating load)."""
+    (CTAs share a row), default (on a ladder the kernel picks from by N), variant (sweep-only
+    kernel variants, bits: VARIANT_PLAIN_LOADS, VARIANT_LEAN_REGS; 0 on the ladders)."""
     flat = torch.ops.cuda_impl.rms_norm_configs()
-    keys = ("row_threads", "vpt", "cluster", "default", "pipelined", "plain_loads")
+    keys = ("row_threads", "vpt", "cluster", "default", "variant")
     rows = (flat[i : i + len(keys)] for i in range(0, len(flat), len(keys)))
-    return [
-        {k: (v if k in ("row_threads", "vpt") else bool(v)) for k, v in zip(keys, r, strict=True)}
-        for r in rows
-    ]
+    flags = ("cluster", "default")
+    return [{k: (bool(v) if k in flags else v) for k, v in zip(keys, r, strict=True)} for r in rows]
 
 
 def default_config(n: int, element_size: int) -> dict:
     """The config rms_norm picks for rows of n elements of element_size bytes (the C++
     ladder itself, so sweeps compare against exactly what runs)."""
     rt, vpt, ranks = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
-    return dict(row_threads=rt, vpt=vpt, cluster=ranks, pipelined=False, plain_loads=False)
+    return dict(row_threads=rt, vpt=vpt, cluster=ranks, variant=0)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
@@ -113,13 +114,12 @@ def rms_norm_with_config(
     row_threads: int,
     vpt: int,
     cluster: int = 1,
-    pipelined: bool = False,
-    plain_loads: bool = False,
+    variant: int = 0,
 ) -> torch.Tensor:
     """rms_norm with a forced launch config (one of configs()), for sweeps; same result."""
     check_inputs(x, weight, eps, impl=_IMPL)
     return torch.ops.cuda_impl.rms_norm_with_config(
-        x, weight, float(eps), row_threads, vpt, cluster, pipelined, plain_loads
+        x, weight, float(eps), row_threads, vpt, cluster, variant
     )
 
 

@@ -93,14 +93,14 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
 
 def cuda_candidates(n: int, elem: int) -> list[dict]:
     """Compiled configs that hold the row with at most 4x spare capacity (clusters: the
-    fewest CTAs that hold it, and twice that), pipelined and plain-load ones included."""
+    fewest CTAs that hold it, and twice that), the sweep-only kernel variants included."""
     import cuda_impl.ops as ops
 
     vecs = max(1, n * elem // 16)
     out = []
     for c in ops.configs():
         per_cta = c["row_threads"] * c["vpt"]
-        base = {k: c[k] for k in ("row_threads", "vpt", "pipelined", "plain_loads")}
+        base = {k: c[k] for k in ("row_threads", "vpt", "variant")}
         if c["cluster"]:
             ranks = 2
             while ranks * per_cta < vecs and ranks < 8:

@@ -64,10 +64,10 @@ def test_cuda_config_table():
     table = ops.configs()
     assert any(c["default"] for c in table) and not all(c["default"] for c in table)
     assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
-    # sweep-only variants: never on a default ladder
-    for variant in ("pipelined", "plain_loads"):
-        assert any(c[variant] for c in table), variant
-        assert not any(c[variant] and c["default"] for c in table), variant
+    # sweep-only kernel variants: each bit compiled somewhere, never on a default ladder
+    for bit in (ops.VARIANT_PLAIN_LOADS, ops.VARIANT_LEAN_REGS):
+        assert any(c["variant"] & bit for c in table), bit
+    assert not any(c["variant"] and c["default"] for c in table)
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
@@ -104,43 +104,8 @@ def test_every_cuda_config_matches_reference(cfg, ranks, n, dtype):
 
     x, w = inputs(7, n, dtype)
     got = ops.rms_norm_with_config(
-        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["pipelined"], cfg["plain_loads"]
+        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["variant"]
     )
-    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
-
-
-def pipelined_cases():
-    try:
-        import cuda_impl.ops as ops
-    except ImportError:
-        return []
-    return [
-        pytest.param(c, dtype, id=f"{c['row_threads']}x{c['vpt']}-c{c['cluster']:d}-{dtype}")
-        for c in ops.configs()
-        if c["pipelined"]
-        for dtype in VEC
-    ]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg, dtype", pipelined_cases())
-def test_pipelined_cuda_configs_many_rows(cfg, dtype):
-    """The persistent kernel walks several rows a CTA or cluster (twice as many row groups
-    as can be resident), rows at odd strides (head and tail vary by row), odd N (at
-    capacity for the narrow configs; test_every_cuda_config_matches_reference covers
-    capacity for all)."""
-    impl_or_skip("cuda")
-    import cuda_impl.ops as ops
-
-    ranks = 2 if cfg["cluster"] else 1
-    cap = cfg["row_threads"] * cfg["vpt"] * ranks * VEC[dtype]
-    n = cap - 3 if cap <= 16384 else cap // 4 - 3  # wide configs: a quarter (sanitizer time)
-    m = 2 * torch.cuda.get_device_properties(0).multi_processor_count * max(
-        1, 2048 // max(128, cfg["row_threads"])
-    ) * max(1, 128 // cfg["row_threads"])  # fmt: skip
-    x = torch.randn(m, n + 5, device=DEVICE).to(dtype)[:, :n]
-    w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
-    got = ops.rms_norm_with_config(x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, True)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
@@ -152,6 +117,8 @@ def test_forced_cuda_config_errors():
     x, w = inputs(4, 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="no compiled config"):
         ops.rms_norm_with_config(x, w, 1e-6, 96, 3, 1)
+    with pytest.raises(ValueError, match="variant 1"):  # 8 x 1 has no plain-load variant
+        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
         ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1)
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):

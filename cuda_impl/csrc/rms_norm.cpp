@@ -83,7 +83,7 @@ void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x,
 }
 
 at::Tensor rms_norm_with_config_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                    double eps, int64_t, int64_t, int64_t, bool, bool) {
+                                    double eps, int64_t, int64_t, int64_t, int64_t) {
   check_inputs(x, weight, eps);
   TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
 }
@@ -101,7 +101,7 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
   // For sweeps: force one of the compiled launch configs; and list them.
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
-        "int cluster, bool pipelined=False, bool plain_loads=False) -> Tensor");
+        "int cluster, int variant=0) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
   m.def("rms_norm_default_config(int n, int element_size) -> int[]", &rms_norm_default_config);
   // The kernel rms_norm would launch for x: config, registers, local (spill) bytes, ...

@@ -6,9 +6,8 @@
 // (N > 8192 vectors), a thread-block cluster of 2..8 CTAs shares the row and combines its
 // partial sums through distributed shared memory (sm_90). In every path the row is loaded
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
-// from HBM exactly once. A persistent variant (rms_norm_pipelined, sweep candidates for
-// now) copies each thread's vectors of its next row into shared memory with cp.async
-// while the current row is reduced and stored.
+// from HBM exactly once. Sweep-only variants of the same kernel change how x is loaded
+// and how long its converted values live (kVariant*).
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -99,9 +98,16 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
+// Kernel variants (bits; sweep candidates, 0 on the default ladders):
+// - kPlainLoads: x through a plain `ld.global.v4` (SASS LDG.E.128), what Triton emits for
+//   the same access, instead of the read-only, non-allocating load (LDG.E.NA.128.CONSTANT).
+// - kLeanRegs: x's vectors are re-read as raw bits after the reduction, so the compiler
+//   converts them to fp32 again for the store instead of keeping the fp32 copies alive
+//   through the reduction (ptxas, 16-bit x: 512 x 8 from 96 to 64 registers).
+constexpr int kPlainLoads = 1;
+constexpr int kLeanRegs = 2;
+
 // x's 16-byte vectors. Default: a read-only, no-L1-allocate load (x is streamed once).
-// PLAIN (sweep candidates): a plain `ld.global.v4`, which is what Triton emits for the same
-// access (SASS LDG.E.128 against LDG.E.NA.128.CONSTANT; docs/FINDINGS.md).
 template <bool PLAIN>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -295,9 +301,9 @@ __device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, f
 
 // ---- the kernel ----------------------------------------------------------------------
 // T: x / y element; W: weight element (T or float); ROW_THREADS threads own a row; each
-// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster; PLAIN_LOADS:
-// x through plain loads (load_stream).
-template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER, bool PLAIN_LOADS>
+// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster; VARIANT:
+// kPlainLoads / kLeanRegs bits.
+template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                     int64_t stride_x,  // elements between rows of x
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
     v[k].raw =
-        (row_ok && j < sp.nvec) ? load_stream<PLAIN_LOADS>(xv + j) : make_uint4(0, 0, 0, 0);
+        (row_ok && j < sp.nvec) ? load_stream<(VARIANT & kPlainLoads) != 0>(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -363,98 +369,12 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   // ... and across the CTAs of the cluster, through distributed shared memory
   if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums, rank, ranks, true);
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
+  if constexpr ((VARIANT & kLeanRegs) != 0) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)  // opaque to the compiler: the raw bits "change" here
+      asm volatile("" : "+r"(v[k].raw.x), "+r"(v[k].raw.y), "+r"(v[k].raw.z), "+r"(v[k].raw.w));
+  }
   if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
-}
-
-// ---- the persistent, prefetching variant (sweep candidate) -----------------------------
-// Each CTA walks rows blockIdx.x * ROWS + group, then + gridDim.x * ROWS, ...; grid = as
-// many CTAs as fit on the GPU at once. A thread's vectors of the next row are copied into
-// its own slots of shared memory (cp.async, no registers, no wait) while the current row
-// is reduced and stored from registers, so an SM has loads in flight through every phase
-// of a row, not only its first. Slots are private to a thread: no barrier guards them.
-
-// Copy one 16-byte vector from global to shared memory asynchronously (through L2 only).
-__device__ __forceinline__ void stage_vector(uint4* dst, const uint4* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void stage_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER>
-__global__ void __launch_bounds__(block_threads(ROW_THREADS))
-    rms_norm_pipelined(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                       int64_t stride_x, int64_t stride_y, int64_t M, int N, float eps) {
-  constexpr int BLOCK = block_threads(ROW_THREADS);
-  constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
-  static_assert(ROW_THREADS >= kVec<T>, "head and tail need one thread per element");
-  static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
-  extern __shared__ uint4 staged[];           // [VPT][BLOCK]: the next row's vectors
-  __shared__ float warp_sums[2][BLOCK / 32];  // by row parity: a fast warp may be one ahead
-  __shared__ float rank_sums[2][CLUSTER ? kMaxClusterRanks : 1];  // likewise, a fast CTA
-
-  // A unit (a CTA, or a cluster sharing each row) walks rows unit * ROWS + group, then
-  // + units * ROWS, ...; the same rows for every CTA of a cluster, so barriers pair up.
-  int rank = 0, ranks = 1;
-  if constexpr (CLUSTER) {
-    cluster_position(rank, ranks);
-    cluster_arrive_relaxed();  // this CTA runs (peers wait for it before writing here)
-  }
-  const int lane = threadIdx.x % ROW_THREADS;
-  const int g = rank * ROW_THREADS + lane;  // thread index within the row
-  const int G = ranks * ROW_THREADS;        // threads sharing the row
-  const int64_t first = static_cast<int64_t>(blockIdx.x / ranks) * ROWS;
-  const int64_t step = static_cast<int64_t>(gridDim.x / ranks) * ROWS;
-  const int group = threadIdx.x / ROW_THREADS;
-
-  auto stage = [&](int64_t row) {  // issue this thread's vectors of `row`, if it exists
-    if (row < M) {
-      const T* xr = x + row * stride_x;
-      const RowSplit sp = split_row(xr, N);
-      const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int j = g + k * G;
-        if (j < sp.nvec) stage_vector(&staged[k * BLOCK + threadIdx.x], xv + j);
-      }
-    }
-    stage_commit();
-  };
-
-  int parity = 0;
-  const Pack<W> no_weight[VPT] = {};  // this kernel reads the weight after the reduction
-  stage(first + group);
-  for (int64_t base = first; base < M; base += step) {
-    const int64_t row = base + group;
-    const bool row_ok = row < M;
-    const T* xr = x + (row_ok ? row : 0) * stride_x;
-    const RowSplit sp = split_row(xr, N);
-    const float xh = (row_ok && g < sp.head) ? to_float(xr[g]) : 0.f;
-    const float xt = (row_ok && g < sp.tail) ? to_float(xr[sp.tail0 + g]) : 0.f;
-    stage_wait();  // this thread's copies of this row have landed
-    Pack<T> v[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = g + k * G;
-      v[k].raw = (row_ok && j < sp.nvec) ? staged[k * BLOCK + threadIdx.x] : make_uint4(0, 0, 0, 0);
-    }
-    float ss = sum_squares(v, xh, xt);
-    asm volatile("" ::"f"(ss));  // the slots are read (ss needs them) before refilling them
-    stage(row + step);
-    ss = group_sum<ROW_THREADS>(ss, warp_sums[parity]);
-    // slots alternate by row: a CTA a row ahead writes the other half, and cannot be two
-    // ahead (it waits at each row)
-    if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums[parity], rank, ranks, base == first);
-    parity ^= 1;
-    const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
-    if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, y + row * stride_y, no_weight, false);
-  }
-  stage_wait();  // nothing left in flight at exit (the last stage() issued no copies)
-  if constexpr (CLUSTER) {
-    if (first >= M) cluster_wait();  // a unit without rows still pairs its arrive
-  }
 }
 
 // ---- launch configuration --------------------------------------------------------------
@@ -467,28 +387,29 @@ struct Config {
   int row_threads;
   int vpt;
   bool cluster;
-  bool pipelined = false;    // the persistent, prefetching kernel (rms_norm_pipelined)
-  bool plain_loads = false;  // rms_norm_kernel with plain loads of x (load_stream)
+  int variant = 0;  // kPlainLoads / kLeanRegs bits
 };
+constexpr int kPlainLean = kPlainLoads | kLeanRegs;
 constexpr Config kConfigs[] = {
     {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
     {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
     {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
     {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
-    {512, 8, true},   {128, 4, false, true},  {128, 8, false, true},   {256, 8, false, true},
-    {512, 8, false, true},  {1024, 8, false, true}, {1024, 8, true, true},
-    {512, 8, true, true},   {64, 4, false, false, true},   {128, 4, false, false, true},
-    {128, 8, false, false, true},  {256, 8, false, false, true},  {512, 8, false, false, true},
-    {1024, 8, false, false, true}};
+    {512, 8, true},
+    // sweep-only variants
+    {128, 4, false, kPlainLoads}, {128, 8, false, kPlainLoads}, {256, 8, false, kPlainLoads},
+    {512, 8, false, kPlainLoads}, {1024, 8, false, kPlainLoads},
+    {128, 8, false, kLeanRegs},   {256, 8, false, kLeanRegs},   {256, 16, false, kLeanRegs},
+    {512, 8, false, kLeanRegs},   {256, 8, true, kLeanRegs},    {512, 8, true, kLeanRegs},
+    {1024, 8, true, kLeanRegs},
+    {128, 8, false, kPlainLean},  {256, 8, false, kPlainLean},  {512, 8, false, kPlainLean}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
-constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, bool pipelined = false,
-                          bool plain_loads = false) {
+constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, int64_t variant = 0) {
   for (int i = 0; i < kNumConfigs; ++i) {
     if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
-        kConfigs[i].cluster == cluster && kConfigs[i].pipelined == pipelined &&
-        kConfigs[i].plain_loads == plain_loads) {
+        kConfigs[i].cluster == cluster && kConfigs[i].variant == variant) {
       return i;
     }
   }
@@ -604,54 +525,10 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
       return launch_config<T, W, I + 1>(plan, x, w, y, sx, sy, M, N, eps, stream);
     }
     constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
-    constexpr bool CLUSTER = kConfigs[I].cluster, PLAIN = kConfigs[I].plain_loads;
+    constexpr bool CLUSTER = kConfigs[I].cluster;
+    constexpr int VARIANT = kConfigs[I].variant;
     constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
-    int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
-    if constexpr (kConfigs[I].pipelined) {
-      // as many CTAs (clusters) as are resident at once, asked once per device and cluster
-      // size; at most one a row group (a row)
-      constexpr size_t kStaged = sizeof(uint4) * BLOCK * VPT;
-      auto kernel = rms_norm_pipelined<T, W, RT, VPT, CLUSTER>;
-      static int resident[64][4] = {};  // [device][log2 ranks]
-      const int device = c10::cuda::current_device();
-      const int ranks = CLUSTER ? plan.ranks : 1;
-      const int lg = ranks >= 8 ? 3 : ranks >= 4 ? 2 : ranks >= 2 ? 1 : 0;
-      TORCH_CHECK_VALUE(device < 64, "cuda_impl.rms_norm: device index ", num(device),
-                        " is beyond this build's table of 64");
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute attr[1];
-      cfg.blockDim = dim3(BLOCK);
-      cfg.dynamicSmemBytes = kStaged;
-      cfg.stream = stream;
-      if constexpr (CLUSTER) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = ranks;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-      }
-      if (resident[device][lg] == 0) {
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStaged)));
-        int n = 0;
-        if constexpr (CLUSTER) {
-          cfg.gridDim = dim3(ranks);
-          C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-        } else {
-          C10_CUDA_CHECK(
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BLOCK, kStaged));
-          n *= sm_count(device);
-        }
-        resident[device][lg] = std::max(n, 1);
-      }
-      const int64_t units = CLUSTER ? M : (M + ROWS - 1) / ROWS;
-      blocks = std::min<int64_t>(units, resident[device][lg]) * ranks;
-      cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, x, w, y, sx, sy, M, N, eps));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
+    const int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
     TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
                       " rows, more than one launch can cover");
     if constexpr (CLUSTER) {
@@ -666,10 +543,10 @@ void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, i
       attr[0].val.clusterDim.z = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true, PLAIN>, x, w,
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true, VARIANT>, x, w,
                                         y, sx, sy, M, N, eps));
     } else {
-      rms_norm_kernel<T, W, RT, VPT, false, PLAIN>
+      rms_norm_kernel<T, W, RT, VPT, false, VARIANT>
           <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -717,13 +594,8 @@ void config_attributes(int idx, cudaFuncAttributes* attr) {
   if constexpr (I < kNumConfigs) {
     if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
     constexpr Config c = kConfigs[I];
-    if constexpr (c.pipelined) {
-      C10_CUDA_CHECK(cudaFuncGetAttributes(
-          attr, rms_norm_pipelined<T, W, c.row_threads, c.vpt, c.cluster>));
-    } else {
-      C10_CUDA_CHECK(cudaFuncGetAttributes(
-          attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster, c.plain_loads>));
-    }
+    C10_CUDA_CHECK(cudaFuncGetAttributes(
+        attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster, c.variant>));
   }
 }
 
@@ -801,14 +673,13 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
 
 at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                 double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
-                                bool pipelined, bool plain_loads) {
+                                int64_t variant) {
   check_inputs(x, weight, eps);
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
-  const int found = find_config(row_threads, vpt, ranks > 1, pipelined, plain_loads);
+  const int found = find_config(row_threads, vpt, ranks > 1, variant);
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
-                    num(row_threads), ", ", num(vpt), ", cluster ", num(ranks),
-                    pipelined ? ", pipelined" : "", plain_loads ? ", plain_loads" : "",
-                    "); see cuda_impl.ops.configs()");
+                    num(row_threads), ", ", num(vpt), ", cluster ", num(ranks), ", variant ",
+                    num(variant), "); see cuda_impl.ops.configs()");
   TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0),
                     "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
                     "; expected 1, 2, 4 or 8");
@@ -834,13 +705,13 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info);
 }
 
-// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, pipelined,
-// plain_loads) tuples.
+// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, variant)
+// tuples.
 std::vector<int64_t> rms_norm_configs() {
   std::vector<int64_t> out;
   for (int i = 0; i < kNumConfigs; ++i) {
     out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
-                           in_ladder(i), kConfigs[i].pipelined, kConfigs[i].plain_loads});
+                           in_ladder(i), kConfigs[i].variant});
   }
   return out;
 }
