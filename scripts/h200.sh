@@ -4,7 +4,9 @@
 #   bash scripts/h200.sh [all|test|bench|quick|sweep|stage]     (default all)
 # sweep: SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
 # ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
-#      named in NCU_IMPLS (default triton,cuda,quack), one launch each.
+#      named in NCU_IMPLS (default triton,cuda,quack), one launch each; NCU_SECTIONS (e.g.
+#      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
+#      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs).
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -95,9 +97,11 @@ if [[ "$MODE" == ncu ]]; then
   metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__occupancy_limit_registers,launch__block_size,launch__grid_size
+  sections=()
+  for sec in ${NCU_SECTIONS:-}; do sections+=(--section "$sec"); done
   for case in ${NCU_CASES:-bf16:32768x4096}; do
-    ncu --clock-control none --profile-from-start off --metrics "$metrics" \
-      $PY scripts/ncu_one.py --impls "${NCU_IMPLS:-triton,cuda,quack}" \
+    ncu --clock-control none --profile-from-start off --metrics "$metrics" ${sections[@]+"${sections[@]}"} \
+      $PY scripts/ncu_one.py --impls "${NCU_IMPLS:-triton,cuda,quack}" ${NCU_ARGS:-} \
       --dtype "${case%%:*}" --shape "${case#*:}" 2>&1 | grep -v "^==PROF==" || status=1
   done
 fi

@@ -4,7 +4,11 @@
         python3 scripts/ncu_one.py --impls triton,cuda --dtype bf16 --shape 2048x65536
 
 Each implementation is warmed up first (JIT compilation, allocator), then called once
-between cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel.
+between cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel. Forced
+configs are profiled after the implementations, the same way:
+
+    --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
+    --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
 """
 
 import argparse
@@ -21,13 +25,29 @@ def main() -> int:
     p.add_argument("--impls", default="triton,cuda")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--shape", default="32768x4096")
+    p.add_argument("--cuda-configs", default="", help="RTxVPTxCLUSTERxVARIANT/...")
+    p.add_argument("--triton-fused", default="", help="BLOCK_MxWARPS/...")
     args = p.parse_args()
     (m, n), dtype = parse_shapes(args.shape)[0], DTYPES[args.dtype]
     impls = registry(baselines=True)
     x = torch.randn(m, n, device="cuda").to(dtype)
     w = torch.randn(n, device="cuda").to(dtype)
-    for name in args.impls.split(","):
-        fn = impls[name].fn
+    runs = [(name, impls[name].fn) for name in args.impls.split(",") if name]
+    for spec in filter(None, args.cuda_configs.split("/")):
+        import cuda_impl.ops as ops
+
+        rt, vpt, cluster, variant = map(int, spec.split("x"))
+        runs.append((f"cuda[{spec}]", lambda x, w, e, c=(rt, vpt, cluster, variant):
+                     ops.rms_norm_with_config(x, w, e, *c)))  # fmt: skip
+    for spec in filter(None, args.triton_fused.split("/")):
+        from triton_impl.rms_norm import rms_norm_with_config
+
+        block_m, warps = map(int, spec.split("x"))
+        cfg = dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=1 << (n - 1).bit_length(),
+                   num_warps=warps)  # fmt: skip
+        runs.append((f"triton[fused {spec}]", lambda x, w, e, c=cfg:
+                     rms_norm_with_config(x, w, e, c)))  # fmt: skip
+    for name, fn in runs:
         for _ in range(3):
             fn(x, w, 1e-6)
         torch.cuda.synchronize()
