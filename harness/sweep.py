@@ -47,7 +47,8 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
     """Fused tiles whose bytes per thread fit TRITON_THREAD_BYTES, the split kernel (its
     tile sized to the aligned body) for rows that are not whole 16-byte vectors, the
     persistent kernel (whole rows, the next ones' loads pipelined through shared memory)
-    where a row fits shared memory, and the chunked kernel for wide rows."""
+    where a row fits shared memory, and the chunked kernel for rows of two or more chunks
+    from 8192 elements up."""
     import triton
 
     from triton_impl.rms_norm import FUSED_MAX_N
@@ -79,7 +80,7 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
                             dict(kernel="persistent", BLOCK_M=1, BLOCK_N=block_n,
                                  num_warps=warps, programs_per_sm=per_sm, stages=stages)
                         )  # fmt: skip
-    if n >= 16384:
+    if n >= 8192:  # the chunked kernel also where the fused tile would be padded (12288)
         for chunk in TRITON_CHUNKS:
             for warps in TRITON_CHUNK_WARPS:
                 for per_sm in TRITON_PROGRAMS_PER_SM:
