@@ -92,7 +92,8 @@ def cuda_cases():
         for dtype in VEC:
             cap = c["row_threads"] * c["vpt"] * ranks * VEC[dtype]
             for n in (cap, cap - 3):
-                out.append(pytest.param(c, ranks, n, dtype, id=f"{c}-x{ranks}-n{n}-{dtype}"))
+                tag = f"{c['row_threads']}x{c['vpt']}c{ranks}var{c['variant']}"
+                out.append(pytest.param(c, ranks, n, dtype, id=f"{tag}-n{n}-{dtype}"))
     return out
 
 
