@@ -341,13 +341,13 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
+  constexpr bool kPlain = (VARIANT & kPlainLoads) != 0;
   Pack<T> v[VPT];
   const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
-    v[k].raw =
-        (row_ok && j < sp.nvec) ? load_stream<(VARIANT & kPlainLoads) != 0>(xv + j) : make_uint4(0, 0, 0, 0);
+    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<kPlain>(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
