@@ -40,6 +40,7 @@ TRITON_CHUNK_WARPS = (8, 16, 32)
 TRITON_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
 TRITON_PERSISTENT_PER_SM = (1, 2, 4)
 TRITON_STAGES = (2, 3)
+TRITON_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time (no "stages" key in the config)
 TRITON_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 
 
@@ -48,7 +49,7 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
     tile sized to the aligned body) for rows that are not whole 16-byte vectors, the
     persistent kernel (whole rows, the next ones' loads pipelined through shared memory)
     where a row fits shared memory, and the chunked kernel for rows of two or more chunks
-    from 8192 elements up."""
+    from 8192 elements up (its chunk loads pipelined 1-3 deep)."""
     import triton
 
     from triton_impl.rms_norm import FUSED_MAX_N
@@ -84,11 +85,16 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
         for chunk in TRITON_CHUNKS:
             for warps in TRITON_CHUNK_WARPS:
                 for per_sm in TRITON_PROGRAMS_PER_SM:
-                    if chunk < n and lo <= chunk * elem // (32 * warps) <= hi:
-                        out.append(
-                            dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
-                                 programs_per_sm=per_sm)
-                        )  # fmt: skip
+                    if not (chunk < n and lo <= chunk * elem // (32 * warps) <= hi):
+                        continue
+                    base = dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
+                                programs_per_sm=per_sm)  # fmt: skip
+                    for stages in TRITON_CHUNK_STAGES:
+                        # shared memory: stages - 1 chunks in flight in each of two sweeps;
+                        # pipelined only with one program an SM or one a row (sweep time)
+                        staged = 2 * (stages - 1) * chunk * elem
+                        if stages == 1 or (per_sm < 2 and staged <= TRITON_STAGED_BYTES):
+                            out.append(dict(base, stages=stages) if stages > 1 else base)
     return out
 
 

@@ -49,8 +49,8 @@ def compile_default(dtype: str, n: int, cfg: dict = None):
         consts["BLOCK_M"] = cfg["BLOCK_M"]
     if kernel is R._rms_norm_fwd_split:
         consts["VEC"] = 16 // elem
-    if kernel is R._rms_norm_fwd_persistent:
-        consts["STAGES"] = cfg["stages"]
+    if kernel in (R._rms_norm_fwd_persistent, R._rms_norm_fwd_chunked):
+        consts["STAGES"] = cfg.get("stages", 1)
     names = kernel.arg_names
     div = ["x_ptr", "w_ptr", "y_ptr"] + (["stride_x", "stride_y", "N"] if n % 16 == 0 else [])
     src = ASTSource(

@@ -51,6 +51,23 @@ def test_split_kernel_any_alignment(n, dtype):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
+@pytest.mark.parametrize("n", [12288, 12289])
+@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("per_sm", [0, 1])
+def test_chunked_kernel_stages(n, stages, per_sm):
+    """The chunked kernel with its chunk loads pipelined (stages > 1) or not, one program a
+    row or a few walking rows: same function, with a partial last chunk (12289)."""
+    impl_or_skip("triton")
+    from triton_impl.rms_norm import rms_norm_with_config
+
+    x, w = inputs(5, n, torch.bfloat16)
+    cfg = dict(kernel="chunked", BLOCK_M=1, BLOCK_N=4096, num_warps=8, programs_per_sm=per_sm)
+    if stages > 1:
+        cfg["stages"] = stages
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 

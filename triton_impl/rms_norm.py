@@ -94,13 +94,15 @@ def _rms_norm_fwd_chunked(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
 ):
     # fmt: on
     # rows too wide for registers: a program walks its rows (row, row + programs, ...) in
     # BLOCK_N chunks, twice each. With few programs in flight the rows being normalised
     # fit in L2, so the second sweep re-reads x from L2, not HBM; the hints keep x's lines
-    # there for it (evict_last) and let them go after (evict_first).
+    # there for it (evict_last) and let them go after (evict_first). STAGES > 1: Triton's
+    # pipeliner keeps the next STAGES - 1 chunks' loads in flight (through shared memory)
+    # while one is summed or scaled; 1: one chunk at a time.
     cols = tl.arange(0, BLOCK_N)
     first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     for row in range(first, M, tl.num_programs(0)):
@@ -108,14 +110,14 @@ def _rms_norm_fwd_chunked(
         y_row = y_ptr + row * stride_y
         # sweep 1: per-lane fp32 partial sums, reduced once at the end
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             c = start + cols
             x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
             x = x.to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
         # sweep 2: re-read (L2-resident), scale, cast, store
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             c = start + cols
             ok = c < N
             x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
@@ -328,8 +330,8 @@ def _plan(
         sms = _sm_count(x.device.index) if x.is_cuda else 2
         programs = min(m, cfg["programs_per_sm"] * sms)
     args = (x2, w, y2, *strides, m, n, eps)
+    meta = dict(meta, STAGES=cfg.get("stages", 1))
     if cfg["kernel"] == "persistent":
-        meta = dict(meta, STAGES=cfg["stages"])
         return _rms_norm_fwd_persistent, (max(programs, 1),), args, meta
     return _rms_norm_fwd_chunked, (max(programs, 1),), args, meta
 
@@ -520,8 +522,9 @@ def rms_norm_with_config(
     cfg: kernel "fused" (BLOCK_M rows of BLOCK_N >= N lanes a program), "split" (one row a
     program, BLOCK_N >= N // VEC * VEC lanes of aligned body, scalar head and tail),
     "chunked" (rows in BLOCK_N-wide chunks, programs_per_sm programs an SM or, if 0, one
-    a row) or "persistent" (programs_per_sm programs an SM walking whole rows, the next
-    `stages` - 1 rows' loads in flight), and num_warps.
+    a row; optional `stages`, the chunks' loads in flight, default 1) or "persistent"
+    (programs_per_sm programs an SM walking whole rows, the next `stages` - 1 rows' loads
+    in flight), and num_warps.
     """
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     n = x.shape[-1]
