@@ -26,31 +26,17 @@ R = importlib.import_module("triton_impl.rms_norm")
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 
 
-KERNELS = {
-    "fused": R._rms_norm_fwd_fused,
-    "split": R._rms_norm_fwd_split,
-    "chunked": R._rms_norm_fwd_chunked,
-    "persistent": R._rms_norm_fwd_persistent,
-}
-
-
 def compile_default(dtype: str, n: int, cfg: dict = None):
     """Compile the kernel launch_config picks for (dtype, n), or the given cfg."""
     ty, elem = TYPES[dtype]
     cfg = cfg or R.launch_config(n, elem)
-    kernel = KERNELS[cfg["kernel"]]
+    kernel, consts = R.kernel_for(cfg, elem, has_weight=True)
+    warps = consts.pop("num_warps")
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
     sig.update(stride_x="i32", stride_y="i32")
     if kernel is not R._rms_norm_fwd_split:
         sig["M"] = "i32"
     sig.update(N="i32", eps="fp32")
-    consts = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=True)
-    if kernel is R._rms_norm_fwd_fused:
-        consts["BLOCK_M"] = cfg["BLOCK_M"]
-    if kernel is R._rms_norm_fwd_split:
-        consts["VEC"] = 16 // elem
-    if kernel in (R._rms_norm_fwd_persistent, R._rms_norm_fwd_chunked):
-        consts["STAGES"] = cfg.get("stages", 1)
     names = kernel.arg_names
     div = ["x_ptr", "w_ptr", "y_ptr"] + (["stride_x", "stride_y", "N"] if n % 16 == 0 else [])
     src = ASTSource(
@@ -60,7 +46,7 @@ def compile_default(dtype: str, n: int, cfg: dict = None):
         attrs={(names.index(a),): [["tt.divisibility", 16]] for a in div},
     )
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=cfg["num_warps"]))  # fmt: skip
+                              options=dict(num_warps=warps))  # fmt: skip
     return cfg, compiled
 
 

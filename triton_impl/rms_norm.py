@@ -294,6 +294,27 @@ def _split_ok(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     ) % vec == 0
 
 
+KERNELS = {
+    "fused": _rms_norm_fwd_fused,
+    "split": _rms_norm_fwd_split,
+    "chunked": _rms_norm_fwd_chunked,
+    "persistent": _rms_norm_fwd_persistent,
+}
+
+
+def kernel_for(cfg: dict, element_size: int, has_weight: bool) -> tuple:
+    """(kernel, meta) for a launch config: the @triton.jit function and its compile-time
+    arguments (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py."""
+    meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
+    if cfg["kernel"] == "fused":
+        meta["BLOCK_M"] = cfg["BLOCK_M"]
+    elif cfg["kernel"] == "split":
+        meta["VEC"] = 16 // element_size
+    else:  # chunked, persistent
+        meta["STAGES"] = cfg.get("stages", 1)
+    return KERNELS[cfg["kernel"]], meta
+
+
 def _plan(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -316,24 +337,18 @@ def _plan(
         if x.is_cuda and cfg["kernel"] != "chunked":
             if triton.cdiv(m, cfg["BLOCK_M"]) < _sm_count(x.device.index):
                 cfg = latency_config(cfg, x.element_size())
-    meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
+    kernel, meta = kernel_for(cfg, x.element_size(), has_weight)
     strides = (x2.stride(0), y2.stride(0))
-    if cfg["kernel"] == "fused":
-        grid = (triton.cdiv(m, cfg["BLOCK_M"]),)
-        args = (x2, w, y2, *strides, m, n, eps)
-        return _rms_norm_fwd_fused, grid, args, dict(meta, BLOCK_M=cfg["BLOCK_M"])
     if cfg["kernel"] == "split":
-        args = (x2, w, y2, *strides, n, eps)
-        return _rms_norm_fwd_split, (m,), args, dict(meta, VEC=16 // x.element_size())
+        return kernel, (m,), (x2, w, y2, *strides, n, eps), meta
+    args = (x2, w, y2, *strides, m, n, eps)
+    if cfg["kernel"] == "fused":
+        return kernel, (triton.cdiv(m, cfg["BLOCK_M"]),), args, meta
     programs = m
     if cfg.get("programs_per_sm"):  # the interpreter (CPU) pretends to have 2 SMs
         sms = _sm_count(x.device.index) if x.is_cuda else 2
         programs = min(m, cfg["programs_per_sm"] * sms)
-    args = (x2, w, y2, *strides, m, n, eps)
-    meta = dict(meta, STAGES=cfg.get("stages", 1))
-    if cfg["kernel"] == "persistent":
-        return _rms_norm_fwd_persistent, (max(programs, 1),), args, meta
-    return _rms_norm_fwd_chunked, (max(programs, 1),), args, meta
+    return kernel, (max(programs, 1),), args, meta
 
 
 @functools.cache
