@@ -17,8 +17,8 @@ import torch
 from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs
 
 _IMPL = "cuda_impl.rms_norm"
-#: Bits of a config's ``variant`` (sweep-only kernel variants; see configs()): x read with
-#: plain loads, and x's fp32 copies not kept alive through the reduction.
+#: Bits of a config's ``variant`` (see configs()): x read with plain loads instead of
+#: read-only non-allocating ones, and x's fp32 copies not kept alive through the reduction.
 VARIANT_PLAIN_LOADS = 1
 VARIANT_LEAN_REGS = 2
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,8 +83,8 @@ def rms_norm(
 
 def configs() -> list[dict]:
     """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
-    (CTAs share a row), default (on a ladder the kernel picks from by N), variant (sweep-only
-    kernel variants, bits: VARIANT_PLAIN_LOADS, VARIANT_LEAN_REGS; 0 on the ladders)."""
+    (CTAs share a row), default (on a ladder the kernel picks from by N), variant (kernel
+    variant, bits: VARIANT_PLAIN_LOADS, VARIANT_LEAN_REGS)."""
     flat = torch.ops.cuda_impl.rms_norm_configs()
     keys = ("row_threads", "vpt", "cluster", "default", "variant")
     rows = (flat[i : i + len(keys)] for i in range(0, len(flat), len(keys)))
@@ -95,15 +95,16 @@ def configs() -> list[dict]:
 def default_config(n: int, element_size: int) -> dict:
     """The config rms_norm picks for rows of n elements of element_size bytes (the C++
     ladder itself, so sweeps compare against exactly what runs)."""
-    rt, vpt, ranks = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
-    return dict(row_threads=rt, vpt=vpt, cluster=ranks, variant=0)
+    rt, vpt, ranks, variant = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
+    return dict(row_threads=rt, vpt=vpt, cluster=ranks, variant=variant)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     """The kernel rms_norm launches for x: its config, and from cudaFuncGetAttributes the
     registers a thread and local memory (stack and spills) in bytes."""
     check_inputs(x, weight, DEFAULT_EPS, impl=_IMPL)
-    keys = ("row_threads", "vpt", "cluster", "n_regs", "local_bytes", "shared_bytes", "max_threads")
+    keys = ("row_threads", "vpt", "cluster", "variant", "n_regs", "local_bytes", "shared_bytes")
+    keys += ("max_threads",)
     return dict(zip(keys, torch.ops.cuda_impl.rms_norm_kernel_info(x, weight), strict=True))
 
 

@@ -380,7 +380,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
         rows = []
         for k, v in sorted(regs.items(), key=lambda kv: str(kv[0])):
             cfg = v.get("config") or {
-                c: v.get(c) for c in ("row_threads", "vpt", "cluster") if c in v
+                c: v.get(c) for c in ("row_threads", "vpt", "cluster", "variant") if c in v
             }
             spills = v.get("n_spills", v.get("local_bytes"))
             rows.append(

@@ -37,7 +37,8 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).
 std::vector<int64_t> rms_norm_configs();
-// The (row_threads, vpt, cluster) rms_norm picks for rows of n elements of element_size bytes.
+// The (row_threads, vpt, cluster, variant) rms_norm picks for rows of n elements of
+// element_size bytes.
 std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size);
 
 }  // namespace cuda_impl

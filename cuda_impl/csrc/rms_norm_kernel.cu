@@ -6,8 +6,8 @@
 // (N > 8192 vectors), a thread-block cluster of 2..8 CTAs shares the row and combines its
 // partial sums through distributed shared memory (sm_90). In every path the row is loaded
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
-// from HBM exactly once. Sweep-only variants of the same kernel change how x is loaded
-// and how long its converted values live (kVariant*).
+// from HBM exactly once. Variants of the same kernel change how x is loaded and how long
+// its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -98,16 +98,18 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Kernel variants (bits; sweep candidates, 0 on the default ladders):
+// Kernel variants (bits of Config::variant):
 // - kPlainLoads: x through a plain `ld.global.v4` (SASS LDG.E.128), what Triton emits for
 //   the same access, instead of the read-only, non-allocating load (LDG.E.NA.128.CONSTANT).
+//   Measured (sweep-b51fdbc-cuda.jsonl): 3-4 points of copy ahead wherever several CTAs
+//   share an SM; 1-2 behind for a 1024-thread CTA, alone on its SM.
 // - kLeanRegs: x's vectors are re-read as raw bits after the reduction, so the compiler
 //   converts them to fp32 again for the store instead of keeping the fp32 copies alive
 //   through the reduction (ptxas, 16-bit x: 512 x 8 from 96 to 64 registers).
 constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 
-// x's 16-byte vectors. Default: a read-only, no-L1-allocate load (x is streamed once).
+// x's 16-byte vectors: a plain load, or a read-only, no-L1-allocate one.
 template <bool PLAIN>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -341,13 +343,13 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
-  constexpr bool kPlain = (VARIANT & kPlainLoads) != 0;
+  constexpr bool kPlainX = (VARIANT & kPlainLoads) != 0;
   Pack<T> v[VPT];
   const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
-    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<kPlain>(xv + j) : make_uint4(0, 0, 0, 0);
+    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<kPlainX>(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -389,20 +391,29 @@ struct Config {
   bool cluster;
   int variant = 0;  // kPlainLoads / kLeanRegs bits
 };
+constexpr int kPlain = kPlainLoads;
+constexpr int kLean = kLeanRegs;
 constexpr int kPlainLean = kPlainLoads | kLeanRegs;
 constexpr Config kConfigs[] = {
+    // read-only loads (the 1024-thread CTAs' and the clusters' choice)
     {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
     {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
     {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
     {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
     {512, 8, true},
-    // sweep-only variants
-    {128, 4, false, kPlainLoads}, {128, 8, false, kPlainLoads}, {256, 8, false, kPlainLoads},
-    {512, 8, false, kPlainLoads}, {1024, 8, false, kPlainLoads},
-    {128, 8, false, kLeanRegs},   {256, 8, false, kLeanRegs},   {256, 16, false, kLeanRegs},
-    {512, 8, false, kLeanRegs},   {256, 8, true, kLeanRegs},    {512, 8, true, kLeanRegs},
-    {1024, 8, true, kLeanRegs},
-    {128, 8, false, kPlainLean},  {256, 8, false, kPlainLean},  {512, 8, false, kPlainLean}};
+    // plain loads
+    {8, 1, false, kPlain},    {8, 2, false, kPlain},    {16, 1, false, kPlain},
+    {16, 2, false, kPlain},   {32, 1, false, kPlain},   {32, 2, false, kPlain},
+    {32, 4, false, kPlain},   {64, 4, false, kPlain},   {128, 4, false, kPlain},
+    {128, 8, false, kPlain},  {256, 4, false, kPlain},  {256, 8, false, kPlain},
+    {512, 4, false, kPlain},  {512, 8, false, kPlain},  {1024, 4, false, kPlain},
+    {1024, 8, false, kPlain},
+    // lean registers
+    {128, 8, false, kLean},   {256, 8, false, kLean},   {256, 16, false, kLean},
+    {512, 8, false, kLean},   {256, 8, true, kLean},    {512, 8, true, kLean},
+    {1024, 8, true, kLean},
+    // both
+    {128, 8, false, kPlainLean}, {256, 8, false, kPlainLean}, {512, 8, false, kPlainLean}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
@@ -422,28 +433,33 @@ struct Rung {
   int config;
 };
 // Throughput ladders (many rows): ~64 bytes a thread in 16-bit, ~32 in fp32, CTAs of at most
-// 512 threads until a row needs more (a 1024-thread CTA is alone on its SM).
+// 512 threads until a row needs more (a 1024-thread CTA is alone on its SM). Plain loads
+// wherever CTAs share an SM, and lean registers for the 16-bit rungs of 8 vectors a thread
+// (sweep-b51fdbc-cuda.jsonl: bf16 32768 x 4096 90.1 -> 94.0% of copy, bf16 4096 x 32768
+// 82.0 -> 91.4%, fp32 10922 x 12288 92.4 -> 96.4%).
 constexpr Rung kLadder16[] = {
-    {8, find_config(8, 1, false)},      {16, find_config(8, 2, false)},
-    {64, find_config(32, 2, false)},    {128, find_config(32, 4, false)},
-    {256, find_config(64, 4, false)},   {512, find_config(128, 4, false)},
-    {1024, find_config(128, 8, false)}, {2048, find_config(256, 8, false)},
-    {4096, find_config(256, 16, false)}, {8192, find_config(1024, 8, false)}};
+    {8, find_config(8, 1, false, kPlain)},       {16, find_config(8, 2, false, kPlain)},
+    {64, find_config(32, 2, false, kPlain)},     {128, find_config(32, 4, false, kPlain)},
+    {256, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
+    {1024, find_config(128, 8, false, kPlainLean)}, {2048, find_config(256, 8, false, kPlainLean)},
+    {4096, find_config(512, 8, false, kPlainLean)}, {8192, find_config(1024, 8, false)}};
 constexpr Rung kLadder32[] = {
-    {8, find_config(8, 1, false)},       {32, find_config(16, 2, false)},
-    {128, find_config(64, 4, false)},    {512, find_config(128, 4, false)},
-    {1024, find_config(256, 8, false)},  {1536, find_config(512, 4, false)},
-    {4096, find_config(512, 8, false)},  {8192, find_config(1024, 8, false)}};
+    {8, find_config(8, 1, false, kPlain)},       {32, find_config(16, 2, false, kPlain)},
+    {128, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
+    {1024, find_config(256, 8, false, kPlain)},  {1536, find_config(512, 4, false, kPlain)},
+    {4096, find_config(512, 8, false, kPlain)},  {8192, find_config(1024, 8, false)}};
 // Latency ladder (fewer row groups than SMs: decode-sized calls): one or two vectors a
 // thread, so each thread's loads and the row's reduction are as short as they get.
 constexpr Rung kLadderFew[] = {
-    {8, find_config(8, 1, false)},      {16, find_config(16, 1, false)},
-    {32, find_config(32, 1, false)},    {64, find_config(32, 2, false)},
-    {256, find_config(128, 4, false)},  {1024, find_config(512, 4, false)},
+    {8, find_config(8, 1, false, kPlain)},      {16, find_config(16, 1, false, kPlain)},
+    {32, find_config(32, 1, false, kPlain)},    {64, find_config(32, 2, false, kPlain)},
+    {256, find_config(128, 4, false, kPlain)},  {1024, find_config(512, 4, false, kPlain)},
     {2048, find_config(1024, 4, false)}};
-// rows wider than the ladders: clusters of 1024 x 8 CTAs (16-bit) or of 512 x 8 (fp32)
-constexpr int kCluster16 = find_config(1024, 8, true);
+// Rows wider than the ladders: clusters of 512 x 8 CTAs (16-bit: lean registers, two CTAs
+// an SM; fp32), and of 1024 x 8 past what 8 of those hold.
+constexpr int kCluster16 = find_config(512, 8, true, kLean);
 constexpr int kCluster32 = find_config(512, 8, true);
+constexpr int kClusterWide = find_config(1024, 8, true);
 
 template <int K>
 constexpr bool valid(const Rung (&ladder)[K]) {
@@ -456,7 +472,7 @@ constexpr bool valid(const Rung (&ladder)[K]) {
   return true;
 }
 static_assert(valid(kLadder16) && valid(kLadder32) && valid(kLadderFew) && kCluster16 >= 0 &&
-                  kCluster32 >= 0,
+                  kCluster32 >= 0 && kClusterWide >= 0,
               "every rung names a compiled config that holds its rows");
 
 // SMs of a device, asked once per device (a benign race: every writer writes the same).
@@ -501,10 +517,10 @@ Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
-  // the fp32 choice holds up to 8 x 4096 vectors; wider rows take the larger CTAs
+  // 512 x 8 clusters hold up to 8 x 4096 vectors; wider rows take the larger CTAs
   int cluster = elem == 4 ? kCluster32 : kCluster16;
   auto per_cta = [](int c) { return kConfigs[c].row_threads * kConfigs[c].vpt; };
-  if (kMaxClusterRanks * per_cta(cluster) < vecs) cluster = kCluster16;
+  if (kMaxClusterRanks * per_cta(cluster) < vecs) cluster = kClusterWide;
   int ranks = 2;
   while (ranks * per_cta(cluster) < vecs) ranks *= 2;
   return {cluster, ranks};
@@ -514,7 +530,7 @@ int in_ladder(int i) {
   for (const Rung& r : kLadder16) if (r.config == i) return 1;
   for (const Rung& r : kLadder32) if (r.config == i) return 1;
   for (const Rung& r : kLadderFew) if (r.config == i) return 1;
-  return i == kCluster16 || i == kCluster32;
+  return i == kCluster16 || i == kCluster32 || i == kClusterWide;
 }
 
 template <typename T, typename W, int I>
@@ -609,7 +625,8 @@ struct Launch {
 };
 
 struct Describe {
-  // out: row_threads, vpt, ranks, registers, local bytes, static shared bytes, max threads
+  // out: row_threads, vpt, ranks, variant, registers, local bytes, static shared bytes,
+  // max threads
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, std::vector<int64_t>& out) {
     const Plan plan = plan_for<T>(x2, std::nullopt);
@@ -619,6 +636,7 @@ struct Describe {
     out = {c.row_threads,
            c.vpt,
            plan.ranks,
+           c.variant,
            attr.numRegs,
            static_cast<int64_t>(attr.localSizeBytes),
            static_cast<int64_t>(attr.sharedSizeBytes),
@@ -722,7 +740,7 @@ std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
                     "; expected 2 or 4");
   const Plan p = default_plan(static_cast<int>(n * element_size / 16),
                               static_cast<int>(element_size));
-  return {kConfigs[p.config].row_threads, kConfigs[p.config].vpt, p.ranks};
+  return {kConfigs[p.config].row_threads, kConfigs[p.config].vpt, p.ranks, kConfigs[p.config].variant};
 }
 
 }  // namespace cuda_impl
