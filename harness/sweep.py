@@ -65,8 +65,7 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
                 per_thread = rows * block_n * elem // (32 * warps)
                 fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
                 if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
-                    base = dict(kernel="fused", BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps)
-                    out += [base, dict(base, stream=1)]  # stream: L2 eviction hints
+                    out.append(dict(kernel="fused", BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps))
         if n >= vec and n % 16:  # as launch_config: n not a multiple of 16 elements
             for warps in TRITON_WARPS:
                 if body * elem // (32 * warps) >= lo or warps == 1:

@@ -64,7 +64,6 @@ def _rms_norm_fwd_fused(
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    STREAM: tl.constexpr,
 ):
     # fmt: on
     # one program per BLOCK_M rows; the whole tile lives in registers
@@ -72,23 +71,15 @@ def _rms_norm_fwd_fused(
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     mask = (rows < M)[:, None] & col_ok[None, :]
-    # load: masked lanes read 0 and add nothing to the sum. STREAM: L2 hints, x's lines
-    # first out (read once) and the weight's last (every program reads it)
-    x_at = x_ptr + rows[:, None] * stride_x + cols[None, :]
-    if STREAM:
-        x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_first")
-    else:
-        x = tl.load(x_at, mask=mask, other=0.0)
+    # load: masked lanes read 0 and add nothing to the sum
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     # accumulate in fp32, divide by the true width
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        if STREAM:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
-        else:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
-        y = y * w.to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y * w[None, :]
     # one cast, at the store
     tl.store(
         y_ptr + rows[:, None] * stride_y + cols[None, :],
@@ -317,7 +308,6 @@ def kernel_for(cfg: dict, element_size: int, has_weight: bool) -> tuple:
     meta = dict(BLOCK_N=cfg["BLOCK_N"], HAS_WEIGHT=has_weight, num_warps=cfg["num_warps"])
     if cfg["kernel"] == "fused":
         meta["BLOCK_M"] = cfg["BLOCK_M"]
-        meta["STREAM"] = bool(cfg.get("stream", 0))
     elif cfg["kernel"] == "split":
         meta["VEC"] = 16 // element_size
     else:  # chunked, persistent
