@@ -41,6 +41,10 @@ TRITON_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
 TRITON_PERSISTENT_PER_SM = (1, 2, 4)
 TRITON_STAGES = (2, 3)
 TRITON_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time (no "stages" key in the config)
+#: Short chunks, as torch.compile's looped reductions cut a row (512 threads, 4-8 elements
+#: a thread, one row a program): from rows of two such chunks up, one program a row.
+TRITON_SHORT_CHUNKS = (1024, 2048)
+TRITON_SHORT_CHUNK_WARPS = (4, 8, 16)
 TRITON_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 
 
@@ -49,7 +53,8 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
     tile sized to the aligned body) for rows that are not whole 16-byte vectors, the
     persistent kernel (whole rows, the next ones' loads pipelined through shared memory)
     where a row fits shared memory, and the chunked kernel for rows of two or more chunks
-    from 8192 elements up (its chunk loads pipelined 1-3 deep)."""
+    from 8192 elements up (its chunk loads pipelined 1-3 deep), and with short chunks for
+    rows of two or more of them."""
     import triton
 
     from triton_impl.rms_norm import FUSED_MAX_N
@@ -95,6 +100,11 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
                         staged = 2 * (stages - 1) * chunk * elem
                         if stages == 1 or (per_sm < 2 and staged <= TRITON_STAGED_BYTES):
                             out.append(dict(base, stages=stages) if stages > 1 else base)
+    for chunk in TRITON_SHORT_CHUNKS:
+        for warps in TRITON_SHORT_CHUNK_WARPS:
+            if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
+                out.append(dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
+                                programs_per_sm=0))  # fmt: skip
     return out
 
 

@@ -84,6 +84,10 @@ def test_cuda_config_table():
     # kernel variants: each bit compiled, and taken by some default plan
     for bit in (ops.VARIANT_PLAIN_LOADS, ops.VARIANT_LEAN_REGS):
         assert any(c["variant"] & bit and c["default"] for c in table), bit
+    # the two halves of the read-only load: compiled for sweeps, on no ladder
+    for bit in (ops.VARIANT_HINT_ONLY_LOADS, ops.VARIANT_NC_ONLY_LOADS):
+        assert any(c["variant"] & bit for c in table), bit
+        assert not any(c["variant"] & bit and c["default"] for c in table), bit
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):

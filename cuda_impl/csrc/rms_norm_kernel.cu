@@ -106,15 +106,28 @@ __device__ __forceinline__ void cluster_wait() {
 // - kLeanRegs: x's vectors are re-read as raw bits after the reduction, so the compiler
 //   converts them to fp32 again for the store instead of keeping the fp32 copies alive
 //   through the reduction (ptxas, 16-bit x: 512 x 8 from 96 to 64 registers).
+// - kHintOnlyLoads / kNcOnlyLoads (sweep-only): the two halves of the read-only,
+//   non-allocating load apart, `ld.global.L1::no_allocate` and `ld.global.nc`, to tell
+//   which one cost the 3-4 points.
 constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
+constexpr int kHintOnlyLoads = 4;
+constexpr int kNcOnlyLoads = 8;
 
-// x's 16-byte vectors: a plain load, or a read-only, no-L1-allocate one.
-template <bool PLAIN>
+// x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
+template <int VARIANT>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
-  if constexpr (PLAIN) {
+  if constexpr ((VARIANT & kPlainLoads) != 0) {
     asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else if constexpr ((VARIANT & kHintOnlyLoads) != 0) {
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else if constexpr ((VARIANT & kNcOnlyLoads) != 0) {
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
   } else {
@@ -343,13 +356,12 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
-  constexpr bool kPlainX = (VARIANT & kPlainLoads) != 0;
   Pack<T> v[VPT];
   const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = g + k * G;
-    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<kPlainX>(xv + j) : make_uint4(0, 0, 0, 0);
+    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<VARIANT>(xv + j) : make_uint4(0, 0, 0, 0);
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -389,7 +401,7 @@ struct Config {
   int row_threads;
   int vpt;
   bool cluster;
-  int variant = 0;  // kPlainLoads / kLeanRegs bits
+  int variant = 0;  // bits: kPlainLoads, kLeanRegs, kHintOnlyLoads, kNcOnlyLoads
 };
 constexpr int kPlain = kPlainLoads;
 constexpr int kLean = kLeanRegs;
@@ -413,7 +425,10 @@ constexpr Config kConfigs[] = {
     {512, 8, false, kLean},   {256, 8, true, kLean},    {512, 8, true, kLean},
     {1024, 8, true, kLean},
     // both
-    {128, 8, false, kPlainLean}, {256, 8, false, kPlainLean}, {512, 8, false, kPlainLean}};
+    {128, 8, false, kPlainLean}, {256, 8, false, kPlainLean}, {512, 8, false, kPlainLean},
+    // sweep-only: half of the read-only, non-allocating load each
+    {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
+    {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Index of a compiled config, or -1.
