@@ -108,8 +108,16 @@ def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     """The kernel rms_norm launches for x: its config, and from cudaFuncGetAttributes the
     registers a thread and local memory (stack and spills) in bytes."""
     check_inputs(x, weight, DEFAULT_EPS, impl=_IMPL)
-    keys = ("row_threads", "vpt", "cluster", "variant", "n_regs", "local_bytes", "shared_bytes")
-    keys += ("max_threads",)
+    keys = (
+        "row_threads",
+        "vpt",
+        "cluster",
+        "variant",
+        "n_regs",
+        "local_bytes",
+        "shared_bytes",
+        "max_threads",
+    )
     return dict(zip(keys, torch.ops.cuda_impl.rms_norm_kernel_info(x, weight), strict=True))
 
 

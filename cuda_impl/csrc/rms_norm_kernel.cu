@@ -115,28 +115,23 @@ constexpr int kHintOnlyLoads = 4;
 constexpr int kNcOnlyLoads = 8;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
+#define RMS_NORM_LD_V4(OP) \
+  asm volatile(OP " {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p))
 template <int VARIANT>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
   if constexpr ((VARIANT & kPlainLoads) != 0) {
-    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    RMS_NORM_LD_V4("ld.global.v4.u32");
   } else if constexpr ((VARIANT & kHintOnlyLoads) != 0) {
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    RMS_NORM_LD_V4("ld.global.L1::no_allocate.v4.u32");
   } else if constexpr ((VARIANT & kNcOnlyLoads) != 0) {
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    RMS_NORM_LD_V4("ld.global.nc.v4.u32");
   } else {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    RMS_NORM_LD_V4("ld.global.nc.L1::no_allocate.v4.u32");
   }
   return v;
 }
+#undef RMS_NORM_LD_V4
 
 // VEC weights as floats starting at w (element offset already applied); vector loads when
 // the address is 16-byte aligned (fp32 weights beside 16-bit x take two vectors).
@@ -456,8 +451,10 @@ constexpr Rung kLadder16[] = {
     {8, find_config(8, 1, false, kPlain)},       {16, find_config(8, 2, false, kPlain)},
     {64, find_config(32, 2, false, kPlain)},     {128, find_config(32, 4, false, kPlain)},
     {256, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
-    {1024, find_config(128, 8, false, kPlainLean)}, {2048, find_config(256, 8, false, kPlainLean)},
-    {4096, find_config(512, 8, false, kPlainLean)}, {8192, find_config(1024, 8, false)}};
+    {1024, find_config(128, 8, false, kPlainLean)},
+    {2048, find_config(256, 8, false, kPlainLean)},
+    {4096, find_config(512, 8, false, kPlainLean)},
+    {8192, find_config(1024, 8, false)}};
 constexpr Rung kLadder32[] = {
     {8, find_config(8, 1, false, kPlain)},       {32, find_config(16, 2, false, kPlain)},
     {128, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
@@ -755,7 +752,8 @@ std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
                     "; expected 2 or 4");
   const Plan p = default_plan(static_cast<int>(n * element_size / 16),
                               static_cast<int>(element_size));
-  return {kConfigs[p.config].row_threads, kConfigs[p.config].vpt, p.ranks, kConfigs[p.config].variant};
+  const Config& c = kConfigs[p.config];
+  return {c.row_threads, c.vpt, p.ranks, c.variant};
 }
 
 }  // namespace cuda_impl
