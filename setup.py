@@ -11,6 +11,7 @@ Set RMSNORM_PTXAS_VERBOSE=1 to print registers and spills per kernel (-Xptxas -v
 """
 
 import os
+import sys
 
 from setuptools import setup
 
@@ -37,6 +38,14 @@ def ext_modules():
     nvcc = list(NVCC_FLAGS)
     if os.environ.get("RMSNORM_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")
+    if "build_ext" in sys.argv:
+        # nvcc prints nothing until it ends, and ninja shows no progress off a terminal
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "the GPU present")
+        print(
+            f"building cuda_impl._C for {arch}: {', '.join(SOURCES)}; the .cu compiles every"
+            " launch config for each dtype pair (one to a few minutes, silent until it ends)",
+            flush=True,
+        )
     return [
         CUDAExtension(
             name="cuda_impl._C",

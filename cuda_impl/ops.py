@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs
+from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs, check_out
 
 _IMPL = "cuda_impl.rms_norm"
 #: Bits of a config's ``variant`` (see configs()): x read with plain loads instead of
@@ -49,13 +49,18 @@ torch.ops.load_library(LIBRARY)
 _OP = torch.ops.cuda_impl.rms_norm.default
 
 
+# The fakes (tracing, meta tensors) run the checks the CUDA kernel runs, so torch.compile
+# never traces a call the kernel would refuse.
 @torch.library.register_fake("cuda_impl::rms_norm")
 def _rms_norm_fake(x, weight, eps):
+    check_inputs(x, weight, eps, impl=_IMPL)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("cuda_impl::rms_norm_out")
 def _rms_norm_out_fake(out, x, weight, eps):
+    check_inputs(x, weight, eps, impl=_IMPL)
+    check_out(out, x, weight, impl=_IMPL)
     return None
 
 

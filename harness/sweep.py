@@ -57,7 +57,7 @@ def triton_candidates(n: int, elem: int) -> list[dict]:
     rows of two or more of them."""
     import triton
 
-    from triton_impl.rms_norm import FUSED_MAX_N
+    from triton_impl.rms_norm_op import FUSED_MAX_N
 
     out = []
     lo, hi = TRITON_THREAD_BYTES
@@ -133,7 +133,7 @@ def cuda_candidates(n: int, elem: int) -> list[dict]:
 def runner(kernel: str, cfg: dict) -> Callable:
     """(x, w) -> y with the config forced."""
     if kernel == "triton":
-        from triton_impl.rms_norm import rms_norm_with_config
+        from triton_impl.rms_norm_op import rms_norm_with_config
 
         return lambda x, w: rms_norm_with_config(x, w, EPS, cfg)
     import cuda_impl.ops as ops

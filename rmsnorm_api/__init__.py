@@ -13,7 +13,14 @@ Accepted input:
   last dim (a clear error otherwise: we never copy silently); any row stride, so a slice
   of a wider tensor is read in place.
 - weight: None, or shape (N,) with x's dtype or float32, on x's device.
-- eps: a finite Python float > 0.
+- eps: a real number in float32's normal range [EPS_MIN, EPS_MAX] (the kernels add it in
+  fp32: a smaller one is 0 or subnormal there, a larger one overflows).
+- out (the out= form): a contiguous tensor of x's shape, dtype and device that does not
+  partially overlap x or weight in memory (out=x itself normalises in place); not with
+  inputs that require grad (as torch's own out= functions).
+
+The kernels are forward-only for now: a result computed from inputs that require grad
+raises when its backward runs.
 
 This module imports neither Triton nor the CUDA extension, so both kernels (and callers
 that have only one of them) share one vocabulary of errors.
@@ -34,6 +41,10 @@ MAX_N = 262144
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEFAULT_EPS = 1e-6
+#: eps is added to an fp32 mean: below float32's smallest normal it is 0 or subnormal there
+#: (a zero row gives NaN), above its largest it is inf (every output 0).
+EPS_MIN = float(torch.finfo(torch.float32).tiny)
+EPS_MAX = float(torch.finfo(torch.float32).max)
 
 
 def check_inputs(
@@ -45,17 +56,8 @@ def check_inputs(
     impl: str = "rms_norm",
 ) -> None:
     """Raise TypeError/ValueError naming the offending argument; return None if valid."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{impl}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in DTYPES:
-        raise TypeError(
-            f"{impl}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16"
-        )
-    if x.dim() == 0:
-        raise ValueError(f"{impl}: x is 0-dimensional; expected at least 1 dimension")
+    check_x(x, impl=impl)
     n = x.shape[-1]
-    if n < 1:
-        raise ValueError(f"{impl}: x's last dimension is {n}; expected N >= 1")
     if n > MAX_N:
         raise ValueError(f"{impl}: x's last dimension is {n}; the supported maximum is N = {MAX_N}")
     if x.numel() > 0 and x.stride(-1) != 1:
@@ -66,8 +68,9 @@ def check_inputs(
     if weight is not None:
         if not isinstance(weight, torch.Tensor):
             raise TypeError(
-                f"{impl}: weight must be a torch.Tensor or None, got {type(weight).__name__}"
+                f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}"
             )
+        _check_dense(weight, "weight", impl)
         if weight.shape != (n,):
             raise ValueError(
                 f"{impl}: weight has shape {tuple(weight.shape)} but x's last dimension"
@@ -82,20 +85,65 @@ def check_inputs(
             raise ValueError(
                 f"{impl}: weight is on device '{weight.device}' but x is on '{x.device}'"
             )
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{impl}: eps must be a real number, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"{impl}: eps is {eps}; expected a finite number > 0")
+    check_eps(eps, impl=impl)
     # last, so that every other check also runs on a machine without a GPU
-    if not allow_cpu and x.device.type != "cuda":
+    if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
         hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
+        hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
         raise ValueError(f"{impl}: x is on device '{x.device}'; expected a CUDA tensor{hint}")
 
 
-def check_out(out: torch.Tensor, x: torch.Tensor, *, impl: str = "rms_norm") -> None:
-    """Checks for the out= form: a contiguous tensor of x's shape, dtype and device."""
+def _type_name(v: object) -> str:
+    return "None" if v is None else type(v).__name__
+
+
+def _check_dense(t: torch.Tensor, name: str, impl: str) -> None:
+    """Refuse layouts the kernels cannot address: nested and sparse tensors."""
+    if t.is_nested:
+        raise TypeError(f"{impl}: {name} is a nested tensor; expected a dense (strided) tensor")
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{impl}: {name} has layout {t.layout}; expected torch.strided (a dense tensor)"
+        )
+
+
+def check_x(x: torch.Tensor, *, impl: str = "rms_norm") -> None:
+    """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{impl}: x must be a torch.Tensor, got {_type_name(x)}")
+    _check_dense(x, "x", impl)
+    if x.dtype not in DTYPES:
+        raise TypeError(
+            f"{impl}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16"
+        )
+    if x.dim() == 0:
+        raise ValueError(f"{impl}: x is 0-dimensional; expected at least 1 dimension")
+    if x.shape[-1] < 1:
+        raise ValueError(f"{impl}: x's last dimension is {x.shape[-1]}; expected N >= 1")
+
+
+def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{impl}: eps must be a real number, got {_type_name(eps)}")
+    if not (math.isfinite(eps) and EPS_MIN <= eps <= EPS_MAX):
+        raise ValueError(
+            f"{impl}: eps is {float(eps)!r}; expected a number in float32's normal range"
+            f" [{EPS_MIN:.7g}, {EPS_MAX:.7g}]"
+        )
+
+
+def check_out(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    *,
+    impl: str = "rms_norm",
+) -> None:
+    """Checks for the out= form: a contiguous tensor of x's shape, dtype and device, apart
+    from x and weight in memory (or x itself), and no autograd (run after check_inputs)."""
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{impl}: out must be a torch.Tensor, got {type(out).__name__}")
+        raise TypeError(f"{impl}: out must be a torch.Tensor, got {_type_name(out)}")
+    _check_dense(out, "out", impl)
     if out.shape != x.shape:
         raise ValueError(
             f"{impl}: out has shape {tuple(out.shape)} but x has shape {tuple(x.shape)}"
@@ -106,6 +154,38 @@ def check_out(out: torch.Tensor, x: torch.Tensor, *, impl: str = "rms_norm") -> 
         raise ValueError(f"{impl}: out is on device '{out.device}' but x is on '{x.device}'")
     if not out.is_contiguous():
         raise ValueError(f"{impl}: out must be contiguous")
+    # A row written while another program still reads it gives wrong rows, silently; only
+    # out=x itself is safe (each row is read whole before it is written).
+    same_as_x = out.storage_offset() == x.storage_offset() and x.is_contiguous()
+    if _overlaps(out, x) and not same_as_x:
+        raise ValueError(
+            f"{impl}: out partially overlaps x in memory; pass a separate tensor, or out=x"
+            " itself to normalise in place"
+        )
+    if weight is not None and _overlaps(out, weight):
+        raise ValueError(f"{impl}: out overlaps weight in memory; pass a separate tensor")
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("weight", weight), ("out", out)):
+            if t is not None and t.requires_grad:
+                raise ValueError(
+                    f"{impl}: out= does not support autograd, but {name} requires grad"
+                    " (detach it, or call under torch.no_grad())"
+                )
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a's and b's elements share bytes of one storage, judged from offsets and
+    strides (no data pointer, so fake tensors under tracing are judged alike)."""
+    if a.numel() == 0 or b.numel() == 0 or not torch._C._is_alias_of(a, b):
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+        start = t.storage_offset() * t.element_size()
+        return start, start + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def call_op(
@@ -124,7 +204,7 @@ def call_op(
     check_inputs(x, weight, eps, allow_cpu=allow_cpu, impl=impl)
     if out is None:
         return op(x, weight, float(eps))
-    check_out(out, x, impl=impl)
+    check_out(out, x, weight, impl=impl)
     op_out(out, x, weight, float(eps))
     return out
 
@@ -144,7 +224,8 @@ class RMSNormModule(torch.nn.Module):
 
     Same constructor and defaults as torch.nn.RMSNorm: eps=None means
     ``torch.finfo(x.dtype).eps`` at call time; elementwise_affine creates a weight of ones.
-    Forward only: the kernels have no backward, so autograd raises on backward.
+    Forward only for now: the kernels have no backward, so a loss built on the output
+    raises when backward runs (the forward itself works with Parameter weights).
     """
 
     _fn: Callable[..., torch.Tensor]
@@ -158,14 +239,36 @@ class RMSNormModule(torch.nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if isinstance(normalized_shape, numbers.Integral):
+        impl = self._impl_name()
+        if isinstance(normalized_shape, numbers.Integral) and not isinstance(
+            normalized_shape, bool
+        ):
             normalized_shape = (int(normalized_shape),)
+        elif isinstance(normalized_shape, (str, bytes)) or not isinstance(
+            normalized_shape, (Sequence, torch.Size)
+        ):
+            raise TypeError(
+                f"{impl}: normalized_shape must be an int or a sequence of ints, got"
+                f" {type(normalized_shape).__name__}"
+            )
         normalized_shape = tuple(normalized_shape)
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in
+                   normalized_shape):  # fmt: skip
+            raise TypeError(
+                f"{impl}: normalized_shape is {normalized_shape}; expected a sequence of ints"
+            )
+        normalized_shape = tuple(int(d) for d in normalized_shape)
         if len(normalized_shape) != 1:
             raise ValueError(
-                f"normalized_shape is {normalized_shape}; only a 1-D normalized_shape"
+                f"{impl}: normalized_shape is {normalized_shape}; only a 1-D normalized_shape"
                 " (the last dimension) is supported"
             )
+        if not 1 <= normalized_shape[0] <= MAX_N:
+            raise ValueError(
+                f"{impl}: normalized_shape is {normalized_shape}; expected N in [1, {MAX_N}]"
+            )
+        if eps is not None:
+            check_eps(eps, impl=impl)
         self.normalized_shape = normalized_shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -181,10 +284,17 @@ class RMSNormModule(torch.nn.Module):
         if self.weight is not None:
             torch.nn.init.ones_(self.weight)
 
+    @classmethod
+    def _impl_name(cls) -> str:
+        return f"{cls.__module__.split('.')[0]}.{cls.__name__}"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+        impl = self._impl_name()
+        check_x(x, impl=impl)
+        if x.shape[-1] != self.normalized_shape[0]:
             raise ValueError(
-                f"x has shape {tuple(x.shape)} but normalized_shape is {self.normalized_shape}"
+                f"{impl}: x has shape {tuple(x.shape)} but normalized_shape is"
+                f" {self.normalized_shape}"
             )
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         return type(self)._fn(x, self.weight, eps)

@@ -40,7 +40,7 @@ def main() -> int:
         runs.append((f"cuda[{spec}]", lambda x, w, e, c=(rt, vpt, cluster, variant):
                      ops.rms_norm_with_config(x, w, e, *c)))  # fmt: skip
     for spec in filter(None, args.triton_fused.split("/")):
-        from triton_impl.rms_norm import rms_norm_with_config
+        from triton_impl.rms_norm_op import rms_norm_with_config
 
         block_m, warps = map(int, spec.split("x"))
         cfg = dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=1 << (n - 1).bit_length(),

@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-R = importlib.import_module("triton_impl.rms_norm")
+R = importlib.import_module("triton_impl.rms_norm_op")
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 
 

@@ -23,7 +23,7 @@ def inputs(m, n, dtype):
 @pytest.mark.parametrize("n", [17, 1000, 4097])
 def test_every_triton_candidate_matches_reference(n):
     impl_or_skip("triton")
-    from triton_impl.rms_norm import rms_norm_with_config
+    from triton_impl.rms_norm_op import rms_norm_with_config
 
     x, w = inputs(5, n, torch.bfloat16)
     want = rms_norm_ref(x, w, 1e-6)
@@ -40,7 +40,7 @@ def test_split_kernel_any_alignment(n, dtype):
     """The split kernel finds x's 16-byte boundaries from its address and stores y with
     vectors only where y lines up: rows at odd offsets and odd strides stay correct."""
     impl_or_skip("triton")
-    from triton_impl.rms_norm import rms_norm_with_config
+    from triton_impl.rms_norm_op import rms_norm_with_config
 
     base = torch.randn(6, n + 5, device=DEVICE).to(dtype)
     x = base[:, 3 : 3 + n]  # 3 elements past the allocation, row stride n + 5
@@ -58,7 +58,7 @@ def test_chunked_kernel_stages(n, stages, per_sm):
     """The chunked kernel with its chunk loads pipelined (stages > 1) or not, one program a
     row or a few walking rows: same function, with a partial last chunk (12289)."""
     impl_or_skip("triton")
-    from triton_impl.rms_norm import rms_norm_with_config
+    from triton_impl.rms_norm_op import rms_norm_with_config
 
     x, w = inputs(5, n, torch.bfloat16)
     cfg = dict(kernel="chunked", BLOCK_M=1, BLOCK_N=4096, num_warps=8, programs_per_sm=per_sm)

@@ -4,14 +4,14 @@ Argument checks run before any device work, so these run without a GPU as well (
 kernel's CPU-tensor check included); they need only an importable build.
 """
 
-import importlib
 import math
 
 import pytest
 import torch
 
 from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip
-from rmsnorm_api import MAX_N
+from harness.reference import TOL, rms_norm_ref
+from rmsnorm_api import EPS_MAX, EPS_MIN, MAX_N, check_inputs
 
 IMPLS = ["triton", "cuda"]
 
@@ -142,7 +142,7 @@ def test_cpu_tensor_for_triton_kernel():
 
 def test_empty_rows_launch_nothing(monkeypatch):
     """The Triton launcher returns before touching a kernel when there are no rows."""
-    mod = importlib.import_module("triton_impl.rms_norm")
+    from triton_impl import rms_norm_op as mod
 
     def boom(*a, **k):
         raise AssertionError("a kernel was launched for an empty input")
@@ -165,3 +165,232 @@ def test_direct_op_callers_are_checked(op):
         ops.rms_norm(xf, torch.ones(3, device=DEVICE), 1e-6)
     with pytest.raises(ValueError, match=r"eps is"):
         ops.rms_norm(xf, None, -1.0)
+
+
+# ---- out= that overlaps its inputs, and out= with autograd --------------------------------
+
+OVERLAP_CASES = [
+    (n, dtype) for n in (4097, 12288, 40000) for dtype in (torch.float32, torch.bfloat16)
+]
+
+
+@pytest.mark.parametrize("n, dtype", OVERLAP_CASES, ids=str)
+@pytest.mark.parametrize("shift", [1, -1])
+def test_out_partially_overlapping_x(fn_here, n, dtype, shift):
+    """out a view of x's storage shifted by one row, either way: refused, never wrong rows."""
+    m = 3
+    base = torch.randn(m + 1, n, device=DEVICE).to(dtype)
+    x, out = (base[:m], base[1:]) if shift == 1 else (base[1:], base[:m])
+    with pytest.raises(ValueError, match=r"out partially overlaps x in memory"):
+        fn_here(x, None, 1e-6, out=out)
+
+
+@pytest.mark.parametrize("n", [4097, 12288])
+def test_out_is_x_normalises_in_place(fn_here, n):
+    x = torch.randn(3, n, device=DEVICE).to(torch.bfloat16)
+    w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(x.dtype)
+    want = rms_norm_ref(x, w, 1e-6)
+    assert fn_here(x, w, 1e-6, out=x) is x
+    torch.testing.assert_close(x, want, **TOL[torch.bfloat16])
+
+
+def test_out_overlapping_weight(fn_here):
+    n = 4096
+    buf = torch.randn(4 * n, device=DEVICE)
+    w = buf[:n]
+    x = torch.randn(2, n, device=DEVICE)
+    with pytest.raises(ValueError, match=r"out overlaps weight in memory"):
+        fn_here(x, w, 1e-6, out=buf[n // 2 : n // 2 + 2 * n].view(2, n))
+
+
+@pytest.mark.parametrize("which", ["x", "weight"])
+def test_out_with_grad_refused(fn_here, which):
+    x, w = x_and_w(64, torch.float32)
+    (x if which == "x" else w).requires_grad_(True)
+    out = torch.empty_like(x)
+    with pytest.raises(ValueError, match=rf"out= does not support autograd, but {which} requires"):
+        fn_here(x, w, 1e-6, out=out)
+    with torch.no_grad():  # what the message suggests works
+        fn_here(x, w, 1e-6, out=out)
+    torch.testing.assert_close(out, rms_norm_ref(x.detach(), w.detach(), 1e-6), **TOL[x.dtype])
+
+
+# ---- eps outside float32's normal range ---------------------------------------------------
+
+
+@pytest.mark.parametrize("eps", [1e39, 1e-50, 1e-39, 3.5e38])
+def test_eps_outside_float32_normal_range(fn, eps):
+    x, w = x_and_w()
+    with pytest.raises(ValueError, match=r"eps is .*; expected a number in float32's normal range"):
+        fn(x, w, eps)
+
+
+@pytest.mark.parametrize("eps", [EPS_MIN, EPS_MAX])
+def test_eps_at_float32_normal_range_ends(fn_here, eps):
+    """The range's ends are accepted; zero rows stay 0 (never NaN) down to the smallest."""
+    x, w = x_and_w(4096, torch.float32)
+    x[1] = 0.0
+    y = fn_here(x, w, eps)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, rms_norm_ref(x, w, eps), **TOL[torch.float32])
+
+
+# ---- layouts and devices the kernels cannot address ---------------------------------------
+
+
+def test_x_sparse(fn):
+    x = torch.randn(4, 64).to_sparse()
+    with pytest.raises(TypeError, match=r"x has layout torch.sparse_coo; expected torch.strided"):
+        fn(x)
+
+
+def test_x_nested(fn):
+    x = torch.nested.nested_tensor([torch.randn(2, 64), torch.randn(3, 64)], layout=torch.jagged)
+    with pytest.raises(TypeError, match=r"x is a nested tensor; expected a dense"):
+        fn(x)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.parametrize("op", ["triton_impl", "cuda_impl"])
+def test_raw_ops_refuse_nested(op):
+    """A (strided) nested x reaches the ops' own check, not the dispatcher's message."""
+    fn_or_skip(op.split("_")[0])
+    ops = getattr(torch.ops, op)
+    x = torch.nested.nested_tensor([torch.randn(2, 64), torch.randn(3, 64)])
+    with pytest.raises(TypeError, match=r"x is a nested tensor"):
+        ops.rms_norm(x, None, 1e-6)
+    with pytest.raises(TypeError, match=r"x is a nested tensor"):
+        ops.rms_norm_out(torch.empty(2, 64), x, None, 1e-6)
+
+
+def test_weight_sparse(fn):
+    x, _ = x_and_w(64, torch.float32, device="cpu")
+    with pytest.raises(TypeError, match=r"weight has layout torch.sparse_coo"):
+        fn(x, torch.ones(64).to_sparse())
+
+
+def test_x_on_meta(fn):
+    """Meta x (no data) is refused by device in every backend, the interpreter included."""
+    with pytest.raises(ValueError, match=r"x is on device 'meta'; expected a CUDA tensor"):
+        fn(torch.randn(4, 64, device="meta"))
+
+
+def test_x_none_and_lists(fn):
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got None"):
+        fn(None)
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
+        fn([[1.0] * 64])
+
+
+# ---- the registered ops: fakes check, the raw CUDA op words errors as Python does ---------
+
+
+@pytest.mark.parametrize("op", ["triton_impl", "cuda_impl"])
+def test_fake_and_meta_calls_are_checked(op):
+    """The fakes (meta tensors, torch.compile's tracing) refuse what the kernels refuse."""
+    fn_or_skip(op.split("_")[0])
+    ops = getattr(torch.ops, op)
+    with pytest.raises(TypeError, match=r"x has dtype torch.int32"):
+        ops.rms_norm(torch.ones(4, 64, device="meta", dtype=torch.int32), None, 1e-6)
+    with pytest.raises(ValueError, match=r"x's last dimension is 0"):
+        ops.rms_norm(torch.ones(4, 0, device="meta"), None, 1e-6)
+    with pytest.raises(ValueError, match=r"x is on device 'meta'"):
+        ops.rms_norm(torch.ones(4, 64, device="meta"), None, 1e-6)
+
+
+def test_cuda_fake_under_tracing():
+    """Under FakeTensorMode (what torch.compile traces with) the CUDA op's fakes check the
+    arguments, out='s overlap included, with no GPU needed."""
+    fn_or_skip("cuda")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = torch.ops.cuda_impl
+    with FakeTensorMode():
+        try:
+            x = torch.empty(5, 64, device="cuda")
+        except (RuntimeError, AssertionError) as e:  # a torch without CUDA at all
+            pytest.skip(f"cannot make fake CUDA tensors here: {e}")
+        y = ops.rms_norm(x[:4], None, 1e-6)
+        assert y.shape == (4, 64) and y.device.type == "cuda"
+        with pytest.raises(TypeError, match=r"x has dtype torch.int32"):
+            ops.rms_norm(x.int(), None, 1e-6)
+        with pytest.raises(ValueError, match=r"out partially overlaps x"):
+            ops.rms_norm_out(x[1:], x[:4], None, 1e-6)
+        with pytest.raises(ValueError, match=r"eps is 1e-50"):
+            ops.rms_norm(x, None, 1e-50)
+
+
+# bad inputs on CPU tensors: the Python checks and the C++ op's must say the same thing
+WORDING_CASES = {
+    "x-none": lambda: (None, None, 1e-6),
+    "x-int32": lambda: (torch.ones(4, 64, dtype=torch.int32), None, 1e-6),
+    "x-0d": lambda: (torch.tensor(1.0), None, 1e-6),
+    "x-n0": lambda: (torch.ones(4, 0), None, 1e-6),
+    "x-too-wide": lambda: (torch.ones(1, MAX_N + 1), None, 1e-6),
+    "x-strided": lambda: (torch.ones(8, 128)[:, ::2], None, 1e-6),
+    "x-sparse": lambda: (torch.ones(4, 64).to_sparse(), None, 1e-6),
+    "w-shape": lambda: (torch.ones(4, 64), torch.ones(63), 1e-6),
+    "w-shape-2d": lambda: (torch.ones(4, 64), torch.ones(1, 64), 1e-6),
+    "w-dtype": lambda: (torch.ones(4, 64, dtype=torch.bfloat16), torch.ones(64).half(), 1e-6),
+    "w-device": lambda: (torch.ones(4, 64), torch.ones(64, device="meta"), 1e-6),
+    "eps-0": lambda: (torch.ones(4, 64), None, 0.0),
+    "eps-neg": lambda: (torch.ones(4, 64), None, -1e-6),
+    "eps-nan": lambda: (torch.ones(4, 64), None, math.nan),
+    "eps-inf": lambda: (torch.ones(4, 64), None, math.inf),
+    "eps-1e39": lambda: (torch.ones(4, 64), None, 1e39),
+    "eps-1e-50": lambda: (torch.ones(4, 64), None, 1e-50),
+    "eps-1e-4": lambda: (torch.ones(4, 64), None, -1e-4),
+    "x-cpu": lambda: (torch.ones(4, 64), None, 1e-6),
+}
+
+
+@pytest.mark.parametrize("case", WORDING_CASES)
+def test_one_wording_for_both_sides(case):
+    fn_or_skip("cuda")
+    args = WORDING_CASES[case]()
+    with pytest.raises((TypeError, ValueError)) as py_err:
+        check_inputs(*args, impl="cuda_impl.rms_norm")
+    with pytest.raises((TypeError, ValueError)) as cpp_err:
+        torch.ops.cuda_impl.rms_norm(*args)
+    assert type(cpp_err.value) is type(py_err.value)
+    assert str(cpp_err.value).splitlines()[0] == str(py_err.value)
+
+
+# ---- kernel-work entry points -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cfg, what",
+    [
+        (dict(kernel="tiled", BLOCK_N=64, num_warps=1), r"\['kernel'\] is 'tiled'"),
+        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=1000, num_warps=1), r"\['BLOCK_N'\] is 1000"),
+        (dict(kernel="fused", BLOCK_M=3, BLOCK_N=64, num_warps=1), r"\['BLOCK_M'\] is 3"),
+        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=64, num_warps=3), r"\['num_warps'\] is 3"),
+        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=64), r"\['num_warps'\] is None"),
+        (dict(kernel="chunked", BLOCK_N=64, num_warps=1, stages=0), r"\['stages'\] is 0"),
+        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=32, num_warps=1), r"narrower than the row"),
+        ("fused", r"cfg must be a dict"),
+    ],
+)
+def test_triton_forced_config_errors(cfg, what):
+    fn_or_skip("triton")
+    from triton_impl import rms_norm_with_config
+
+    x, w = x_and_w(64, torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=what):
+        rms_norm_with_config(x, w, 1e-6, cfg)
+
+
+@pytest.mark.parametrize("n, elem", [(0, 2), (-5, 2), (10**12, 2), (MAX_N + 1, 4), (64, 3)])
+def test_default_config_range(n, elem):
+    """Both backends' config rules refuse widths and element sizes no kernel takes."""
+    fn_or_skip("triton")
+    from triton_impl import launch_config
+
+    with pytest.raises(ValueError, match=r"launch_config: (n|element_size) is"):
+        launch_config(n, elem)
+    fn_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    with pytest.raises(ValueError, match=r"rms_norm_default_config: (n|element_size) is"):
+        ops.default_config(n, elem)

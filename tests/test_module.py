@@ -7,6 +7,7 @@ import torch
 
 from conftest import DEVICE, fn_or_skip, impl_or_skip
 from harness.reference import TOL, rms_norm_ref
+from rmsnorm_api import MAX_N
 
 
 def module_cls(name, run=True):
@@ -48,3 +49,61 @@ def test_module_rejects_bad_shapes(name):
     mod = cls(64, device="meta")
     with pytest.raises(ValueError, match=r"x has shape \(4, 32\) but normalized_shape is \(64,\)"):
         mod(torch.empty(4, 32, device="meta"))
+
+
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+def test_module_rejects_bad_x(name):
+    """The modules check x as the functions do, in the same words (no finfo/AttributeError)."""
+    mod = module_cls(name, run=False)(64, device="meta")
+    prefix = f"{name}_impl.RMSNorm: "
+    with pytest.raises(TypeError, match=prefix + r"x has dtype torch.int32"):
+        mod(torch.ones(4, 64, dtype=torch.int32, device="meta"))
+    with pytest.raises(TypeError, match=prefix + r"x must be a torch.Tensor, got list"):
+        mod([[1.0] * 64])
+    with pytest.raises(TypeError, match=prefix + r"x must be a torch.Tensor, got None"):
+        mod(None)
+    with pytest.raises(ValueError, match=prefix + r"x is 0-dimensional"):
+        mod(torch.tensor(1.0, device="meta"))
+
+
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+@pytest.mark.parametrize(
+    "args, kwargs, err, what",
+    [
+        (("64",), {}, TypeError, r"normalized_shape must be an int or a sequence of ints, got str"),
+        ((["64"],), {}, TypeError, r"normalized_shape is \('64',\); expected a sequence of ints"),
+        (
+            (True,),
+            {},
+            TypeError,
+            r"normalized_shape must be an int or a sequence of ints, got bool",
+        ),
+        ((None,), {}, TypeError, r"normalized_shape must be an int or a sequence of ints"),
+        ((0,), {}, ValueError, r"normalized_shape is \(0,\); expected N in \[1, 262144\]"),
+        ((MAX_N + 1,), {}, ValueError, r"normalized_shape is \(262145,\); expected N in"),
+        ((64,), dict(eps=-1.0), ValueError, r"eps is -1.0"),
+        ((64,), dict(eps=1e-50), ValueError, r"eps is 1e-50; expected a number in float32"),
+        ((64,), dict(eps="1e-6"), TypeError, r"eps must be a real number, got str"),
+    ],
+)
+def test_module_rejects_bad_constructor_args(name, args, kwargs, err, what):
+    cls = module_cls(name, run=False)
+    with pytest.raises(err, match=f"{name}_impl.RMSNorm: " + what):
+        cls(*args, device="meta", **kwargs)
+
+
+@pytest.mark.parametrize("name", ["triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_module_forward_with_parameter_weight(name):
+    """Forward-only for now: with a weight that requires grad (a Parameter, grad mode on)
+    the forward works and matches the reference; backward raises rather than giving a
+    wrong or missing gradient."""
+    cls = module_cls(name)
+    mod = cls(256, eps=1e-6, device=DEVICE)
+    assert mod.weight.requires_grad and torch.is_grad_enabled()
+    with torch.no_grad():
+        mod.weight.copy_(1 + 0.5 * torch.randn(256))
+    x = torch.randn(3, 256, device=DEVICE)
+    y = mod(x)
+    torch.testing.assert_close(y, rms_norm_ref(x, mod.weight.detach(), 1e-6), **TOL[x.dtype])
+    with pytest.raises(RuntimeError):
+        y.sum().backward()

@@ -4,6 +4,8 @@ On a GPU the cases run at full size; without one, the Triton kernel runs under t
 interpreter with M capped (harness.cases.CPU_MAX_ELEMENTS) and the CUDA kernel skips.
 """
 
+import warnings
+
 import pytest
 
 from conftest import DEVICE, impl_or_skip
@@ -17,7 +19,14 @@ CASES = cases_for(DEVICE)
 def test_matches_reference(impl, case):
     impl = impl_or_skip(impl)
     seed = 1000 + CASES.index(case)
-    r = run_case(case, impl, DEVICE, seed)
+    with warnings.catch_warnings():
+        if DEVICE == "cpu" and case.fill in ("nonfinite", "large"):
+            # the interpreter computes with numpy, which warns on the NaN, Inf and overflow
+            # these cases feed it on purpose; the result is still checked below
+            warnings.filterwarnings(
+                "ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter"
+            )
+        r = run_case(case, impl, DEVICE, seed)
     assert r.ok, f"{case} seed={seed}: {r.error} (max abs {r.max_abs}, max rel {r.max_rel})"
 
 

@@ -96,9 +96,8 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         w = None if wdtype is None else (1 + torch.randn(n, device=DEVICE)).to(wdtype)
         torch.testing.assert_close(impl.fn(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **TOL[dtype])
     if name == "triton":
-        import importlib
+        from triton_impl import rms_norm_op as module
 
-        module = importlib.import_module("triton_impl.rms_norm")  # the module, not the function
         plans = [p for p in module._PLANS.values() if p.compiled]
         assert plans, "the fast path cached no plan with a compiled kernel"
 
@@ -137,9 +136,8 @@ def test_triton_eager_plan_cache(case, dtype, weight):
     tensors, every result is the reference's, and a plan is kept only when x is used in
     place (a transposed batch is copied by reshape, so it is planned on every call)."""
     impl_or_skip("triton")
-    import importlib
+    from triton_impl import rms_norm_op as module
 
-    module = importlib.import_module("triton_impl.rms_norm")
     module._PLANS.clear()
     for _ in range(3):
         x = PLAN_CASES[case]().to(dtype)
@@ -149,5 +147,6 @@ def test_triton_eager_plan_cache(case, dtype, weight):
         got = module._eager_launch(x, w, 1e-6)
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
     assert len(module._PLANS) == (0 if case == "3d-transposed" else 1)
-    with pytest.raises(ValueError, match="eps is"):  # a cached plan still checks eps
-        module._eager_launch(x, w, float("nan"))
+    for eps in (float("nan"), 1e-50, 1e39):  # a cached plan still checks eps
+        with pytest.raises(ValueError, match="eps is"):
+            module._eager_launch(x, w, eps)

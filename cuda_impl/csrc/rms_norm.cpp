@@ -1,11 +1,17 @@
 // Op schema and argument checks for cuda_impl::rms_norm / cuda_impl::rms_norm_out.
 //
 // The schema lives here; the CUDA implementation is registered in rms_norm_kernel.cu.
-// A CPU implementation is registered too, so a CPU tensor reaches check_inputs and gets a
-// clear "expected a CUDA tensor" error instead of the dispatcher's "could not run" message.
+// Every other input (CPU, sparse, nested, none at all) reaches a checking kernel, so it
+// gets the Python side's error naming the argument instead of the dispatcher's message.
 
+#include <ATen/core/grad_mode.h>
+
+#include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include <torch/library.h>
 
@@ -14,6 +20,8 @@
 namespace cuda_impl {
 namespace {
 
+constexpr const char* kImpl = "cuda_impl.rms_norm";
+
 // A shape as Python prints a tuple: (4,) or (4, 64).
 std::string shape_str(at::IntArrayRef s) {
   std::string r = "(";
@@ -21,77 +29,201 @@ std::string shape_str(at::IntArrayRef s) {
   return r + (s.size() == 1 ? ",)" : ")");
 }
 
+// A dtype as Python prints it (torch.int32, not Int).
+std::string dtype_str(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kDouble: return "torch.float64";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+// A layout as Python prints it.
+std::string layout_str(at::Layout l) {
+  switch (l) {
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    case at::kJagged: return "torch.jagged";
+    case at::kMkldnn: return "torch._mkldnn";
+    default: return "torch.strided";
+  }
+}
+
 bool supported(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
+// Refuse what the kernels cannot address: None (an undefined tensor), nested, sparse.
+void check_dense(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.defined(), kImpl, ": ", name, " must be a torch.Tensor, got None");
+  TORCH_CHECK_TYPE(!t.is_nested(), kImpl, ": ", name,
+                   " is a nested tensor; expected a dense (strided) tensor");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, kImpl, ": ", name, " has layout ",
+                   layout_str(t.layout()), "; expected torch.strided (a dense tensor)");
+}
+
+// Whether a's and b's elements share bytes of one storage (offsets and strides).
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
+  auto span = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const int64_t start = t.storage_offset() * t.element_size();
+    return std::make_pair(start, start + (last + 1) * t.element_size());
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 }  // namespace
 
+std::string py_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // the shortest digits that round-trip, then Python's repr layout: scientific below 1e-4
+  // and from 1e16, fixed with at least one decimal otherwise
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  const std::string s(buf, res.ptr);
+  const size_t e = s.find('e');
+  const int exp = std::stoi(s.substr(e + 1));
+  const bool neg = s[0] == '-';
+  std::string digits;
+  for (size_t i = neg; i < e; ++i)
+    if (s[i] != '.') digits += s[i];
+  std::string out;
+  if (exp < -4 || exp >= 16) {
+    out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "");
+    char tail[8];
+    std::snprintf(tail, sizeof(tail), "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    out += tail;
+  } else if (exp < 0) {
+    out = "0." + std::string(-exp - 1, '0') + digits;
+  } else if (static_cast<int>(digits.size()) <= exp + 1) {
+    out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+  } else {
+    out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+  }
+  return (neg ? "-" : "") + out;
+}
+
+void check_eps(double eps) {
+  // eps is added to an fp32 mean: outside float32's normal range it is 0, subnormal or inf
+  constexpr double kMin = std::numeric_limits<float>::min();
+  constexpr double kMax = std::numeric_limits<float>::max();
+  char range[64];
+  std::snprintf(range, sizeof(range), "[%.7g, %.7g]", kMin, kMax);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= kMin && eps <= kMax, kImpl, ": eps is ",
+                    py_float(eps), "; expected a number in float32's normal range ", range);
+}
+
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  TORCH_CHECK_TYPE(supported(x.scalar_type()), "cuda_impl.rms_norm: x has dtype ",
-                   x.scalar_type(), "; expected one of float32, float16, bfloat16");
-  TORCH_CHECK_VALUE(x.dim() > 0,
-                    "cuda_impl.rms_norm: x is 0-dimensional; expected at least 1 dimension");
+  check_dense(x, "x");
+  TORCH_CHECK_TYPE(supported(x.scalar_type()), kImpl, ": x has dtype ",
+                   dtype_str(x.scalar_type()), "; expected one of float32, float16, bfloat16");
+  TORCH_CHECK_VALUE(x.dim() > 0, kImpl, ": x is 0-dimensional; expected at least 1 dimension");
   const int64_t n = x.size(-1);
-  TORCH_CHECK_VALUE(n >= 1, "cuda_impl.rms_norm: x's last dimension is ", num(n),
-                    "; expected N >= 1");
-  TORCH_CHECK_VALUE(n <= kMaxN, "cuda_impl.rms_norm: x's last dimension is ", num(n),
+  TORCH_CHECK_VALUE(n >= 1, kImpl, ": x's last dimension is ", num(n), "; expected N >= 1");
+  TORCH_CHECK_VALUE(n <= kMaxN, kImpl, ": x's last dimension is ", num(n),
                     "; the supported maximum is N = ", num(kMaxN));
-  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "cuda_impl.rms_norm: x has stride ",
-                    num(x.stride(-1)), " in its last dimension; expected 1");
+  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, kImpl, ": x has stride ",
+                    num(x.stride(-1)),
+                    " in its last dimension; expected 1 (call x.contiguous() first; rows may "
+                    "have any stride)");
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
-    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, "cuda_impl.rms_norm: weight has shape ",
+    check_dense(w, "weight");
+    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, kImpl, ": weight has shape ",
                       shape_str(w.sizes()), " but x's last dimension is ", num(n),
                       "; expected (", num(n), ",)");
-    TORCH_CHECK_TYPE(w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kFloat,
-                     "cuda_impl.rms_norm: weight has dtype ", w.scalar_type(),
-                     "; expected x's dtype (", x.scalar_type(), ") or float32");
-    TORCH_CHECK_VALUE(w.device() == x.device(), "cuda_impl.rms_norm: weight is on device '",
-                      w.device(), "' but x is on '", x.device(), "'");
+    TORCH_CHECK_TYPE(w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kFloat, kImpl,
+                     ": weight has dtype ", dtype_str(w.scalar_type()), "; expected x's dtype (",
+                     dtype_str(x.scalar_type()), ") or float32");
+    TORCH_CHECK_VALUE(w.device() == x.device(), kImpl, ": weight is on device '",
+                      w.device().str(), "' but x is on '", x.device().str(), "'");
   }
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "cuda_impl.rms_norm: eps is ", num(eps),
-                    "; expected a finite number > 0");
+  check_eps(eps);
   // last, as on the Python side
-  TORCH_CHECK_VALUE(x.is_cuda(), "cuda_impl.rms_norm: x is on device '", x.device(),
+  TORCH_CHECK_VALUE(x.is_cuda(), kImpl, ": x is on device '", x.device().str(),
                     "'; expected a CUDA tensor");
 }
 
-void check_out(const at::Tensor& out, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), "cuda_impl.rms_norm: out has shape ",
-                    shape_str(out.sizes()), " but x has shape ", shape_str(x.sizes()));
-  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), "cuda_impl.rms_norm: out has dtype ",
-                   out.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(out.device() == x.device(), "cuda_impl.rms_norm: out is on device '",
-                    out.device(), "' but x is on '", x.device(), "'");
-  TORCH_CHECK_VALUE(out.is_contiguous(), "cuda_impl.rms_norm: out must be contiguous");
+void check_out(const at::Tensor& out, const at::Tensor& x,
+               const std::optional<at::Tensor>& weight) {
+  check_dense(out, "out");
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), kImpl, ": out has shape ", shape_str(out.sizes()),
+                    " but x has shape ", shape_str(x.sizes()));
+  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), kImpl, ": out has dtype ",
+                   dtype_str(out.scalar_type()), " but x has dtype ", dtype_str(x.scalar_type()));
+  TORCH_CHECK_VALUE(out.device() == x.device(), kImpl, ": out is on device '", out.device().str(),
+                    "' but x is on '", x.device().str(), "'");
+  TORCH_CHECK_VALUE(out.is_contiguous(), kImpl, ": out must be contiguous");
+  // a row written while another program still reads it gives wrong rows; out=x is safe
+  const bool same_as_x = out.storage_offset() == x.storage_offset() && x.is_contiguous();
+  TORCH_CHECK_VALUE(!overlaps(out, x) || same_as_x, kImpl,
+                    ": out partially overlaps x in memory; pass a separate tensor, or out=x "
+                    "itself to normalise in place");
+  TORCH_CHECK_VALUE(!weight.has_value() || !overlaps(out, *weight), kImpl,
+                    ": out overlaps weight in memory; pass a separate tensor");
+  if (at::GradMode::is_enabled()) {
+    const std::pair<const char*, const at::Tensor*> args[] = {
+        {"x", &x}, {"weight", weight.has_value() ? &*weight : nullptr}, {"out", &out}};
+    for (const auto& [name, t] : args) {
+      TORCH_CHECK_VALUE(t == nullptr || !t->requires_grad(), kImpl,
+                        ": out= does not support autograd, but ", name,
+                        " requires grad (detach it, or call under torch.no_grad())");
+    }
+  }
 }
 
 namespace {
 
-// Reached only for CPU tensors: the checks raise before anything else happens.
-at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                        double eps) {
-  check_inputs(x, weight, eps);
-  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+// Every dispatch key without a kernel of its own (CPU, meta-less backends, sparse and nested
+// tensors, and calls with no tensor at all, such as x=None) lands here: the checks raise
+// before anything else happens, with the same errors as the Python side.
+[[noreturn]] void unreachable() {
+  TORCH_CHECK(false, kImpl, ": unreachable: the argument checks refuse every input here");
 }
 
-void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x,
-                      const std::optional<at::Tensor>& weight, double eps) {
+at::Tensor rms_norm_checked(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                            double eps) {
   check_inputs(x, weight, eps);
-  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+  unreachable();
 }
 
-at::Tensor rms_norm_with_config_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                    double eps, int64_t, int64_t, int64_t, int64_t) {
+void rms_norm_out_checked(at::Tensor& out, const at::Tensor& x,
+                          const std::optional<at::Tensor>& weight, double eps) {
   check_inputs(x, weight, eps);
-  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+  check_out(out, x, weight);
+  unreachable();
 }
 
-std::vector<int64_t> rms_norm_kernel_info_cpu(const at::Tensor& x,
-                                              const std::optional<at::Tensor>& weight) {
+at::Tensor rms_norm_with_config_checked(const at::Tensor& x,
+                                        const std::optional<at::Tensor>& weight, double eps,
+                                        int64_t, int64_t, int64_t, int64_t) {
+  check_inputs(x, weight, eps);
+  unreachable();
+}
+
+std::vector<int64_t> rms_norm_kernel_info_checked(const at::Tensor& x,
+                                                  const std::optional<at::Tensor>& weight) {
   check_inputs(x, weight, 1e-6);
-  TORCH_CHECK(false, "cuda_impl.rms_norm: unreachable for CPU tensors");
+  unreachable();
 }
 
 }  // namespace
@@ -108,11 +240,17 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm_kernel_info(Tensor x, Tensor? weight) -> int[]");
 }
 
-TORCH_LIBRARY_IMPL(cuda_impl, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("rms_norm_out", &rms_norm_out_cpu);
-  m.impl("rms_norm_with_config", &rms_norm_with_config_cpu);
-  m.impl("rms_norm_kernel_info", &rms_norm_kernel_info_cpu);
+// CompositeExplicitAutograd also serves the dispatcher's "no tensor arguments" case
+// (x=None), sparse and CPU tensors; nested tensors stop at their autograd key. CUDA and
+// Meta (the fakes, in ops.py) have kernels of their own.
+void register_checked(torch::Library& m) {
+  m.impl("rms_norm", &rms_norm_checked);
+  m.impl("rms_norm_out", &rms_norm_out_checked);
+  m.impl("rms_norm_with_config", &rms_norm_with_config_checked);
+  m.impl("rms_norm_kernel_info", &rms_norm_kernel_info_checked);
 }
+
+TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }
+TORCH_LIBRARY_IMPL(cuda_impl, AutogradNestedTensor, m) { register_checked(m); }
 
 }  // namespace cuda_impl

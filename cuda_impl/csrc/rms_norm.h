@@ -16,11 +16,8 @@ namespace cuda_impl {
 inline std::string num(int64_t v) { return std::to_string(v); }
 inline std::string num(int v) { return std::to_string(v); }
 
-inline std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
+// A double as Python's repr prints it (0.0, 1e-06, nan), for messages that quote eps.
+std::string py_float(double v);
 
 // Largest row width accepted; must equal rmsnorm_api.MAX_N on the Python side.
 constexpr int64_t kMaxN = 262144;
@@ -28,7 +25,9 @@ constexpr int64_t kMaxN = 262144;
 // The argument checks of rmsnorm_api.check_inputs, repeated for direct torch.ops callers:
 // TypeError / ValueError in Python, with the same wording.
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
-void check_out(const at::Tensor& out, const at::Tensor& x);
+void check_eps(double eps);
+void check_out(const at::Tensor& out, const at::Tensor& x,
+               const std::optional<at::Tensor>& weight);
 
 at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,

@@ -697,7 +697,7 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
                   double eps) {
   check_inputs(x, weight, eps);
-  check_out(out, x);
+  check_out(out, x, weight);
   run(x, weight, eps, out);
 }
 
@@ -750,6 +750,8 @@ std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
   TORCH_CHECK_VALUE(element_size == 2 || element_size == 4,
                     "cuda_impl.rms_norm_default_config: element_size is ", num(element_size),
                     "; expected 2 or 4");
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxN, "cuda_impl.rms_norm_default_config: n is ", num(n),
+                    "; expected an int in [1, ", num(kMaxN), "]");
   const Plan p = default_plan(static_cast<int>(n * element_size / 16),
                               static_cast<int>(element_size));
   const Config& c = kConfigs[p.config];

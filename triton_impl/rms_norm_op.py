@@ -44,6 +44,9 @@ from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import (
     DEFAULT_EPS,
+    EPS_MAX,
+    EPS_MIN,
+    MAX_N,
     RMSNormModule,
     as_rows,
     call_op,
@@ -249,6 +252,10 @@ def launch_config(n: int, element_size: int, split_ok: bool = True) -> dict:
       persistent kernel where PERSISTENT_TUNED names the width.
     - wider rows, and the widths CHUNKED_TUNED names: the chunked two-sweep kernel.
     """
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ValueError(f"launch_config: n is {n!r}; expected an int in [1, {MAX_N}]")
+    if element_size not in (2, 4):
+        raise ValueError(f"launch_config: element_size is {element_size!r}; expected 2 or 4")
     elem = element_size
     vec = 16 // elem
     block_n = triton.next_power_of_2(n)
@@ -383,7 +390,6 @@ def _launch(
 
 _PLANS: dict = {}
 _MAX_PLANS = 4096
-_INF = float("inf")
 
 
 class _Plan:
@@ -422,7 +428,7 @@ def _eager_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps) -> torch
     """rms_norm for real CUDA tensors outside tracing (see _eager_ok)."""
     key = _plan_key(x, weight)
     plan = _PLANS.get(key)
-    if plan is None or not (type(eps) is float and 0.0 < eps < _INF):
+    if plan is None or not (type(eps) is float and EPS_MIN <= eps <= EPS_MAX):
         check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     eps = float(eps)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -504,8 +510,18 @@ def _rms_norm_out_op(
     out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> None:
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
-    check_out(out, x, impl=_IMPL)
+    check_out(out, x, weight, impl=_IMPL)
     _launch(x, weight, eps, out)
+
+
+# Nested tensors stop at their autograd key, which the ops above have no kernel for: there
+# the checks name x instead of the dispatcher's "could not run" (as on the CUDA side).
+_NESTED_KEY = "AutogradNestedTensor"
+_NESTED = torch.library.Library("triton_impl", "IMPL")
+_NESTED.impl("rms_norm", lambda x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY)
+_NESTED.impl(
+    "rms_norm_out", lambda out, x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY
+)
 
 
 def rms_norm(
@@ -542,15 +558,34 @@ def rms_norm_with_config(
     in flight), and num_warps.
     """
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
-    n = x.shape[-1]
-    # the split kernel's tile holds the aligned body only, at most n // VEC * VEC lanes
-    vec = 16 // x.element_size()
-    need = {"fused": n, "persistent": n, "split": n // vec * vec}
-    if cfg["BLOCK_N"] < need.get(cfg["kernel"], 0):
-        raise ValueError(f"cfg: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
+    _check_config(cfg, x.shape[-1], x.element_size())
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _launch(x, weight, float(eps), y, cfg)
     return y
+
+
+def _check_config(cfg: dict, n: int, element_size: int) -> None:
+    """ValueError naming the field of a forced config that no kernel can compile or run."""
+    where = "rms_norm_with_config: cfg"
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{where} must be a dict (launch_config's form), got {type(cfg).__name__}")
+    kind = cfg.get("kernel")
+    if kind not in KERNELS:
+        raise ValueError(f"{where}['kernel'] is {kind!r}; expected one of {sorted(KERNELS)}")
+    ranges = dict(BLOCK_M=(1, 1024), BLOCK_N=(1, MAX_N), num_warps=(1, 32))
+    for key, (lo, hi) in ranges.items():
+        v = cfg.get(key, 1 if key == "BLOCK_M" else None)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi or v & (v - 1):
+            raise ValueError(f"{where}[{key!r}] is {v!r}; expected a power of two in [{lo}, {hi}]")
+    for key, lo in (("programs_per_sm", 0), ("stages", 1)):
+        v = cfg.get(key, lo)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{where}[{key!r}] is {v!r}; expected an int >= {lo}")
+    # the split kernel's tile holds the aligned body only, at most n // VEC * VEC lanes
+    vec = 16 // element_size
+    need = {"fused": n, "persistent": n, "split": n // vec * vec}
+    if cfg["BLOCK_N"] < need.get(kind, 0):
+        raise ValueError(f"{where}: BLOCK_N = {cfg['BLOCK_N']} is narrower than the row (N = {n})")
 
 
 class RMSNorm(RMSNormModule):
