@@ -20,9 +20,11 @@ A shape in several sections is measured once. Each shape, in order:
 Each record is written as soon as it is measured. The run stops starting new shapes after
 --budget-s seconds (recorded as skipped), so it fits one 10-minute device call.
 
-Without a GPU it says so, checks the Triton kernel under the interpreter on a few small
-shapes, and redraws the committed results/h200 plots and report into --out (a temporary
-directory by default); --require-gpu makes it exit 1 instead.
+Without a GPU it says so, checks the Triton kernel under the interpreter (on --shapes with
+M capped as harness.cases caps the CPU cases, else on three small shapes; in --dtypes),
+and redraws the committed results/h200 plots and report into --out (NO_GPU_OUT by
+default); --require-gpu makes it exit 1 instead. Every argument is checked on any machine;
+the flags that only mean something on a GPU are named as ignored.
 """
 
 from __future__ import annotations
@@ -40,13 +42,28 @@ from typing import Optional
 
 import torch
 
-from harness import hardware, records, timing
+from harness import hardware, records, report, timing
+from harness.cases import CPU_MAX_ELEMENTS, Case
 from harness.impls import BASELINES, OURS, Impl, registry, runnable
 from harness.reference import rms_norm_ref
 from harness.validate import check
+from rmsnorm_api import MAX_N
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = REPO / "results" / "h200" / "records.jsonl"
+#: Where a run without a GPU redraws the committed results unless --out says otherwise:
+#: one fixed place, overwritten by each run, outside the repository.
+NO_GPU_OUT = Path(tempfile.gettempdir()) / "rmsnorm-bench"
+#: The shapes the interpreter checks without a GPU when --shapes names none: an odd width
+#: under 1024, one just past a power of two, and many narrow rows.
+NO_GPU_SHAPES = (("n1000", (7, 1000)), ("n4097", (3, 4097)), ("m64-n128", (64, 128)))
+#: Flags that only mean something on a GPU; without one they are named as ignored.
+GPU_ONLY = {
+    "--quick": "the interpreter check is already small",
+    "--profile": "traces device kernels",
+    "--append": "no records are written",
+    "--budget-s": "the interpreter check is not budgeted",
+}
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EPS = 1e-6
@@ -80,6 +97,9 @@ REFERENCE = ((8192, 8192),)
 QUICK_NS = (4096, 4097, 8192)
 QUICK_MSWEEP = (1, 64, 1024, 32768)  # 32768 x 4096 is also a grid shape
 QUICK_DECODE = ((8, 4096),)
+
+#: --budget-s when not given: leaves a 10-minute device call time to write the plots.
+DEFAULT_BUDGET_S = 540.0
 
 #: The shape --profile traces when --shapes does not name one.
 PROFILE_SHAPE = (4096, 4096)
@@ -506,8 +526,11 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     bar.close()
     writer.close()
     print(f"{writer.count} records in {time.perf_counter() - t_start:.0f} s -> {path}")
-    for f in plot.redraw(path, out):
-        print(f"wrote {f}")
+    try:
+        for f in plot.redraw(path, out):
+            print(f"wrote {f}")
+    except report.NoMeasurements as e:  # every implementation skipped: nothing to draw
+        print(f"no plots or report: {e}")
     return 1 if b.ours_failed else 0
 
 
@@ -549,26 +572,37 @@ def run_profile(args, names: list[str], out: Path) -> int:
 def run_without_gpu(args, out: Path) -> int:
     """No GPU: check Triton under the interpreter, redraw the committed H200 results."""
     from harness import plot
-    from harness.cases import Case
     from harness.validate import run_case
 
-    triton = registry()["triton"]
-    why = runnable(triton, "cpu")
+    ignored = [f"{flag} ({why})" for flag, why in GPU_ONLY.items() if _given(args, flag)]
+    if ignored:
+        print(f"without a GPU these do not apply and are ignored: {'; '.join(ignored)}")
+    all_impls = registry(baselines=True)
+    skipped = [n for n in args.impls if n != "triton"]
+    if args.impls_given:
+        for name in skipped:
+            why = runnable(all_impls[name], "cpu") or "only triton runs under the interpreter"
+            print(f"skip {name}: {why}")
+    elif skipped:
+        print(f"checking triton only: {', '.join(skipped)} need a CUDA GPU")
     failed = 0
-    if why:
+    if "triton" not in args.impls:
+        print("no interpreter check: --impls names no implementation that runs without a GPU")
+    elif why := runnable(all_impls["triton"], "cpu"):
         print(f"triton: {why}")
         failed = 1
     else:
-        for i, (name, shape) in enumerate(
-            [("n1000", (7, 1000)), ("n4097", (3, 4097)), ("m64-n128", (64, 128))]
-        ):
-            for dtype in DTYPES.values():
-                r = run_case(Case(name, shape, dtype), triton, "cpu", args.seed + i)
-                failed += not r.ok
-                print(
-                    f"interpreter {r.case:<14} max rel {r.max_rel:.2e} "
-                    f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}"
-                )
+        named = [(f"{m}x{n}", (m, n)) for m, n in args.shapes] if args.shapes else NO_GPU_SHAPES
+        cases = [Case(name, shape, DTYPES[d]) for d in args.dtypes for name, shape in named]
+        for i, full in enumerate(cases):
+            case = full.cpu_cap()
+            r = run_case(case, all_impls["triton"], "cpu", args.seed + i)
+            failed += not r.ok
+            capped = f" (M capped to {case.m} of {full.m})" if case.m != full.m else ""
+            print(
+                f"interpreter {r.case:<14} max rel {r.max_rel:.2e} "
+                f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}{capped}"
+            )
     if COMMITTED.exists():
         for f in plot.redraw(COMMITTED, out):
             print(f"wrote {f}")
@@ -582,12 +616,37 @@ def run_without_gpu(args, out: Path) -> int:
     return 1 if failed else 0
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def _given(args, flag: str) -> bool:
+    """Whether flag was on the command line (store_true flags and --budget-s alike)."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    return value is not None and value is not False
+
+
+EPILOG = f"""\
+without a GPU:
+  The Triton kernel is checked against the reference under the Triton interpreter (CPU):
+  on the --shapes given (M cut so a case keeps at most {CPU_MAX_ELEMENTS} elements, N never),
+  else on three small shapes, in each of --dtypes. Only triton runs there: the other
+  --impls are named as skipped, with the reason. Then the committed H200 results
+  (results/h200/records.jsonl) are redrawn, plots and report.md, into --out, by default
+  {NO_GPU_OUT} (overwritten by each run).
+  Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
+  --require-gpu exits 1 instead.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.bench",
-        description="Validate, time and report every RMSNorm implementation.",
+        description="Validate, time and report every RMSNorm implementation.\nWithout a "
+        "GPU: check the Triton kernel under the interpreter and redraw the committed\n"
+        "results (see the end of this help).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true", help="a handful of bf16 shapes (< 1 min)")
+    p.add_argument(
+        "--quick", action="store_true", help="a handful of bf16 shapes (< 1 min; GPU only)"
+    )
     p.add_argument(
         "--dtypes",
         default=None,
@@ -595,77 +654,118 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "grid; bf16 with --quick or --shapes)",
     )
     p.add_argument(
-        "--shapes", default=None, help="MxN list replacing the grid, e.g. 4096x4096,1x8192"
+        "--shapes",
+        default=None,
+        help=f"MxN list replacing the grid, e.g. 4096x4096,1x8192; N <= {MAX_N}",
     )
     p.add_argument(
         "--impls",
         default=None,
-        help=f"comma-separated from {','.join(OURS + BASELINES)} (default: all)",
+        help=f"comma-separated from {','.join(OURS + BASELINES)} (default: all; without "
+        "a GPU only triton runs)",
     )
     p.add_argument(
         "--out",
         default=None,
-        help="output directory (default: results/<gpu>/ on a GPU, a temporary "
-        "directory without one)",
+        help="output directory, checked before any work (default: results/<gpu>/ on a "
+        f"GPU, {NO_GPU_OUT} without one)",
     )
-    p.add_argument("--append", action="store_true", help="append to records.jsonl, not replace")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="append to records.jsonl, not replace (GPU only)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
         help="only write a torch.profiler Chrome trace per implementation at one "
-        f"shape (the first of --shapes, else {PROFILE_SHAPE[0]}x{PROFILE_SHAPE[1]})",
+        f"shape (the first of --shapes, else {PROFILE_SHAPE[0]}x{PROFILE_SHAPE[1]}; "
+        "GPU only)",
     )
     p.add_argument("--require-gpu", action="store_true", help="exit 1 if there is no GPU")
     p.add_argument(
         "--budget-s",
         type=float,
-        default=540.0,
-        help="start no new shape after this many seconds (default 540)",
+        default=None,
+        help=f"start no new shape after this many seconds (default {DEFAULT_BUDGET_S:.0f}; "
+        "GPU only)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the random inputs; a shape's inputs depend on it and on M and N (default 0)",
+    )
+    return p
+
+
+def parse_args(
+    argv: Optional[list[str]] = None, p: Optional[argparse.ArgumentParser] = None
+) -> argparse.Namespace:
+    """The checked arguments: the same checks on any machine, GPU or not."""
+    p = p or build_parser()
     args = p.parse_args(argv)
 
     known = OURS + BASELINES
-    args.impls = _names(p, "--impls", args.impls, known) if args.impls else list(known)
+    args.impls_given = args.impls is not None
+    args.impls = _names(p, "--impls", args.impls, known) if args.impls_given else list(known)
     try:
-        args.shapes = parse_shapes(args.shapes) if args.shapes else None
+        args.shapes = parse_shapes(args.shapes) if args.shapes is not None else None
     except ValueError as e:
         p.error(f"--shapes: {e}")
+    wide = [f"{m}x{n}" for m, n in args.shapes or [] if n > MAX_N]
+    if wide:
+        p.error(
+            f"--shapes: {','.join(wide)} has N > {MAX_N}, the widest row the kernels "
+            "accept (rmsnorm_api.MAX_N)"
+        )
     default_dtypes = "bf16" if (args.quick or args.shapes) else "bf16,fp16,fp32"
-    args.dtypes = _names(p, "--dtypes", args.dtypes or default_dtypes, tuple(DTYPES))
+    given = args.dtypes if args.dtypes is not None else default_dtypes
+    args.dtypes = _names(p, "--dtypes", given, tuple(DTYPES))
     if args.quick and args.shapes:
         p.error("--quick and --shapes are exclusive: --shapes replaces the grid")
-    if args.budget_s <= 0:
+    if args.budget_s is not None and not args.budget_s > 0:  # also refuses nan
         p.error(f"--budget-s is {args.budget_s}; expected a positive number of seconds")
+    if args.out is not None and (why := records.out_dir_problem(args.out)):
+        p.error(f"--out {args.out} {why}")
     return args
 
 
 def _names(p: argparse.ArgumentParser, flag: str, text: str, known: tuple) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in names if t not in known]
-    if unknown or not names:
-        p.error(f"{flag}: unknown {unknown or text!r}; choose from {','.join(known)}")
+    if unknown:
+        p.error(f"{flag}: unknown {','.join(unknown)}; choose from {','.join(known)}")
+    if not names:
+        p.error(f"{flag}: {text!r} names nothing; choose from {','.join(known)}")
     return list(dict.fromkeys(names))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
+    p = build_parser()
+    args = parse_args(argv, p)
     if not torch.cuda.is_available():
         if args.require_gpu:
             print("no CUDA GPU on this machine, and --require-gpu was given", file=sys.stderr)
             return 1
-        out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rmsnorm-bench-"))
+        out = Path(args.out) if args.out is not None else NO_GPU_OUT
+        if why := records.out_dir_problem(out):
+            p.error(f"--out {out} (the default without a GPU) {why}")
+        where = "--out" if args.out is not None else "the default output place without a GPU"
         print(
             f"no CUDA GPU: checking the Triton kernel under the interpreter and redrawing "
-            f"the committed H200 results into {out}"
+            f"the committed H200 results into {out} ({where})"
         )
         return run_without_gpu(args, out)
     out = (
         Path(args.out)
-        if args.out
+        if args.out is not None
         else REPO / "results" / hardware.gpu_slug(torch.cuda.get_device_name())
     )
-    out.mkdir(parents=True, exist_ok=True)
+    if why := records.out_dir_problem(out):
+        p.error(f"--out {out} {why}")
+    if args.budget_s is None:
+        args.budget_s = DEFAULT_BUDGET_S
     if args.profile:
         return run_profile(args, args.impls, out)
     return run_gpu(args, args.impls, out)

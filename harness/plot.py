@@ -26,7 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
 from harness import records, report  # noqa: E402
 from harness.impls import BASELINES, OURS  # noqa: E402
@@ -41,6 +41,8 @@ COLORS = {
     "quack": "tab:brown",
 }
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
+#: Labelled speedups on the log axis; those inside the data's range are drawn.
+SPEEDUP_TICKS = (0.25, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100)
 
 
 def _style(name: str) -> dict:
@@ -93,6 +95,39 @@ def _lines(ax, recs: Sequence[dict], x_of) -> None:
         ax.fill_between(xs, lo, hi, color=COLORS.get(name), alpha=0.18, lw=0)
 
 
+def _n_ticks(ax, ns: list[int]) -> None:
+    """Label the powers of two among the widths; mark the others with unlabelled minor
+    ticks, named in the axis label: on a log axis 1000/1024 and 4095/4096/4097 sit too
+    close for their labels not to print over each other."""
+    pow2 = [n for n in ns if n & (n - 1) == 0] or ns
+    others = [n for n in ns if n not in pow2]
+    ax.set_xticks(pow2, [str(n) for n in pow2], rotation=45, fontsize=8)
+    ax.set_xticks(others, minor=True)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", which="minor", length=7, width=1.2, color="dimgray")
+    label = "N, row width (elements); M = 2^27 / N rows"
+    if others:
+        label += f"\nunlabelled ticks: N = {', '.join(map(str, others))}"
+    ax.set_xlabel(label, fontsize=9)
+
+
+def _legend_below(fig, axes) -> None:
+    """One legend for the figure, under the panels, where it covers no data."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    fig.legend(
+        list(entries.values()),
+        list(entries),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(len(entries), 9),
+        fontsize=8,
+        frameon=False,
+    )
+
+
 def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path) -> Optional[Path]:
     """(a) GB/s against N per dtype, grid shapes."""
     grid = report.passed(recs, "cold", "grid")
@@ -106,14 +141,13 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path) -> Optional[Path]:
         _lines(ax, rs, lambda r: r["shape"][1])
         _ceilings(ax, env)
         ax.set_xscale("log", base=2)
-        ns = sorted({r["shape"][1] for r in rs})
-        ax.set_xticks(ns, [str(n) for n in ns], rotation=60, fontsize=7)
-        ax.set_xlabel("N, row width (elements); M = 2^27 / N rows")
+        _n_ticks(ax, sorted({r["shape"][1] for r in rs}))
         ax.set_ylabel("GB/s (read x + weight, write y)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{dtype}")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.25, which="minor", ls=":")
+    _legend_below(fig, axes[0])
     fig.suptitle(
         f"(a) RMSNorm forward bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env)}",
         fontsize=10,
@@ -156,8 +190,9 @@ def plot_speedup(recs: Sequence[dict], out: Path) -> Optional[Path]:
         return None
     env = report.env_of(recs)
     dtypes = [d for d in DTYPE_ORDER if any(k[2] == d for k in sp)]
-    fig, axes = plt.subplots(1, len(ours), figsize=(7 * len(ours), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(ours), figsize=(7 * len(ours), 5.5), squeeze=False)
     width = 0.8 / len(dtypes)
+    lo = hi = 1.0
     for ax, o in zip(axes[0], ours, strict=True):
         bases = [b for b in BASELINES if any(k[0] == o and k[1] == b for k in sp)]
         for j, dtype in enumerate(dtypes):
@@ -171,17 +206,35 @@ def plot_speedup(recs: Sequence[dict], out: Path) -> Optional[Path]:
                     x, gm, width * 0.9, color=f"C{j}", alpha=0.6, label=dtype if i == 0 else None
                 )
                 ax.scatter([x] * len(vals), vals, s=8, color="black", zorder=3)
-                ax.annotate(f"{gm:.2f}x", (x, gm), ha="center", va="bottom", fontsize=7)
+                # above the column's highest mark and upright, so neighbours never touch
+                top = max(vals + [gm])
+                ax.annotate(
+                    f"{gm:.2f}x",
+                    (x, top),
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    rotation=90,
+                    fontsize=7,
+                )
+                lo, hi = min(lo, *vals, gm), max(hi, top)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks(range(len(bases)), bases)
-        ax.set_yscale("log")
-        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.set_ylabel(f"speedup of {o} (baseline time / {o} time), log scale")
         ax.set_xlabel("baseline")
         ax.set_title(f"{o}: bar = geometric mean over grid shapes, dot = one shape", fontsize=9)
-        ax.grid(alpha=0.3, axis="y", which="both")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")
+    # one scale for both panels; headroom above the tallest column for its upright label
+    ylim = (lo / 1.3, hi * 2.2)
+    ticks = [v for v in SPEEDUP_TICKS if ylim[0] <= v <= ylim[1]]
+    for ax in axes[0]:
+        ax.set_yscale("log")
+        ax.set_ylim(*ylim)
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"(c) speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10)
     return _save(fig, out / "speedup.png")
 
@@ -219,23 +272,30 @@ def plot_small(recs: Sequence[dict], out: Path) -> Optional[Path]:
         ax.set_ylabel("microseconds per call (median)")
         ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    axes[1].legend(fontsize=7)
+    _legend_below(fig, axes)
     fig.suptitle(f"(d) small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10)
     return _save(fig, out / "small_shapes.png")
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # "tight" keeps a figure legend placed under the panels inside the image
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def redraw(records_path: str | Path, out: str | Path) -> list[Path]:
-    """Draw the four plots and report.md from a records file; return the files written."""
+    """Draw the four plots and report.md from a records file; return the files written.
+
+    RecordError for a malformed file; report.NoMeasurements for one without timings."""
+    return draw(report.load(records_path), out)
+
+
+def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
+    """The four plots and report.md from records already loaded (report.load)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    recs = records.latest(records.read_records(records_path))
     plots = [
         p
         for p in (
@@ -249,20 +309,36 @@ def redraw(records_path: str | Path, out: str | Path) -> list[Path]:
     return plots + [report.write_report(recs, out, plots)]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.plot", description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.plot",
+        description=__doc__.split("\n")[0] + " Writes the four plots and report.md.",
+    )
     p.add_argument("records", help="a records.jsonl written by python -m harness.bench")
     p.add_argument("--out", default=None, help="output directory (default: beside RECORDS)")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     path = Path(args.records)
     if not path.is_file():
         p.error(f"RECORDS: no such file: {path}")
+    # the records first (cheap), so a file with nothing to draw leaves no empty --out
     try:
-        written = redraw(path, Path(args.out) if args.out else path.parent)
+        recs = report.load(path)
     except records.RecordError as e:
-        print(f"invalid records: {e}", file=sys.stderr)
+        print(f"{p.prog}: invalid records: {e}", file=sys.stderr)
         return 1
-    for f in written:
+    except report.NoMeasurements as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 1
+    out = args.out if args.out is not None else str(path.parent)
+    if why := records.out_dir_problem(out):  # the text given: Path("") would be "."
+        p.error(f"--out {out} {why}")
+    out = Path(out)
+    for f in draw(recs, out):
         print(f"wrote {f}")
     return 0
 

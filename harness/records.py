@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -238,6 +239,25 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def out_dir_problem(path: str | os.PathLike) -> Optional[str]:
+    """None if path is, or can be made, a directory this process can write files in; else
+    why not. It creates the directory, so a run can check its output place before any work
+    and fail in a second rather than after minutes of measuring."""
+    if str(path) == "":
+        return "is empty; expected a directory"
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        return "exists and is not a directory"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        # a real write: permission bits alone mislead (root, read-only mounts, /proc)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        return f"is not a writable directory ({e.strerror or e})"
+    return None
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[dict]:

@@ -1,5 +1,7 @@
 """report.md from benchmark records: environment, tables, failures, kernels, caveats.
 
+    python -m harness.report RECORDS [--out DIR]
+
 A pure function of the records (like the plots): the analysis helpers here (lookup of a
 measurement, best baseline per shape, speedups and their geometric mean, the smallest M
 that saturates bandwidth) are shared with harness.plot.
@@ -7,18 +9,44 @@ that saturates bandwidth) are shared with harness.plot.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Optional
 
+from harness import records
 from harness.impls import BASELINES, OURS
 from harness.records import plain_text
 
 ORDER = OURS + BASELINES
 SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
+
+
+#: The plots harness.plot draws; the report links those present in its directory.
+PLOT_NAMES = ("bandwidth_vs_n.png", "bandwidth_vs_m.png", "speedup.png", "small_shapes.png")
+
+
+class NoMeasurements(ValueError):
+    """A records file with nothing to draw: a report of it would be a page of None."""
+
+
+def load(path: str | Path) -> list[dict]:
+    """The deduplicated records of a file that holds at least one timing record.
+
+    RecordError names a malformed line; NoMeasurements says what the file lacks."""
+    recs = records.latest(records.read_records(path))
+    if not recs:
+        raise NoMeasurements(f"{path} holds no records")
+    if not any(r["kind"] == "timing" for r in recs):
+        kinds = ", ".join(sorted({r["kind"] for r in recs}))
+        raise NoMeasurements(
+            f"{path} holds no timing records (only {kinds}): nothing to plot or report"
+        )
+    return recs
 
 
 def impl_order(names: Iterable[str]) -> list[str]:
@@ -419,3 +447,42 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.report",
+        description="Write report.md from a records file (no plots; python -m harness.plot "
+        "draws both). Plots already in --out are linked from the report.",
+    )
+    p.add_argument("records", help="a records.jsonl written by python -m harness.bench")
+    p.add_argument("--out", default=None, help="directory for report.md (default: beside RECORDS)")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    path = Path(args.records)
+    if not path.is_file():
+        p.error(f"RECORDS: no such file: {path}")
+    # the records first (cheap), so a file with nothing to report leaves no empty --out
+    try:
+        recs = load(path)
+    except records.RecordError as e:
+        print(f"{p.prog}: invalid records: {e}", file=sys.stderr)
+        return 1
+    except NoMeasurements as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 1
+    out = args.out if args.out is not None else str(path.parent)
+    if why := records.out_dir_problem(out):  # the text given: Path("") would be "."
+        p.error(f"--out {out} {why}")
+    out = Path(out)
+    plots = [out / name for name in PLOT_NAMES if (out / name).is_file()]
+    print(f"wrote {write_report(recs, out, plots)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -191,13 +191,35 @@ def sweep_shape(kernel: str, dtype: str, m: int, n: int, flush, copy_gbps: float
     return results
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.sweep", description=__doc__)
-    p.add_argument("--kernels", default="triton,cuda")
-    p.add_argument("--dtypes", default="bf16,fp16,fp32")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--kernels", default="triton,cuda", help="comma-separated from triton,cuda (default: both)"
+    )
+    p.add_argument(
+        "--dtypes",
+        default="bf16,fp16,fp32",
+        help="comma-separated from bf16,fp16,fp32 (default: all three)",
+    )
     p.add_argument("--shapes", default=None, help="MxN,... (default: the large grid)")
-    p.add_argument("--out", default="sweep.jsonl")
-    p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument(
+        "--out", default="sweep.jsonl", help="JSON-lines file to write (default: sweep.jsonl)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="skip the shapes not started after this many seconds (default 420)",
+    )
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     kernels = args.kernels.split(",")
     dtypes = args.dtypes.split(",")

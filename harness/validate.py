@@ -78,19 +78,57 @@ def cases_for(device: str) -> list[Case]:
     return [c.cpu_cap() for c in cases] if device == "cpu" else cases
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--impls",
+        default=None,
+        help=f"comma-separated from {','.join(registry())} (default: all that can run here)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="case i's inputs are drawn from seed + i (default 0)"
+    )
+    p.add_argument(
+        "--cases",
+        default="",
+        help="only cases whose id contains this text, e.g. n4097 or -bf16 (default: all)",
+    )
+    return p
+
+
+def parse_impls(p: argparse.ArgumentParser, text: Optional[str], known: list[str]) -> list[str]:
+    """'triton, cuda' -> ['triton', 'cuda']: spaces and repeats dropped; argparse error
+    (exit 2) for an unknown name or a list that names nothing."""
+    if text is None:
+        return list(known)
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        p.error(f"--impls: unknown {','.join(unknown)}; choose from {','.join(known)}")
+    if not names:
+        p.error(f"--impls: {text!r} names nothing; choose from {','.join(known)}")
+    return names
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.validate", description=__doc__)
-    p.add_argument("--impls", default=None, help="comma-separated names (default: all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cases", default="", help="only cases whose id contains this")
+    p = build_parser()
     args = p.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     impls = registry()
-    names = args.impls.split(",") if args.impls else list(impls)
-    unknown = [n for n in names if n not in impls]
-    if unknown:
-        p.error(f"--impls: unknown {unknown}; choose from {sorted(impls)}")
+    names = parse_impls(p, args.impls, list(impls))
+    # (index, case): the index is the case's place in the full list, so its seed does not
+    # depend on the filter
+    cases = [(i, c) for i, c in enumerate(cases_for(device)) if args.cases in c.id]
+    if not cases:
+        p.error(
+            f"--cases: no case id contains {args.cases!r}; ids look like "
+            f"{', '.join(c.id for c in all_cases()[:3])}, ..."
+        )
     print(f"device={device} seed={args.seed} (case i uses seed {args.seed}+i)")
     chosen = []
     for n in names:
@@ -100,13 +138,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             chosen.append(impls[n])
     if not chosen:
-        print("no implementation can run here")
+        print(f"no implementation can run here: {', '.join(names)} skipped", file=sys.stderr)
         return 1
     results = []
     print(f"{'case':<28} {'impl':<8} {'max abs err':>12} {'max rel err':>12}  result")
-    for i, case in enumerate(cases_for(device)):
-        if args.cases not in case.id:
-            continue
+    for i, case in cases:
         for impl in chosen:
             r = run_case(case, impl, device, args.seed + i)
             results.append(r)

@@ -440,7 +440,7 @@ def test_sweep_candidates_include_todays_config(n, elem):
 def test_forced_configs_compute_the_same_function():
     """The sweep's forced-config entry points give the reference's answer (Triton here)."""
     from harness import sweep
-    from triton_impl.rms_norm import rms_norm_with_config
+    from triton_impl.rms_norm_op import rms_norm_with_config
 
     for n in (1000, 4097):
         x = torch.randn(8, n, device=DEVICE).to(torch.bfloat16)

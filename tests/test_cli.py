@@ -1,0 +1,402 @@
+"""The command lines of harness.bench, validate, plot, report and sweep: bad arguments end
+in a message naming the argument (argparse's exit 2) before any work, a filter or file
+with nothing in it is an error, every option has help, and the no-GPU bench honours the
+flags that apply. Also the plots' layout: no labels printed over each other, no legend
+over data, no bar above the top tick.
+"""
+
+import argparse
+import itertools
+from pathlib import Path
+
+import pytest
+from test_harness import ENV, synthetic_records
+
+from conftest import HAS_GPU
+from harness import bench, plot, records, report, sweep, validate
+from rmsnorm_api import MAX_N
+
+COMMITTED = Path(__file__).resolve().parent.parent / "results" / "h200" / "records.jsonl"
+
+
+def _bad_outs(tmp_path) -> list[tuple[str, str]]:
+    """(--out value, what the message says): a file, a folder under a file, nothing."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    outs = [
+        (str(a_file), "exists and is not a directory"),
+        (str(a_file / "sub"), "is not a writable directory"),
+        ("", "is empty"),
+    ]
+    if Path("/proc/self").is_dir():  # Linux: a tree no one can create folders in
+        outs.append(("/proc/rmsnorm-x", "is not a writable directory"))
+    return outs
+
+
+def _no_work(monkeypatch):
+    """Make any start of work a test failure: the --out check must come first."""
+
+    def boom(*a, **k):
+        raise AssertionError("work started before --out was checked")
+
+    for name in ("run_gpu", "run_profile", "run_without_gpu"):
+        monkeypatch.setattr(bench, name, boom)
+    monkeypatch.setattr(plot, "draw", boom)
+    monkeypatch.setattr(report, "write_report", boom)
+
+
+# ---------------------------------------------------------------------------------------
+# --out (bench, plot, report)
+# ---------------------------------------------------------------------------------------
+
+
+def test_out_dir_problem(tmp_path):
+    assert records.out_dir_problem(tmp_path / "new" / "deep") is None
+    assert (tmp_path / "new" / "deep").is_dir()
+    for value, expected in _bad_outs(tmp_path):
+        assert expected in records.out_dir_problem(value), value
+
+
+def test_bad_out_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    synthetic = tmp_path / "records.jsonl"
+    synthetic_records(synthetic)
+    _no_work(monkeypatch)
+    for value, expected in _bad_outs(tmp_path):
+        for main, argv in (
+            (bench.main, ["--out", value]),
+            (bench.main, ["--out", value, "--require-gpu"]),
+            (plot.main, [str(synthetic), "--out", value]),
+            (report.main, [str(synthetic), "--out", value]),
+        ):
+            with pytest.raises(SystemExit) as e:
+                main(argv)
+            err = capsys.readouterr().err
+            assert e.value.code == 2, (main, argv)
+            assert f"error: --out {value}" in err and expected in err, err
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_bench_default_out_without_gpu_is_one_stated_place(tmp_path, monkeypatch, capsys):
+    """The CI command, `python -m harness.bench`: exit 0, the committed records redrawn
+    into NO_GPU_OUT, the same folder each run, named in the first line."""
+    if not COMMITTED.exists():
+        pytest.skip("no committed H200 records to redraw")
+    fixed = tmp_path / "rmsnorm-bench"
+    monkeypatch.setattr(bench, "NO_GPU_OUT", fixed)
+    assert bench.main([]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert str(fixed) in first and "default output place without a GPU" in first
+    for name in report.PLOT_NAMES + ("report.md",):
+        assert (fixed / name).is_file(), name
+    assert "NVIDIA H200" in (fixed / "report.md").read_text()
+    assert bench.main([]) == 0
+    assert str(fixed) in capsys.readouterr().out.splitlines()[0]
+    assert list(tmp_path.iterdir()) == [fixed]  # the same folder again, no new one
+
+
+# ---------------------------------------------------------------------------------------
+# bench: every argument checked on any machine
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shapes", f"4x{MAX_N + 1}"], f"--shapes: 4x{MAX_N + 1} has N > {MAX_N}"),
+        (["--shapes", "8x8,4x300000"], "--shapes: 4x300000 has N > 262144"),
+        (["--shapes", ""], "--shapes"),
+        (["--budget-s", "nan"], "--budget-s is nan"),
+        (["--budget-s", "-1"], "--budget-s is -1.0"),
+        (["--impls", ","], "--impls: ',' names nothing"),
+        (["--impls", "triton,bogus"], "--impls: unknown bogus; choose from triton,cuda"),
+        (["--dtypes", ""], "--dtypes: '' names nothing"),
+        (["--dtypes", "bf16,fp8"], "--dtypes: unknown fp8"),
+        (["--seed", "x"], "--seed"),
+    ],
+)
+def test_bench_refuses_bad_arguments_on_any_machine(argv, message, monkeypatch, capsys):
+    _no_work(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_accepts_the_widest_row():
+    args = bench.parse_args(["--shapes", f"2x{MAX_N}"])
+    assert args.shapes == [(2, MAX_N)] and args.budget_s is None and not args.impls_given
+
+
+def test_bench_help_documents_the_no_gpu_mode(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for expected in ("without a GPU:", "interpreter", str(bench.NO_GPU_OUT), "--profile"):
+        assert expected in text, expected
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_bench_without_gpu_honours_shapes_dtypes_impls(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    argv = [
+        "--shapes",
+        "64x8192,3x1000",
+        "--dtypes",
+        "fp32,bf16",
+        "--impls",
+        "triton,cuda,eager",
+        "--profile",
+        "--append",
+        "--budget-s",
+        "5",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("interpreter ")]
+    assert [ln.split()[1] for ln in lines] == [
+        "64x8192-fp32",
+        "3x1000-fp32",
+        "64x8192-bf16",
+        "3x1000-bf16",
+    ]
+    assert all("PASS" in ln for ln in lines)
+    # 64 x 8192 has 2^19 elements: cut to 2^18 // 8192 = 32 rows, as Case.cpu_cap does
+    assert "M capped to 32 of 64" in lines[0] and "capped" not in lines[1]
+    ignored = next(ln for ln in out.splitlines() if "do not apply" in ln)
+    for flag in ("--profile", "--append", "--budget-s"):
+        assert flag in ignored
+    assert "--quick" not in ignored  # not given: not named
+    assert "skip cuda: needs a CUDA GPU" in out and "skip eager: needs a CUDA GPU" in out
+    # only GPU-side implementations named: said, and nothing checked
+    assert bench.main(["--impls", "cuda", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "no interpreter check" in "\n".join(out)
+    assert not any(ln.startswith("interpreter ") for ln in out)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_bench_without_gpu_default_run_checks_every_dtype(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    assert bench.main(["--out", str(tmp_path / "o"), "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "ignored: --quick" in out
+    assert "checking triton only: cuda, eager" in out
+    assert out.count("PASS") == len(bench.NO_GPU_SHAPES)  # --quick: bf16 only
+
+
+# ---------------------------------------------------------------------------------------
+# validate
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cases", "nomatch"], "--cases: no case id contains 'nomatch'"),
+        (["--impls", "bogus"], "--impls: unknown bogus; choose from triton,cuda"),
+        (["--impls", "triton,,bogus"], "--impls: unknown bogus"),
+        (["--impls", " , "], "--impls: ' , ' names nothing"),
+        (["--impls", ""], "--impls: '' names nothing"),
+        (["--seed", "1.5"], "--seed"),
+    ],
+)
+def test_validate_refuses_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        validate.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_validate_impls_parsing_and_one_case(capsys):
+    p = validate.build_parser()
+    assert validate.parse_impls(p, " triton , triton,cuda", ["triton", "cuda"]) == [
+        "triton",
+        "cuda",
+    ]
+    assert validate.parse_impls(p, None, ["triton", "cuda"]) == ["triton", "cuda"]
+    assert validate.main(["--impls", "triton, triton", "--cases", "n17-fp32"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in out if "PASS" in ln] == [["n17-fp32", "triton"]]
+    assert out[-1] == "1 passed, 0 failed"
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_validate_with_nothing_runnable_fails(capsys):
+    assert validate.main(["--impls", "cuda", "--cases", "n1000-fp32"]) == 1
+    captured = capsys.readouterr()
+    assert "skip cuda: needs a CUDA GPU" in captured.out
+    assert "no implementation can run here" in captured.err
+
+
+# ---------------------------------------------------------------------------------------
+# plot and report: files with nothing to draw
+# ---------------------------------------------------------------------------------------
+
+
+def _write(path, recs):
+    with records.RecordWriter(path, append=False) as w:
+        for r in recs:
+            w.write(r)
+    return path
+
+
+@pytest.mark.parametrize("main", [plot.main, report.main], ids=["plot", "report"])
+def test_plot_and_report_refuse_files_with_nothing_to_draw(main, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n\n")
+    no_timing = _write(
+        tmp_path / "copy-only.jsonl",
+        [
+            records.make_record(
+                run_id="r", env=ENV, kind="copy", impl="copy", bytes=2, stats=None, status="SKIP"
+            ),
+            records.make_record(run_id="r", env=ENV, kind="skip", impl="quack", status="SKIP"),
+        ],
+    )
+    out = tmp_path / "o"
+    for path, message in (
+        (empty, "holds no records"),
+        (blank, "holds no records"),
+        (no_timing, "holds no timing records (only copy, skip)"),
+    ):
+        assert main([str(path), "--out", str(out)]) == 1
+        assert message in capsys.readouterr().err
+        assert not out.exists()  # refused before anything was written
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "missing.jsonl")])
+    assert e.value.code == 2
+    assert "RECORDS: no such file" in capsys.readouterr().err
+
+
+def test_report_cli(tmp_path, capsys):
+    path = tmp_path / "records.jsonl"
+    synthetic_records(path)
+    with pytest.raises(SystemExit) as e:
+        report.main(["--help"])
+    assert e.value.code == 0
+    assert "usage: python -m harness.report" in capsys.readouterr().out
+    # beside RECORDS, no plots there: none linked
+    assert report.main([str(path)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    text = (tmp_path / "report.md").read_text()
+    assert "SYNTHETIC" in text and "## Plots" not in text
+    # plots already in --out are linked
+    out = tmp_path / "drawn"
+    plot.redraw(path, out)
+    (out / "report.md").unlink()
+    assert report.main([str(path), "--out", str(out)]) == 0
+    assert "![speedup](speedup.png)" in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------
+# help text for every option
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build", [bench.build_parser, validate.build_parser, plot.build_parser,
+              report.build_parser, sweep.build_parser],
+    ids=["bench", "validate", "plot", "report", "sweep"],
+)  # fmt: skip
+def test_every_option_has_help(build):
+    p = build()
+    missing = [
+        a.option_strings or a.dest
+        for a in p._actions
+        if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()
+    ]
+    assert not missing, f"{p.prog}: no help for {missing}"
+    p.format_help()  # every %-placeholder in the help texts formats
+
+
+# ---------------------------------------------------------------------------------------
+# plot layout, from the synthetic run and from the committed H200 run
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["synthetic", "committed"])
+def run_records(request, tmp_path):
+    if request.param == "committed":
+        if not COMMITTED.exists():
+            pytest.skip("no committed H200 records")
+        return report.load(COMMITTED)
+    path = tmp_path / "s.jsonl"
+    synthetic_records(path)
+    return report.load(path)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Keep each figure plot._save would write and close, to inspect its layout."""
+    import matplotlib.pyplot as plt
+
+    kept = {}
+
+    def keep(fig, path):
+        fig.tight_layout()
+        fig.canvas.draw()
+        kept[Path(path).name] = fig
+        return path
+
+    monkeypatch.setattr(plot, "_save", keep)
+    yield kept
+    for fig in kept.values():
+        plt.close(fig)
+
+
+def _overlaps(boxes) -> list:
+    return [(a, b) for a, b in itertools.combinations(boxes, 2) if a.overlaps(b)]
+
+
+def test_bandwidth_vs_n_labels_and_legend(run_records, figures, tmp_path):
+    plot.plot_bandwidth_vs_n(run_records, tmp_path)
+    fig = figures["bandwidth_vs_n.png"]
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        assert ax.get_legend() is None  # the legend is the figure's, under the panels
+        labels = [t for t in ax.get_xticklabels() if t.get_text()]
+        assert all(int(t.get_text()) & (int(t.get_text()) - 1) == 0 for t in labels)
+        assert not _overlaps([t.get_window_extent(renderer) for t in labels])
+        assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
+        ax_box = ax.get_window_extent(renderer)
+        for legend in fig.legends:
+            assert not legend.get_window_extent(renderer).overlaps(ax_box)
+    assert len(fig.legends) == 1
+
+
+def test_speedup_labels_and_limits(run_records, figures, tmp_path):
+    plot.plot_speedup(run_records, tmp_path)
+    fig = figures["speedup.png"]
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        values = [t for t in ax.texts if t.get_text().endswith("x")]
+        assert values
+        assert not _overlaps([t.get_window_extent(renderer) for t in values])
+        lo, hi = ax.get_ylim()
+        ticks = [v for v in ax.get_yticks() if lo <= v <= hi]
+        tallest = max(p.get_height() for p in ax.patches)
+        assert max(ticks) >= tallest  # no bar runs past the top labelled tick
+        ax_box = ax.get_window_extent(renderer)
+        assert all(ax_box.contains(*t.get_window_extent(renderer).max) for t in values)
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not any(legend.overlaps(t.get_window_extent(renderer)) for t in values)
+        assert not any(
+            legend.overlaps(p.get_window_extent(renderer)) for p in ax.patches if p.get_height()
+        )
+
+
+def test_small_shapes_legend_covers_no_bar(run_records, figures, tmp_path):
+    plot.plot_small(run_records, tmp_path)
+    fig = figures["small_shapes.png"]
+    renderer = fig.canvas.get_renderer()
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    legend = fig.legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not legend.overlaps(ax.get_window_extent(renderer))
