@@ -8,6 +8,9 @@ Keep SOURCES and the flags in sync with CMakeLists.txt, which builds the same li
 Target GPUs: $TORCH_CUDA_ARCH_LIST if set (e.g. "9.0"); else the GPU present (torch's
 default); with no GPU visible (CI), "9.0" (sm_90: H100/H200), the project's target.
 Set RMSNORM_PTXAS_VERBOSE=1 to print registers and spills per kernel (-Xptxas -v).
+Set RMSNORM_SWEEP_CONFIGS=1 for a sweep build: the CUDA kernel's sweep-only launch configs
+(what harness.sweep times besides the shipped ones) are compiled too; the default build has
+only the configs the ladders pick (CMake: -DRMSNORM_SWEEP_CONFIGS=ON, or the same variable).
 """
 
 import os
@@ -38,12 +41,17 @@ def ext_modules():
     nvcc = list(NVCC_FLAGS)
     if os.environ.get("RMSNORM_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")
+    sweep = os.environ.get("RMSNORM_SWEEP_CONFIGS") == "1"
+    if sweep:
+        nvcc.append("-DRMSNORM_SWEEP_CONFIGS")
     if "build_ext" in sys.argv:
         # nvcc prints nothing until it ends, and ninja shows no progress off a terminal
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "the GPU present")
+        which = "shipped and sweep-only" if sweep else "shipped"
         print(
-            f"building cuda_impl._C for {arch}: {', '.join(SOURCES)}; the .cu compiles every"
-            " launch config for each dtype pair (one to a few minutes, silent until it ends)",
+            f"building cuda_impl._C for {arch}: {', '.join(SOURCES)}; the .cu compiles the"
+            f" {which} launch configs for each dtype pair (one to a few minutes, silent until"
+            " it ends)",
             flush=True,
         )
     return [

@@ -21,8 +21,9 @@ _IMPL = "cuda_impl.rms_norm"
 #: read-only non-allocating ones, and x's fp32 copies not kept alive through the reduction.
 VARIANT_PLAIN_LOADS = 1
 VARIANT_LEAN_REGS = 2
-#: Sweep-only bits: x read with `ld.global.L1::no_allocate` or with `ld.global.nc`, each half
-#: of the default read-only, non-allocating load.
+#: Sweep-only bits (a sweep build, RMSNORM_SWEEP_CONFIGS=1): x read with
+#: `ld.global.L1::no_allocate` or with `ld.global.nc`, each half of the read-only,
+#: non-allocating load.
 VARIANT_HINT_ONLY_LOADS = 4
 VARIANT_NC_ONLY_LOADS = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -92,14 +93,19 @@ def rms_norm(
 
 def configs() -> list[dict]:
     """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
-    (CTAs share a row), default (on a ladder the kernel picks from by N), variant (kernel
-    variant, bits: VARIANT_PLAIN_LOADS, VARIANT_LEAN_REGS, and the sweep-only
-    VARIANT_HINT_ONLY_LOADS, VARIANT_NC_ONLY_LOADS)."""
+    (CTAs share a row), default (shipped: on a ladder the kernel picks from by N; a default
+    build compiles only these), variant (kernel variant, bits: VARIANT_PLAIN_LOADS,
+    VARIANT_LEAN_REGS, and in a sweep build VARIANT_HINT_ONLY_LOADS, VARIANT_NC_ONLY_LOADS)."""
     flat = torch.ops.cuda_impl.rms_norm_configs()
     keys = ("row_threads", "vpt", "cluster", "default", "variant")
     rows = (flat[i : i + len(keys)] for i in range(0, len(flat), len(keys)))
     flags = ("cluster", "default")
     return [{k: (bool(v) if k in flags else v) for k, v in zip(keys, r, strict=True)} for r in rows]
+
+
+def sweep_build() -> bool:
+    """Whether this library was built with the sweep-only configs (RMSNORM_SWEEP_CONFIGS=1)."""
+    return not all(c["default"] for c in configs())
 
 
 def default_config(n: int, element_size: int) -> dict:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick|sweep|stage]     (default all)
-# sweep: SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
+#   bash scripts/h200.sh [all|test|bench|quick|sweep|ncu|stage]     (default all)
+# sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
+#        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
 # ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
 #      named in NCU_IMPLS (default triton,cuda,quack), one launch each; NCU_SECTIONS (e.g.
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
@@ -48,7 +49,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 echo "commit: ${RMSNORM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 
-step "build (setup.py, -Xptxas -v)"
+[[ "$MODE" == sweep ]] && export RMSNORM_SWEEP_CONFIGS=1
+step "build (setup.py, -Xptxas -v${RMSNORM_SWEEP_CONFIGS:+, sweep-only configs})"
 start=$(date +%s%N)
 RMSNORM_PTXAS_VERBOSE=1 $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build seconds: $(( ($(date +%s%N) - start) / 1000000 ))e-3"

@@ -74,20 +74,22 @@ def triton_next_pow2(n: int) -> int:
 
 def test_cuda_config_table():
     """The default plan holds the row, grows with N, and uses a cluster only past the
-    widest single-CTA config."""
+    widest single-CTA config; a default build compiles only the configs it picks."""
     fn_or_skip("cuda")
     import cuda_impl.ops as ops
 
     table = ops.configs()
-    assert any(c["default"] for c in table) and not all(c["default"] for c in table)
+    shipped = [c for c in table if c["default"]]
+    assert shipped and len(shipped) == len({tuple(c.values()) for c in shipped})
+    assert ops.sweep_build() == (len(shipped) < len(table))
     assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
-    # kernel variants: each bit compiled, and taken by some default plan
+    # kernel variants: each shipped bit taken by some default plan
     for bit in (ops.VARIANT_PLAIN_LOADS, ops.VARIANT_LEAN_REGS):
         assert any(c["variant"] & bit and c["default"] for c in table), bit
-    # the two halves of the read-only load: compiled for sweeps, on no ladder
+    # the two halves of the read-only load: on no ladder
     for bit in (ops.VARIANT_HINT_ONLY_LOADS, ops.VARIANT_NC_ONLY_LOADS):
-        assert any(c["variant"] & bit for c in table), bit
         assert not any(c["variant"] & bit and c["default"] for c in table), bit
+    picked = set()
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
@@ -95,9 +97,27 @@ def test_cuda_config_table():
             cap = c["row_threads"] * c["vpt"] * c["cluster"]
             assert cap >= n * elem // 16, (n, elem, c)  # holds the row's whole vectors
             caps.append(cap)
+            picked.add((c["row_threads"], c["vpt"], c["cluster"] > 1, c["variant"]))
         assert caps == sorted(caps), (elem, caps)
         assert ops.default_config(8192 * 16 // elem, elem)["cluster"] == 1
         assert ops.default_config(2 * 8192 * 16 // elem, elem)["cluster"] >= 2
+    for c in shipped:  # what the throughput ladders pick is shipped
+        del c["default"]
+    keys = {(c["row_threads"], c["vpt"], c["cluster"], c["variant"]) for c in shipped}
+    assert picked <= keys, picked - keys
+
+
+def test_cuda_sweep_only_configs():
+    """A sweep build (RMSNORM_SWEEP_CONFIGS=1) adds the sweep-only variant bits, on no
+    ladder; a default build has none of them."""
+    fn_or_skip("cuda")
+    import cuda_impl.ops as ops
+
+    if not ops.sweep_build():
+        pytest.skip("sweep-only configs not built (build with RMSNORM_SWEEP_CONFIGS=1)")
+    table = ops.configs()
+    for bit in (ops.VARIANT_HINT_ONLY_LOADS, ops.VARIANT_NC_ONLY_LOADS):
+        assert any(c["variant"] & bit and not c["default"] for c in table), bit
 
 
 def cuda_cases():
@@ -140,6 +160,8 @@ def test_forced_cuda_config_errors():
         ops.rms_norm_with_config(x, w, 1e-6, 96, 3, 1)
     with pytest.raises(ValueError, match="variant 2"):  # 8 x 1 has no lean-register variant
         ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1, ops.VARIANT_LEAN_REGS)
+    with pytest.raises(ValueError, match="no compiled config"):  # not wrapped into int range
+        ops.rms_norm_with_config(x, w, 1e-6, 2**32 + 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
         ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1)
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):

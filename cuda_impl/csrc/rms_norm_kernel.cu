@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -310,9 +311,19 @@ __device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, f
 }
 
 // ---- the kernel ----------------------------------------------------------------------
-// T: x / y element; W: weight element (T or float); ROW_THREADS threads own a row; each
-// holds VPT vectors of it; CLUSTER: the row is shared by the CTAs of a cluster; VARIANT:
-// kPlainLoads / kLeanRegs bits.
+// A launch config: ROW_THREADS threads a row, VPT 16-byte vectors a thread, or (cluster) a
+// cluster of CTAs of ROW_THREADS threads sharing one row; VARIANT: kPlainLoads / kLeanRegs
+// bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads in a sweep build).
+struct Config {
+  int row_threads = 0;
+  int vpt = 0;
+  bool cluster = false;
+  int variant = 0;
+};
+
+// T: x / y element; W: weight element (T or float); then a Config's fields, spelled out
+// (not the struct: nvcc's host stubs take no class-type template arguments), which also
+// makes a kernel's name in a profile or an ncu report say its config.
 template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
@@ -387,105 +398,145 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 }
 
 // ---- launch configuration --------------------------------------------------------------
-// A config: ROW_THREADS threads a row, VPT vectors a thread, or (cluster) a cluster of CTAs
-// of ROW_THREADS threads sharing one row. Each is compiled for every dtype pair; the
-// default plan picks from two ladders (16-bit and fp32 x), rungs from the sweep on the
-// H200 (harness/sweep.py, results/h200/sweep-*.jsonl); the rest are sweep candidates that
-// only rms_norm_with_config reaches.
-struct Config {
-  int row_threads;
-  int vpt;
-  bool cluster;
-  int variant = 0;  // bits: kPlainLoads, kLeanRegs, kHintOnlyLoads, kNcOnlyLoads
+// One table of rungs: a ladder is the rungs of one kind in order, and a row of at most
+// max_vecs 16-byte vectors takes the first rung of its ladder that holds it. The default
+// build compiles exactly the configs the rungs name (kShipped, derived below), each for
+// every dtype pair; a sweep build (RMSNORM_SWEEP_CONFIGS, see setup.py) adds the candidates
+// harness.sweep times, reached only by rms_norm_with_config. Why each rung has its config:
+// docs/PERF_NOTES.md.
+enum class Ladder {
+  kMany16,     // 16-bit x, many rows: ~64 bytes a thread
+  kMany32,     // fp32 x, many rows: ~32 bytes a thread
+  kFew,        // fewer row groups than SMs (decode-sized calls): 1-2 vectors a thread
+  kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
+  kCluster32,  // ... (fp32)
+};
+struct Rung {
+  Ladder ladder;
+  int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at 8 CTAs
+  Config config;
 };
 constexpr int kPlain = kPlainLoads;
 constexpr int kLean = kLeanRegs;
 constexpr int kPlainLean = kPlainLoads | kLeanRegs;
-constexpr Config kConfigs[] = {
-    // read-only loads (the 1024-thread CTAs' and the clusters' choice)
+// Plain loads wherever CTAs share an SM, read-only ones for a 1024-thread CTA alone on its
+// SM; lean registers for the 16-bit rungs of 8 vectors a thread; CTAs of at most 512
+// threads until a row needs more.
+constexpr Rung kRungs[] = {
+    {Ladder::kMany16, 8, {8, 1, false, kPlain}},
+    {Ladder::kMany16, 16, {8, 2, false, kPlain}},
+    {Ladder::kMany16, 64, {32, 2, false, kPlain}},
+    {Ladder::kMany16, 128, {32, 4, false, kPlain}},
+    {Ladder::kMany16, 256, {64, 4, false, kPlain}},
+    {Ladder::kMany16, 512, {128, 4, false, kPlain}},
+    {Ladder::kMany16, 1024, {128, 8, false, kPlainLean}},
+    {Ladder::kMany16, 2048, {256, 8, false, kPlainLean}},
+    {Ladder::kMany16, 4096, {512, 8, false, kPlainLean}},
+    {Ladder::kMany16, 8192, {1024, 8, false}},
+    {Ladder::kMany32, 8, {8, 1, false, kPlain}},
+    {Ladder::kMany32, 32, {16, 2, false, kPlain}},
+    {Ladder::kMany32, 128, {64, 4, false, kPlain}},
+    {Ladder::kMany32, 512, {128, 4, false, kPlain}},
+    {Ladder::kMany32, 1024, {256, 8, false, kPlain}},
+    {Ladder::kMany32, 1536, {512, 4, false, kPlain}},
+    {Ladder::kMany32, 4096, {512, 8, false, kPlain}},
+    {Ladder::kMany32, 8192, {1024, 8, false}},
+    {Ladder::kFew, 8, {8, 1, false, kPlain}},
+    {Ladder::kFew, 16, {16, 1, false, kPlain}},
+    {Ladder::kFew, 32, {32, 1, false, kPlain}},
+    {Ladder::kFew, 64, {32, 2, false, kPlain}},
+    {Ladder::kFew, 256, {128, 4, false, kPlain}},
+    {Ladder::kFew, 1024, {512, 4, false, kPlain}},
+    {Ladder::kFew, 2048, {1024, 4, false}},
+    // 16-bit: lean registers, two CTAs an SM; then 1024 x 8 past what 8 of those hold
+    {Ladder::kCluster16, 8 * 4096, {512, 8, true, kLean}},
+    {Ladder::kCluster16, 8 * 8192, {1024, 8, true}},
+    {Ladder::kCluster32, 8 * 4096, {512, 8, true}},
+    {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
+};
+constexpr int kNumRungs = sizeof(kRungs) / sizeof(kRungs[0]);
+
+#ifdef RMSNORM_SWEEP_CONFIGS
+constexpr Config kSweepOnly[] = {
+    // read-only loads
     {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
     {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
     {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
-    {512, 8, false},  {512, 16, false}, {1024, 4, false}, {1024, 8, false}, {1024, 8, true},
-    {512, 8, true},
-    // plain loads
-    {8, 1, false, kPlain},    {8, 2, false, kPlain},    {16, 1, false, kPlain},
-    {16, 2, false, kPlain},   {32, 1, false, kPlain},   {32, 2, false, kPlain},
-    {32, 4, false, kPlain},   {64, 4, false, kPlain},   {128, 4, false, kPlain},
-    {128, 8, false, kPlain},  {256, 4, false, kPlain},  {256, 8, false, kPlain},
-    {512, 4, false, kPlain},  {512, 8, false, kPlain},  {1024, 4, false, kPlain},
-    {1024, 8, false, kPlain},
-    // lean registers
-    {128, 8, false, kLean},   {256, 8, false, kLean},   {256, 16, false, kLean},
-    {512, 8, false, kLean},   {256, 8, true, kLean},    {512, 8, true, kLean},
+    {512, 8, false},  {512, 16, false},
+    // plain loads; lean registers
+    {128, 8, false, kPlain},  {256, 4, false, kPlain},  {1024, 4, false, kPlain},
+    {1024, 8, false, kPlain}, {128, 8, false, kLean},   {256, 8, false, kLean},
+    {256, 16, false, kLean},  {512, 8, false, kLean},   {256, 8, true, kLean},
     {1024, 8, true, kLean},
-    // both
-    {128, 8, false, kPlainLean}, {256, 8, false, kPlainLean}, {512, 8, false, kPlainLean},
-    // sweep-only: half of the read-only, non-allocating load each
+    // half of the read-only, non-allocating load each
     {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
     {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
-constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
+#else
+constexpr Config kSweepOnly[1] = {};
+constexpr int kNumSweepOnly = 0;
+#endif
+
+constexpr bool same(const Config& a, const Config& b) {
+  return a.row_threads == b.row_threads && a.vpt == b.vpt && a.cluster == b.cluster &&
+         a.variant == b.variant;
+}
+
+// Whether rung i is the first to name its config.
+constexpr bool first_use(int i) {
+  for (int j = 0; j < i; ++j)
+    if (same(kRungs[j].config, kRungs[i].config)) return false;
+  return true;
+}
+
+constexpr int count_shipped() {
+  int n = 0;
+  for (int i = 0; i < kNumRungs; ++i) n += first_use(i);
+  return n;
+}
+constexpr int kNumShipped = count_shipped();
+constexpr int kNumConfigs = kNumShipped + kNumSweepOnly;
+
+// Every compiled config: the rungs' own (in rung order), then the sweep-only ones.
+constexpr std::array<Config, kNumConfigs> all_configs() {
+  std::array<Config, kNumConfigs> all{};
+  int n = 0;
+  for (int i = 0; i < kNumRungs; ++i)
+    if (first_use(i)) all[n++] = kRungs[i].config;
+  for (int i = 0; i < kNumSweepOnly; ++i) all[n++] = kSweepOnly[i];
+  return all;
+}
+constexpr std::array<Config, kNumConfigs> kConfigs = all_configs();
 
 // Index of a compiled config, or -1.
-constexpr int find_config(int64_t row_threads, int64_t vpt, bool cluster, int64_t variant = 0) {
-  for (int i = 0; i < kNumConfigs; ++i) {
-    if (kConfigs[i].row_threads == row_threads && kConfigs[i].vpt == vpt &&
-        kConfigs[i].cluster == cluster && kConfigs[i].variant == variant) {
-      return i;
-    }
-  }
+constexpr int find_config(const Config& c) {
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (same(kConfigs[i], c)) return i;
   return -1;
 }
 
-// A rung: rows of at most max_vecs 16-byte vectors take config (row_threads x vpt).
-struct Rung {
-  int max_vecs;
-  int config;
-};
-// Throughput ladders (many rows): ~64 bytes a thread in 16-bit, ~32 in fp32, CTAs of at most
-// 512 threads until a row needs more (a 1024-thread CTA is alone on its SM). Plain loads
-// wherever CTAs share an SM, and lean registers for the 16-bit rungs of 8 vectors a thread
-// (sweep-b51fdbc-cuda.jsonl: bf16 32768 x 4096 90.1 -> 94.0% of copy, bf16 4096 x 32768
-// 82.0 -> 91.4%, fp32 10922 x 12288 92.4 -> 96.4%).
-constexpr Rung kLadder16[] = {
-    {8, find_config(8, 1, false, kPlain)},       {16, find_config(8, 2, false, kPlain)},
-    {64, find_config(32, 2, false, kPlain)},     {128, find_config(32, 4, false, kPlain)},
-    {256, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
-    {1024, find_config(128, 8, false, kPlainLean)},
-    {2048, find_config(256, 8, false, kPlainLean)},
-    {4096, find_config(512, 8, false, kPlainLean)},
-    {8192, find_config(1024, 8, false)}};
-constexpr Rung kLadder32[] = {
-    {8, find_config(8, 1, false, kPlain)},       {32, find_config(16, 2, false, kPlain)},
-    {128, find_config(64, 4, false, kPlain)},    {512, find_config(128, 4, false, kPlain)},
-    {1024, find_config(256, 8, false, kPlain)},  {1536, find_config(512, 4, false, kPlain)},
-    {4096, find_config(512, 8, false, kPlain)},  {8192, find_config(1024, 8, false)}};
-// Latency ladder (fewer row groups than SMs: decode-sized calls): one or two vectors a
-// thread, so each thread's loads and the row's reduction are as short as they get.
-constexpr Rung kLadderFew[] = {
-    {8, find_config(8, 1, false, kPlain)},      {16, find_config(16, 1, false, kPlain)},
-    {32, find_config(32, 1, false, kPlain)},    {64, find_config(32, 2, false, kPlain)},
-    {256, find_config(128, 4, false, kPlain)},  {1024, find_config(512, 4, false, kPlain)},
-    {2048, find_config(1024, 4, false)}};
-// Rows wider than the ladders: clusters of 512 x 8 CTAs (16-bit: lean registers, two CTAs
-// an SM; fp32), and of 1024 x 8 past what 8 of those hold.
-constexpr int kCluster16 = find_config(512, 8, true, kLean);
-constexpr int kCluster32 = find_config(512, 8, true);
-constexpr int kClusterWide = find_config(1024, 8, true);
+// Each rung's index into kConfigs, resolved at compile time.
+constexpr std::array<int, kNumRungs> rung_configs() {
+  std::array<int, kNumRungs> idx{};
+  for (int i = 0; i < kNumRungs; ++i) idx[i] = find_config(kRungs[i].config);
+  return idx;
+}
+constexpr std::array<int, kNumRungs> kRungConfig = rung_configs();
 
-template <int K>
-constexpr bool valid(const Rung (&ladder)[K]) {
-  for (int i = 0; i < K; ++i) {
-    if (ladder[i].config < 0) return false;
-    const Config c = kConfigs[ladder[i].config];
-    if (c.row_threads * c.vpt < ladder[i].max_vecs) return false;
-    if (i > 0 && ladder[i].max_vecs <= ladder[i - 1].max_vecs) return false;
+constexpr bool valid_table() {
+  for (int i = 0; i < kNumConfigs; ++i)  // compiled once each
+    for (int j = 0; j < i; ++j)
+      if (same(kConfigs[i], kConfigs[j])) return false;
+  for (int i = 0; i < kNumRungs; ++i) {
+    const Rung& r = kRungs[i];
+    const int ranks = r.config.cluster ? kMaxClusterRanks : 1;
+    if (r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;  // holds it
+    for (int j = 0; j < i; ++j)  // a ladder's rungs grow
+      if (kRungs[j].ladder == r.ladder && kRungs[j].max_vecs >= r.max_vecs) return false;
   }
   return true;
 }
-static_assert(valid(kLadder16) && valid(kLadder32) && valid(kLadderFew) && kCluster16 >= 0 &&
-                  kCluster32 >= 0 && kClusterWide >= 0,
-              "every rung names a compiled config that holds its rows");
+static_assert(valid_table(), "each config compiled once; every rung holds its rows, in order");
 
 // SMs of a device, asked once per device (a benign race: every writer writes the same).
 int sm_count(int device) {
@@ -509,10 +560,10 @@ int capacity(const Plan& p) {
   return kConfigs[p.config].row_threads * kConfigs[p.config].vpt * p.ranks;
 }
 
-template <int K>
-int climb(const Rung (&ladder)[K], int vecs) {
-  for (int i = 0; i < K; ++i) {
-    if (vecs <= ladder[i].max_vecs) return ladder[i].config;
+// The config of the first rung of `ladder` that takes rows of `vecs` vectors, or -1.
+int climb(Ladder ladder, int vecs) {
+  for (int i = 0; i < kNumRungs; ++i) {
+    if (kRungs[i].ladder == ladder && vecs <= kRungs[i].max_vecs) return kRungConfig[i];
   }
   return -1;
 }
@@ -520,65 +571,65 @@ int climb(const Rung (&ladder)[K], int vecs) {
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
 // GPU of `sms` SMs (rows = 0: many).
 Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
-  int config = elem == 4 ? climb(kLadder32, vecs) : climb(kLadder16, vecs);
+  int config = climb(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
   if (config >= 0 && rows > 0) {
     const Config c = kConfigs[config];
-    const int64_t groups = (rows + block_threads(c.row_threads) / c.row_threads - 1) /
-                           (block_threads(c.row_threads) / c.row_threads);
-    const int few = climb(kLadderFew, vecs);
+    const int per_block = block_threads(c.row_threads) / c.row_threads;
+    const int64_t groups = (rows + per_block - 1) / per_block;
+    const int few = climb(Ladder::kFew, vecs);
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
-  // 512 x 8 clusters hold up to 8 x 4096 vectors; wider rows take the larger CTAs
-  int cluster = elem == 4 ? kCluster32 : kCluster16;
-  auto per_cta = [](int c) { return kConfigs[c].row_threads * kConfigs[c].vpt; };
-  if (kMaxClusterRanks * per_cta(cluster) < vecs) cluster = kClusterWide;
+  // the fewest CTAs (2, 4 or 8) of the cluster rung's config that hold the row
+  const int cluster = climb(elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16, vecs);
+  const int per_cta = kConfigs[cluster].row_threads * kConfigs[cluster].vpt;
   int ranks = 2;
-  while (ranks * per_cta(cluster) < vecs) ranks *= 2;
+  while (ranks * per_cta < vecs) ranks *= 2;
   return {cluster, ranks};
 }
 
-int in_ladder(int i) {
-  for (const Rung& r : kLadder16) if (r.config == i) return 1;
-  for (const Rung& r : kLadder32) if (r.config == i) return 1;
-  for (const Rung& r : kLadderFew) if (r.config == i) return 1;
-  return i == kCluster16 || i == kCluster32 || i == kClusterWide;
+// ---- dispatch: one table of kernels a dtype pair, indexed like kConfigs -------------------
+template <typename T, typename W>
+using KernelFn = void (*)(const T*, const W*, T*, int64_t, int64_t, int64_t, int, float);
+
+template <typename T, typename W, size_t... I>
+std::array<KernelFn<T, W>, kNumConfigs> make_kernels(std::index_sequence<I...>) {
+  return {&rms_norm_kernel<T, W, kConfigs[I].row_threads, kConfigs[I].vpt, kConfigs[I].cluster,
+                          kConfigs[I].variant>...};
 }
 
-template <typename T, typename W, int I>
-void launch_config(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, int64_t sy,
-                   int64_t M, int N, float eps, cudaStream_t stream) {
-  if constexpr (I < kNumConfigs) {
-    if (plan.config != I) {
-      return launch_config<T, W, I + 1>(plan, x, w, y, sx, sy, M, N, eps, stream);
-    }
-    constexpr int RT = kConfigs[I].row_threads, VPT = kConfigs[I].vpt;
-    constexpr bool CLUSTER = kConfigs[I].cluster;
-    constexpr int VARIANT = kConfigs[I].variant;
-    constexpr int BLOCK = block_threads(RT), ROWS = BLOCK / RT;
-    const int64_t blocks = CLUSTER ? M * plan.ranks : (M + ROWS - 1) / ROWS;
-    TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
-                      " rows, more than one launch can cover");
-    if constexpr (CLUSTER) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-      cfg.blockDim = dim3(BLOCK);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = plan.ranks;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, rms_norm_kernel<T, W, RT, VPT, true, VARIANT>, x, w,
-                                        y, sx, sy, M, N, eps));
-    } else {
-      rms_norm_kernel<T, W, RT, VPT, false, VARIANT>
-          <<<static_cast<unsigned>(blocks), BLOCK, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+template <typename T, typename W>
+const std::array<KernelFn<T, W>, kNumConfigs>& kernels() {
+  static const auto table = make_kernels<T, W>(std::make_index_sequence<kNumConfigs>{});
+  return table;
+}
+
+template <typename T, typename W>
+void launch_plan(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, int64_t sy,
+                 int64_t M, int N, float eps, cudaStream_t stream) {
+  const Config& c = kConfigs[plan.config];
+  const int block = block_threads(c.row_threads), rows = block / c.row_threads;
+  const int64_t blocks = c.cluster ? M * plan.ranks : (M + rows - 1) / rows;
+  TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
+                    " rows, more than one launch can cover");
+  const KernelFn<T, W> kernel = kernels<T, W>()[plan.config];
+  if (c.cluster) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(block);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = plan.ranks;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, x, w, y, sx, sy, M, N, eps));
+  } else {
+    kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // What rms_norm launches for x2's dtype and width: the forced plan or the default one.
@@ -611,20 +662,9 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
                       " needs thread-block clusters (sm_90 or newer); this GPU is sm_",
                       num(major), "x");
   }
-  launch_config<T, W, 0>(plan, reinterpret_cast<const T*>(x2.const_data_ptr()), w,
-                         reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0),
-                         M, N, eps, c10::cuda::getCurrentCUDAStream());
-}
-
-// Registers, local memory (stack and spills) and limits of the kernel a config compiles to.
-template <typename T, typename W, int I>
-void config_attributes(int idx, cudaFuncAttributes* attr) {
-  if constexpr (I < kNumConfigs) {
-    if (idx != I) return config_attributes<T, W, I + 1>(idx, attr);
-    constexpr Config c = kConfigs[I];
-    C10_CUDA_CHECK(cudaFuncGetAttributes(
-        attr, rms_norm_kernel<T, W, c.row_threads, c.vpt, c.cluster, c.variant>));
-  }
+  launch_plan<T, W>(plan, reinterpret_cast<const T*>(x2.const_data_ptr()), w,
+                    reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), M, N,
+                    eps, c10::cuda::getCurrentCUDAStream());
 }
 
 // The two things done per (x dtype, weight dtype): launching, and describing the launch.
@@ -643,7 +683,7 @@ struct Describe {
   static void apply(const at::Tensor& x2, std::vector<int64_t>& out) {
     const Plan plan = plan_for<T>(x2, std::nullopt);
     cudaFuncAttributes attr = {};
-    config_attributes<T, W, 0>(plan.config, &attr);
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernels<T, W>()[plan.config]));
     const Config& c = kConfigs[plan.config];
     out = {c.row_threads,
            c.vpt,
@@ -706,7 +746,12 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
                                 int64_t variant) {
   check_inputs(x, weight, eps);
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
-  const int found = find_config(row_threads, vpt, ranks > 1, variant);
+  // fields compared as the table's ints only once they fit them
+  const bool fits = row_threads > 0 && row_threads <= 1024 && vpt > 0 && vpt <= 64 &&
+                    variant >= 0 && variant <= 255;
+  const int found = fits ? find_config({static_cast<int>(row_threads), static_cast<int>(vpt),
+                                        ranks > 1, static_cast<int>(variant)})
+                         : -1;
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks), ", variant ",
                     num(variant), "); see cuda_impl.ops.configs()");
@@ -741,7 +786,7 @@ std::vector<int64_t> rms_norm_configs() {
   std::vector<int64_t> out;
   for (int i = 0; i < kNumConfigs; ++i) {
     out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
-                           in_ladder(i), kConfigs[i].variant});
+                           i < kNumShipped, kConfigs[i].variant});
   }
   return out;
 }
