@@ -163,6 +163,6 @@ def test_forced_cuda_config_errors():
     with pytest.raises(ValueError, match="no compiled config"):  # not wrapped into int range
         ops.rms_norm_with_config(x, w, 1e-6, 2**32 + 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
-        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1)
+        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
         ops.rms_norm_with_config(x, w, 1e-6, 1024, 8, 3)

@@ -376,7 +376,7 @@ def test_triton_forced_config_errors(cfg, what):
     fn_or_skip("triton")
     from triton_impl import rms_norm_with_config
 
-    x, w = x_and_w(64, torch.float32, device="cpu")
+    x, w = x_and_w(64, torch.float32)
     with pytest.raises(ValueError, match=what):
         rms_norm_with_config(x, w, 1e-6, cfg)
 

@@ -4,7 +4,9 @@
 // Every other input (CPU, sparse, nested, none at all) reaches a checking kernel, so it
 // gets the Python side's error naming the argument instead of the dispatcher's message.
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/autograd.h>
 
 #include <charconv>
 #include <cmath>
@@ -226,6 +228,38 @@ std::vector<int64_t> rms_norm_kernel_info_checked(const at::Tensor& x,
   unreachable();
 }
 
+// Forward only, for now: with inputs that require grad the forward runs and the result's
+// backward raises, instead of PyTorch's autograd fallback, which only warns and leaves the
+// inputs without gradients.
+class ForwardOnly : public torch::autograd::Function<ForwardOnly> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight, double eps) {
+    return below_autograd(x, weight, eps);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    TORCH_CHECK(false, kImpl, ": the kernels are forward-only for now (no backward yet); "
+                "train with torch.nn.RMSNorm");
+  }
+  static at::Tensor below_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                   double eps) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("cuda_impl::rms_norm", "")
+                               .typed<at::Tensor(const at::Tensor&,
+                                                 const std::optional<at::Tensor>&, double)>();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op.call(x, weight, eps);
+  }
+};
+
+at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                             double eps) {
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || (weight.has_value() && weight->requires_grad()));
+  return grad ? ForwardOnly::apply(x, weight, eps) : ForwardOnly::below_autograd(x, weight, eps);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
@@ -252,5 +286,6 @@ void register_checked(torch::Library& m) {
 
 TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }
 TORCH_LIBRARY_IMPL(cuda_impl, AutogradNestedTensor, m) { register_checked(m); }
+TORCH_LIBRARY_IMPL(cuda_impl, Autograd, m) { m.impl("rms_norm", &rms_norm_autograd); }
 
 }  // namespace cuda_impl
