@@ -2,23 +2,21 @@
 
 Importing this package loads the compiled extension (``cuda_impl/_C*.so``); if it was
 never built, ImportError says how to build it. For kernel work: ``kernel_info(x)``,
-``configs()``, ``default_config(n, element_size)`` and ``rms_norm_with_config(...)``.
+``compiled_configs()``, ``default_config(n, element_size)``,
+``search_space(n, element_size)`` and ``rms_norm_with_config(x, weight, eps, cfg)``, with
+``Config`` from cuda_impl.configs.
 """
 
-from cuda_impl.ops import (
-    RMSNorm,
-    configs,
-    default_config,
-    kernel_info,
-    rms_norm,
-    rms_norm_with_config,
-)
+from cuda_impl.configs import Config, compiled_configs, default_config, search_space
+from cuda_impl.ops import RMSNorm, kernel_info, rms_norm, rms_norm_with_config
 
 __all__ = [
+    "Config",
     "RMSNorm",
-    "configs",
+    "compiled_configs",
     "default_config",
     "kernel_info",
     "rms_norm",
     "rms_norm_with_config",
+    "search_space",
 ]

@@ -14,18 +14,10 @@ from typing import Optional
 
 import torch
 
+from cuda_impl.configs import Config
 from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs, check_out
 
 _IMPL = "cuda_impl.rms_norm"
-#: Bits of a config's ``variant`` (see configs()): x read with plain loads instead of
-#: read-only non-allocating ones, and x's fp32 copies not kept alive through the reduction.
-VARIANT_PLAIN_LOADS = 1
-VARIANT_LEAN_REGS = 2
-#: Sweep-only bits (a sweep build, RMSNORM_SWEEP_CONFIGS=1): x read with
-#: `ld.global.L1::no_allocate` or with `ld.global.nc`, each half of the read-only,
-#: non-allocating load.
-VARIANT_HINT_ONLY_LOADS = 4
-VARIANT_NC_ONLY_LOADS = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -91,60 +83,31 @@ def rms_norm(
     return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL)
 
 
-def configs() -> list[dict]:
-    """The compiled launch configs: row_threads, vpt (16-byte vectors a thread), cluster
-    (CTAs share a row), default (shipped: on a ladder the kernel picks from by N; a default
-    build compiles only these), variant (kernel variant, bits: VARIANT_PLAIN_LOADS,
-    VARIANT_LEAN_REGS, and in a sweep build VARIANT_HINT_ONLY_LOADS, VARIANT_NC_ONLY_LOADS)."""
-    flat = torch.ops.cuda_impl.rms_norm_configs()
-    keys = ("row_threads", "vpt", "cluster", "default", "variant")
-    rows = (flat[i : i + len(keys)] for i in range(0, len(flat), len(keys)))
-    flags = ("cluster", "default")
-    return [{k: (bool(v) if k in flags else v) for k, v in zip(keys, r, strict=True)} for r in rows]
-
-
-def sweep_build() -> bool:
-    """Whether this library was built with the sweep-only configs (RMSNORM_SWEEP_CONFIGS=1)."""
-    return not all(c["default"] for c in configs())
-
-
-def default_config(n: int, element_size: int) -> dict:
-    """The config rms_norm picks for rows of n elements of element_size bytes (the C++
-    ladder itself, so sweeps compare against exactly what runs)."""
-    rt, vpt, ranks, variant = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
-    return dict(row_threads=rt, vpt=vpt, cluster=ranks, variant=variant)
-
-
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
-    """The kernel rms_norm launches for x: its config, and from cudaFuncGetAttributes the
+    """The kernel rms_norm launches for x (its rows and this GPU's SMs decide between the
+    throughput and the latency ladder): its config, and from cudaFuncGetAttributes the
     registers a thread and local memory (stack and spills) in bytes."""
     check_inputs(x, weight, DEFAULT_EPS, impl=_IMPL)
-    keys = (
-        "row_threads",
-        "vpt",
-        "cluster",
-        "variant",
-        "n_regs",
-        "local_bytes",
-        "shared_bytes",
-        "max_threads",
+    rt, vpt, ranks, variant, *attrs = torch.ops.cuda_impl.rms_norm_kernel_info(x, weight)
+    keys = ("n_regs", "local_bytes", "shared_bytes", "max_threads")
+    return dict(
+        config=Config(rt, vpt, ranks, variant).as_dict(), **dict(zip(keys, attrs, strict=True))
     )
-    return dict(zip(keys, torch.ops.cuda_impl.rms_norm_kernel_info(x, weight), strict=True))
 
 
 def rms_norm_with_config(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: float,
-    row_threads: int,
-    vpt: int,
-    cluster: int = 1,
-    variant: int = 0,
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Config
 ) -> torch.Tensor:
-    """rms_norm with a forced launch config (one of configs()), for sweeps; same result."""
+    """rms_norm with a forced launch config (a compiled one: cuda_impl.configs.compiled_configs(),
+    with cluster the CTAs sharing a row), for sweeps; same result."""
     check_inputs(x, weight, eps, impl=_IMPL)
+    if not isinstance(cfg, Config):
+        raise ValueError(
+            "rms_norm_with_config: cfg must be a cuda_impl.configs.Config, got"
+            f" {type(cfg).__name__}"
+        )
     return torch.ops.cuda_impl.rms_norm_with_config(
-        x, weight, float(eps), row_threads, vpt, cluster, variant
+        x, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
     )
 
 

@@ -90,8 +90,8 @@ MSWEEP_N = 4096
 MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768
 DECODE = tuple((m, n) for n in (4096, 8192) for m in (1, 8, 32, 128))
 
-#: bf16 shapes measured elsewhere with independent tools, to check this harness against
-#: (issue 4: compile ~3.9 TB/s, native ~2.5 TB/s, copy ~4.27 TB/s at 8192 x 8192).
+#: bf16 shapes measured independently of this harness, to check it against (the figures:
+#: docs/PERF_NOTES.md).
 REFERENCE = ((8192, 8192),)
 
 QUICK_NS = (4096, 4097, 8192)

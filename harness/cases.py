@@ -84,7 +84,7 @@ class Case:
         return x, weight, self.eps
 
 
-#: (name, shape): the N widths the issue names, odd and power-of-two, with M in {1, 7, 256}.
+#: (name, shape): the N widths the study covers, odd and power-of-two, with M in {1, 7, 256}.
 _BASE_SHAPES = [
     ("n1", (7, 1)),
     ("n3", (256, 3)),

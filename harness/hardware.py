@@ -1,10 +1,11 @@
-"""What the GPU can do, measured and read in the same run (METHOD.md rules 1, 9, 10).
+"""What the GPU can do, measured and read in the same run (peak first, the
+environment in every record, the card's settings left alone).
 
 - Theoretical peak: 2 (double data rate) x memory clock x bus width / 8, in GB/s. The
   clock and width come from NVML (pynvml, package nvidia-ml-py), else torch's device
   properties, else a table of known parts (H200: 3201 MHz x 6016 bit -> 4814 GB/s).
 - Achievable ceiling: the median of a >= 1 GiB device-to-device copy, counting bytes read
-  plus bytes written (about 4270 GB/s on an H200).
+  plus bytes written (the runs of record: docs/PERF_NOTES.md).
 - Clocks and throttle reasons are read through NVML; nothing here changes a clock or a
   power limit.
 - ``environment``: the GPU, its SMs and L2, the driver, torch, triton, CUDA, and the

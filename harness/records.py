@@ -4,7 +4,7 @@ Every figure and table in a report is drawn from these lines, so any machine can
 GPU run. A line is written (and flushed) as soon as it is measured: an interrupted run
 keeps what it measured.
 
-The one bytes model, for every implementation alike (METHOD.md rule 2):
+The one bytes model, for every implementation alike:
     bytes = read x (M*N) + read weight (N) + write y (M*N), each in its own element size.
 An implementation that moves more (Liger's rstd row, eager's fp32 temporaries) is still
 charged only this, so GB/s compares work done, not traffic generated.

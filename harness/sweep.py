@@ -8,8 +8,8 @@ checked against the reference, then timed cold (L2 flushed, three interleaved bl
 same method as harness.bench), and one JSON line per candidate is written with its config,
 median/p20/p80 microseconds, GB/s and % of the copy ceiling, and whether it is the config
 the kernel picks today. The table printed last gives, per shape, today's config and the
-best one. CUDA only; the configs come from triton_impl.launch_config's space and
-cuda_impl.ops.configs().
+best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
+cuda_impl.configs), the default its default_config.
 """
 
 from __future__ import annotations
@@ -29,127 +29,33 @@ from harness.records import DTYPE_BYTES, bytes_moved
 from harness.reference import TOL, rms_norm_ref
 
 EPS = 1e-6
-#: Triton candidates: per-thread bytes of the tile kept in this range (16-byte loads, no
-#: spills; below it only with one warp, for tiny rows), warps and rows per program from
-#: these sets.
-TRITON_WARPS = (1, 2, 4, 8, 16, 32)
-TRITON_ROWS = (1, 2, 4, 8, 16, 32, 64)
-TRITON_THREAD_BYTES = (16, 256)
-TRITON_CHUNKS = (4096, 8192, 16384, 32768)
-TRITON_CHUNK_WARPS = (8, 16, 32)
-TRITON_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
-TRITON_PERSISTENT_PER_SM = (1, 2, 4)
-TRITON_STAGES = (2, 3)
-TRITON_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time (no "stages" key in the config)
-#: Short chunks, as torch.compile's looped reductions cut a row (512 threads, 4-8 elements
-#: a thread, one row a program): from rows of two such chunks up, one program a row.
-TRITON_SHORT_CHUNKS = (1024, 2048)
-TRITON_SHORT_CHUNK_WARPS = (4, 8, 16)
-TRITON_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 
 
-def triton_candidates(n: int, elem: int) -> list[dict]:
-    """Fused tiles whose bytes per thread fit TRITON_THREAD_BYTES, the split kernel (its
-    tile sized to the aligned body) for rows that are not whole 16-byte vectors, the
-    persistent kernel (whole rows, the next ones' loads pipelined through shared memory)
-    where a row fits shared memory, and the chunked kernel for rows of two or more chunks
-    from 8192 elements up (its chunk loads pipelined 1-3 deep), and with short chunks for
-    rows of two or more of them."""
-    import triton
-
-    from triton_impl.rms_norm_op import FUSED_MAX_N
-
-    out = []
-    lo, hi = TRITON_THREAD_BYTES
-    block_n = triton.next_power_of_2(n)
-    vec = 16 // elem
-    body = triton.next_power_of_2(max(vec, n // vec * vec))
-    if block_n <= FUSED_MAX_N[elem]:
-        for rows in TRITON_ROWS:
-            for warps in TRITON_WARPS:
-                per_thread = rows * block_n * elem // (32 * warps)
-                fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
-                if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
-                    out.append(dict(kernel="fused", BLOCK_M=rows, BLOCK_N=block_n, num_warps=warps))
-        if n >= vec and n % 16:  # as launch_config: n not a multiple of 16 elements
-            for warps in TRITON_WARPS:
-                if body * elem // (32 * warps) >= lo or warps == 1:
-                    out.append(dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=warps))
-    if 1024 <= n and block_n * elem <= TRITON_STAGED_BYTES:
-        for warps in TRITON_WARPS:
-            per_thread = block_n * elem // (32 * warps)
-            for per_sm in TRITON_PERSISTENT_PER_SM:
-                for stages in TRITON_STAGES:
-                    staged = (stages - 1) * block_n * elem * per_sm
-                    if 32 <= per_thread <= hi and staged <= TRITON_STAGED_BYTES:
-                        out.append(
-                            dict(kernel="persistent", BLOCK_M=1, BLOCK_N=block_n,
-                                 num_warps=warps, programs_per_sm=per_sm, stages=stages)
-                        )  # fmt: skip
-    if n >= 8192:  # the chunked kernel also where the fused tile would be padded (12288)
-        for chunk in TRITON_CHUNKS:
-            for warps in TRITON_CHUNK_WARPS:
-                for per_sm in TRITON_PROGRAMS_PER_SM:
-                    if not (chunk < n and lo <= chunk * elem // (32 * warps) <= hi):
-                        continue
-                    base = dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
-                                programs_per_sm=per_sm)  # fmt: skip
-                    for stages in TRITON_CHUNK_STAGES:
-                        # shared memory: stages - 1 chunks in flight in each of two sweeps;
-                        # pipelined only with one program an SM or one a row (sweep time)
-                        staged = 2 * (stages - 1) * chunk * elem
-                        if stages == 1 or (per_sm < 2 and staged <= TRITON_STAGED_BYTES):
-                            out.append(dict(base, stages=stages) if stages > 1 else base)
-    for chunk in TRITON_SHORT_CHUNKS:
-        for warps in TRITON_SHORT_CHUNK_WARPS:
-            if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
-                out.append(dict(kernel="chunked", BLOCK_M=1, BLOCK_N=chunk, num_warps=warps,
-                                programs_per_sm=0))  # fmt: skip
-    return out
+def candidates(kernel: str, n: int, elem: int) -> list:
+    """The backend's own search space (triton_impl.configs, cuda_impl.configs)."""
+    if kernel == "triton":
+        from triton_impl import search_space
+    else:
+        from cuda_impl import search_space
+    return search_space(n, elem)
 
 
-def cuda_candidates(n: int, elem: int) -> list[dict]:
-    """Compiled configs that hold the row with at most 4x spare capacity (clusters: the
-    fewest CTAs that hold it, and twice that), the sweep-only kernel variants included."""
-    import cuda_impl.ops as ops
-
-    vecs = max(1, n * elem // 16)
-    out = []
-    for c in ops.configs():
-        per_cta = c["row_threads"] * c["vpt"]
-        base = {k: c[k] for k in ("row_threads", "vpt", "variant")}
-        if c["cluster"]:
-            ranks = 2
-            while ranks * per_cta < vecs and ranks < 8:
-                ranks *= 2
-            for r in sorted({ranks, min(8, 2 * ranks)}):
-                if r * per_cta >= vecs:
-                    out.append(dict(base, cluster=r))
-        elif vecs <= per_cta <= 4 * max(vecs, 8):
-            out.append(dict(base, cluster=1))
-    return out
-
-
-def runner(kernel: str, cfg: dict) -> Callable:
+def runner(kernel: str, cfg) -> Callable:
     """(x, w) -> y with the config forced."""
     if kernel == "triton":
-        from triton_impl.rms_norm_op import rms_norm_with_config
-
-        return lambda x, w: rms_norm_with_config(x, w, EPS, cfg)
-    import cuda_impl.ops as ops
-
-    return lambda x, w: ops.rms_norm_with_config(x, w, EPS, **cfg)
+        from triton_impl import rms_norm_with_config
+    else:
+        from cuda_impl import rms_norm_with_config
+    return lambda x, w: rms_norm_with_config(x, w, EPS, cfg)
 
 
-def default_config(kernel: str, n: int, elem: int) -> Optional[dict]:
-    """The config the kernel picks today, in the candidates' form (None if not one of them)."""
+def default_config(kernel: str, n: int, elem: int):
+    """The config the kernel picks today for many rows (the backend's default rule)."""
     if kernel == "triton":
-        from triton_impl import launch_config
-
-        return launch_config(n, elem)
-    import cuda_impl.ops as ops
-
-    return ops.default_config(n, elem)
+        from triton_impl import default_config as rule
+    else:
+        from cuda_impl import default_config as rule
+    return rule(n, elem)
 
 
 def sweep_shape(kernel: str, dtype: str, m: int, n: int, flush, copy_gbps: float) -> list[dict]:
@@ -159,11 +65,13 @@ def sweep_shape(kernel: str, dtype: str, m: int, n: int, flush, copy_gbps: float
     x = torch.randn(m, n, device="cuda", generator=g).to(tdtype)
     w = (1 + 0.5 * torch.randn(n, device="cuda", generator=g)).to(tdtype)
     ref = rms_norm_ref(x, w, EPS)
-    cands = triton_candidates(n, elem) if kernel == "triton" else cuda_candidates(n, elem)
+    cands = candidates(kernel, n, elem)
     default = default_config(kernel, n, elem)
     results, fns = [], {}
     for i, cfg in enumerate(cands):
-        res = dict(kernel=kernel, dtype=dtype, shape=[m, n], cfg=cfg, default=cfg == default)
+        res = dict(
+            kernel=kernel, dtype=dtype, shape=[m, n], cfg=cfg.as_dict(), default=cfg == default
+        )
         fn = runner(kernel, cfg)
         try:
             torch.testing.assert_close(fn(x, w), ref, **TOL[tdtype])

@@ -1,4 +1,5 @@
-"""How a kernel is timed (METHOD.md rules 4-6), and the statistics every record carries.
+"""How a kernel is timed (cold L2, warm-up, interleaved blocks), and the statistics every
+record carries.
 
 Cold timing, the headline: before each repetition a buffer >= 4x the L2 size is zeroed,
 outside the timed event pair, so every repetition reads x from HBM. Start and end are
@@ -7,8 +8,7 @@ repetitions (the flush kernel separates them), one sync at the end of a batch. A
 queued ahead of each batch lets the host enqueue the whole batch before the GPU reaches
 it: without it, a call whose host-side launch is slower than the flush (Python launchers:
 Triton, Liger) leaves the GPU idle between its start event and its kernel, and that idle
-gap, host time, is counted as device time (seen on the H200 as block medians of 136 vs
-212 us for the same Triton kernel).
+gap, host time, is counted as device time (docs/PERF_NOTES.md has the figures).
 
 Drift control: ``interleaved`` runs three blocks per shape; inside each block every
 implementation runs its repetitions in turn, and the order rotates from block to block, so

@@ -34,19 +34,18 @@ def main() -> int:
     w = torch.randn(n, device="cuda").to(dtype)
     runs = [(name, impls[name].fn) for name in args.impls.split(",") if name]
     for spec in filter(None, args.cuda_configs.split("/")):
-        import cuda_impl.ops as ops
+        import cuda_impl
 
-        rt, vpt, cluster, variant = map(int, spec.split("x"))
-        runs.append((f"cuda[{spec}]", lambda x, w, e, c=(rt, vpt, cluster, variant):
-                     ops.rms_norm_with_config(x, w, e, *c)))  # fmt: skip
+        cfg = cuda_impl.Config(*map(int, spec.split("x")))
+        runs.append((f"cuda[{spec}]", lambda x, w, e, c=cfg:
+                     cuda_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
     for spec in filter(None, args.triton_fused.split("/")):
-        from triton_impl.rms_norm_op import rms_norm_with_config
+        import triton_impl
 
         block_m, warps = map(int, spec.split("x"))
-        cfg = dict(kernel="fused", BLOCK_M=block_m, BLOCK_N=1 << (n - 1).bit_length(),
-                   num_warps=warps)  # fmt: skip
+        cfg = triton_impl.Config("fused", 1 << (n - 1).bit_length(), warps, block_m=block_m)
         runs.append((f"triton[fused {spec}]", lambda x, w, e, c=cfg:
-                     rms_norm_with_config(x, w, e, c)))  # fmt: skip
+                     triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
     for name, fn in runs:
         for _ in range(3):
             fn(x, w, 1e-6)

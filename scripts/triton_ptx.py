@@ -12,29 +12,30 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
 import os
 import re
 import subprocess
 import tempfile
+from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-R = importlib.import_module("triton_impl.rms_norm_op")
+from triton_impl.configs import Config, default_config, kernel_for
+
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 
 
-def compile_default(dtype: str, n: int, cfg: dict = None):
-    """Compile the kernel launch_config picks for (dtype, n), or the given cfg."""
+def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
+    """Compile the kernel default_config picks for many rows of (dtype, n), or cfg."""
     ty, elem = TYPES[dtype]
-    cfg = cfg or R.launch_config(n, elem)
-    kernel, consts = R.kernel_for(cfg, elem, has_weight=True)
+    cfg = cfg or default_config(n, elem)
+    kernel, consts = kernel_for(cfg, elem, has_weight=True)
     warps = consts.pop("num_warps")
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
     sig.update(stride_x="i32", stride_y="i32")
-    if kernel is not R._rms_norm_fwd_split:
+    if cfg.kernel != "split":
         sig["M"] = "i32"
     sig.update(N="i32", eps="fp32")
     names = kernel.arg_names
@@ -84,7 +85,9 @@ def main() -> None:
             cfg, k = compile_default(dtype, n)
             regs, _stack, local = resources(k.asm["cubin"])
             ops = ", ".join(f"{c} {o}" for o, c in sorted(memory_ops(k.asm["ptx"]).items()))
-            short = {k2: v for k2, v in cfg.items() if k2 != "BLOCK_M" or v != 1}
+            plain = Config(cfg.kernel, cfg.block_n, cfg.num_warps).as_dict()
+            short = {k: v for k, v in cfg.as_dict().items() if k in plain and v != plain[k] or
+                     k in ("kernel", "block_n", "num_warps")}  # fmt: skip
             print(f"| {dtype} | {n} | {short} | {ops} | {regs} | {local} |")
 
 

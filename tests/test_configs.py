@@ -5,11 +5,12 @@ is fast but wrong must fail here first. Triton candidates run everywhere (the in
 on CPU); CUDA configs need a GPU, except the table's own consistency.
 """
 
+import functools
+
 import pytest
 import torch
 
-from conftest import DEVICE, fn_or_skip, impl_or_skip
-from harness import sweep
+from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip
 from harness.reference import TOL, rms_norm_ref
 
 VEC = {torch.float32: 4, torch.bfloat16: 8}
@@ -23,11 +24,11 @@ def inputs(m, n, dtype):
 @pytest.mark.parametrize("n", [17, 1000, 4097])
 def test_every_triton_candidate_matches_reference(n):
     impl_or_skip("triton")
-    from triton_impl.rms_norm_op import rms_norm_with_config
+    from triton_impl import rms_norm_with_config, search_space
 
     x, w = inputs(5, n, torch.bfloat16)
     want = rms_norm_ref(x, w, 1e-6)
-    for cfg in sweep.triton_candidates(n, 2):
+    for cfg in search_space(n, 2):
         got = rms_norm_with_config(x, w, 1e-6, cfg)
         torch.testing.assert_close(
             got, want, **TOL[torch.bfloat16], msg=lambda m, cfg=cfg: f"{cfg}: {m}"
@@ -40,13 +41,13 @@ def test_split_kernel_any_alignment(n, dtype):
     """The split kernel finds x's 16-byte boundaries from its address and stores y with
     vectors only where y lines up: rows at odd offsets and odd strides stay correct."""
     impl_or_skip("triton")
-    from triton_impl.rms_norm_op import rms_norm_with_config
+    from triton_impl import Config, rms_norm_with_config
 
     base = torch.randn(6, n + 5, device=DEVICE).to(dtype)
     x = base[:, 3 : 3 + n]  # 3 elements past the allocation, row stride n + 5
     w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
     body = triton_next_pow2(n)
-    cfg = dict(kernel="split", BLOCK_M=1, BLOCK_N=body, num_warps=2)
+    cfg = Config("split", body, 2)
     got = rms_norm_with_config(x, w, 1e-6, cfg)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
@@ -58,12 +59,10 @@ def test_chunked_kernel_stages(n, stages, per_sm):
     """The chunked kernel with its chunk loads pipelined (stages > 1) or not, one program a
     row or a few walking rows: same function, with a partial last chunk (12289)."""
     impl_or_skip("triton")
-    from triton_impl.rms_norm_op import rms_norm_with_config
+    from triton_impl import Config, rms_norm_with_config
 
     x, w = inputs(5, n, torch.bfloat16)
-    cfg = dict(kernel="chunked", BLOCK_M=1, BLOCK_N=4096, num_warps=8, programs_per_sm=per_sm)
-    if stages > 1:
-        cfg["stages"] = stages
+    cfg = Config("chunked", 4096, 8, programs_per_sm=per_sm, stages=stages)
     got = rms_norm_with_config(x, w, 1e-6, cfg)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
 
@@ -76,93 +75,157 @@ def test_cuda_config_table():
     """The default plan holds the row, grows with N, and uses a cluster only past the
     widest single-CTA config; a default build compiles only the configs it picks."""
     fn_or_skip("cuda")
-    import cuda_impl.ops as ops
+    import cuda_impl.configs as C
 
-    table = ops.configs()
-    shipped = [c for c in table if c["default"]]
-    assert shipped and len(shipped) == len({tuple(c.values()) for c in shipped})
-    assert ops.sweep_build() == (len(shipped) < len(table))
-    assert any(c["cluster"] and c["row_threads"] == 1024 and c["vpt"] == 8 for c in table)
+    table = C.compiled_configs()
+    shipped = [c for c in table if c.shipped]
+    assert shipped and len(shipped) == len(set(shipped))
+    assert C.sweep_build() == (len(shipped) < len(table))
+    assert any(c.cluster and c.row_threads == 1024 and c.vpt == 8 for c in table)
     # kernel variants: each shipped bit taken by some default plan
-    for bit in (ops.VARIANT_PLAIN_LOADS, ops.VARIANT_LEAN_REGS):
-        assert any(c["variant"] & bit and c["default"] for c in table), bit
+    for bit in (C.VARIANT_PLAIN_LOADS, C.VARIANT_LEAN_REGS):
+        assert any(c.variant & bit and c.shipped for c in table), bit
     # the two halves of the read-only load: on no ladder
-    for bit in (ops.VARIANT_HINT_ONLY_LOADS, ops.VARIANT_NC_ONLY_LOADS):
-        assert not any(c["variant"] & bit and c["default"] for c in table), bit
+    for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):
+        assert not any(c.variant & bit and c.shipped for c in table), bit
     picked = set()
     for elem in (2, 4):
         caps = []
         for n in (1, 8, 64, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072, 262144):
-            c = ops.default_config(n, elem)
-            cap = c["row_threads"] * c["vpt"] * c["cluster"]
-            assert cap >= n * elem // 16, (n, elem, c)  # holds the row's whole vectors
-            caps.append(cap)
-            picked.add((c["row_threads"], c["vpt"], c["cluster"] > 1, c["variant"]))
+            c = C.default_config(n, elem)
+            assert c.holds(n, elem), (n, elem, c)
+            caps.append(c.row_threads * c.vpt * c.cluster)
+            picked.add((c.row_threads, c.vpt, c.cluster > 1, c.variant))
         assert caps == sorted(caps), (elem, caps)
-        assert ops.default_config(8192 * 16 // elem, elem)["cluster"] == 1
-        assert ops.default_config(2 * 8192 * 16 // elem, elem)["cluster"] >= 2
-    for c in shipped:  # what the throughput ladders pick is shipped
-        del c["default"]
-    keys = {(c["row_threads"], c["vpt"], c["cluster"], c["variant"]) for c in shipped}
-    assert picked <= keys, picked - keys
+        assert C.default_config(8192 * 16 // elem, elem).cluster == 1
+        assert C.default_config(2 * 8192 * 16 // elem, elem).cluster >= 2
+    # what the throughput ladders pick is shipped
+    assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
 
 
 def test_cuda_sweep_only_configs():
     """A sweep build (RMSNORM_SWEEP_CONFIGS=1) adds the sweep-only variant bits, on no
     ladder; a default build has none of them."""
     fn_or_skip("cuda")
-    import cuda_impl.ops as ops
+    import cuda_impl.configs as C
 
-    if not ops.sweep_build():
+    if not C.sweep_build():
         pytest.skip("sweep-only configs not built (build with RMSNORM_SWEEP_CONFIGS=1)")
-    table = ops.configs()
-    for bit in (ops.VARIANT_HINT_ONLY_LOADS, ops.VARIANT_NC_ONLY_LOADS):
-        assert any(c["variant"] & bit and not c["default"] for c in table), bit
+    table = C.compiled_configs()
+    for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):
+        assert any(c.variant & bit and not c.shipped for c in table), bit
 
 
 def cuda_cases():
-    """(config, N) pairs: each config at its full capacity and at an odd N just below."""
+    """(config, N) pairs: each compiled config at its full capacity and at an odd N below."""
     try:
-        import cuda_impl.ops as ops
+        from cuda_impl import Config, compiled_configs
     except ImportError:
         return []
     out = []
-    for c in ops.configs():
-        ranks = 2 if c["cluster"] else 1
+    for c in compiled_configs():
+        cfg = Config(c.row_threads, c.vpt, 2 if c.cluster else 1, c.variant)
         for dtype in VEC:
-            cap = c["row_threads"] * c["vpt"] * ranks * VEC[dtype]
+            cap = c.row_threads * c.vpt * cfg.cluster * VEC[dtype]
             for n in (cap, cap - 3):
-                tag = f"{c['row_threads']}x{c['vpt']}c{ranks}var{c['variant']}"
-                out.append(pytest.param(c, ranks, n, dtype, id=f"{tag}-n{n}-{dtype}"))
+                tag = f"{c.row_threads}x{c.vpt}c{cfg.cluster}var{c.variant}"
+                out.append(pytest.param(cfg, n, dtype, id=f"{tag}-n{n}-{dtype}"))
     return out
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg, ranks, n, dtype", cuda_cases())
-def test_every_cuda_config_matches_reference(cfg, ranks, n, dtype):
+@pytest.mark.parametrize("cfg, n, dtype", cuda_cases())
+def test_every_cuda_config_matches_reference(cfg, n, dtype):
     impl_or_skip("cuda")
-    import cuda_impl.ops as ops
+    from cuda_impl import rms_norm_with_config
 
     x, w = inputs(7, n, dtype)
-    got = ops.rms_norm_with_config(
-        x, w, 1e-6, cfg["row_threads"], cfg["vpt"], ranks, cfg["variant"]
-    )
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
 @pytest.mark.gpu
 def test_forced_cuda_config_errors():
     impl_or_skip("cuda")
-    import cuda_impl.ops as ops
+    from cuda_impl import Config, rms_norm_with_config
+    from cuda_impl.configs import VARIANT_LEAN_REGS, VARIANT_PLAIN_LOADS
 
     x, w = inputs(4, 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="no compiled config"):
-        ops.rms_norm_with_config(x, w, 1e-6, 96, 3, 1)
+        rms_norm_with_config(x, w, 1e-6, Config(96, 3))
     with pytest.raises(ValueError, match="variant 2"):  # 8 x 1 has no lean-register variant
-        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1, ops.VARIANT_LEAN_REGS)
+        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_LEAN_REGS))
     with pytest.raises(ValueError, match="no compiled config"):  # not wrapped into int range
-        ops.rms_norm_with_config(x, w, 1e-6, 2**32 + 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
+        rms_norm_with_config(x, w, 1e-6, Config(2**32 + 8, 1, 1, VARIANT_PLAIN_LOADS))
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
-        ops.rms_norm_with_config(x, w, 1e-6, 8, 1, 1, ops.VARIANT_PLAIN_LOADS)
+        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_PLAIN_LOADS))
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
-        ops.rms_norm_with_config(x, w, 1e-6, 1024, 8, 3)
+        rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 3))
+    with pytest.raises(ValueError, match="cfg must be a cuda_impl.configs.Config"):
+        rms_norm_with_config(x, w, 1e-6, (128, 4, 1, 1))
+
+
+# ---- kernel_info reports what runs -----------------------------------------------------
+
+GRID_NS = (128, 512, 1000, 1024, 2048, 4095, 4096, 4097, 5120, 8192, 12288, 16384, 32768,
+           65536, 131072)  # fmt: skip
+
+
+def launched(fn) -> list[dict]:
+    """The CUDA kernels one call of fn launches, from the profiler's trace: name, grid and
+    block as the driver saw them."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    return [e for e in events if e.get("cat") == "kernel"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("rows", ["grid", "decode"])
+def test_kernel_info_is_what_runs(name, dtype, rows):
+    """For every grid width (M = 2^27 / N, and 8 rows: the latency rule), the kernel
+    kernel_info names is the one the profiler sees launched, with its grid and block."""
+    impl = impl_or_skip(name)
+    info_fn = impl.resources
+    for n in GRID_NS:
+        m = 2**27 // n if rows == "grid" else 8
+        x = torch.randn(m, n, device=DEVICE).to(dtype)
+        w = torch.randn(n, device=DEVICE).to(dtype)
+        impl.fn(x, w, 1e-6)  # compile outside the profile
+        info = info_fn(x, w)
+        (k,) = launched(functools.partial(impl.fn, x, w, 1e-6))
+        cfg = info["config"]
+        if name == "triton":
+            assert k["name"] == info["name"], (n, k["name"], info)
+            assert k["args"]["grid"][0] == info["grid"][0], (n, k["args"], info)
+            assert k["args"]["block"][0] == 32 * cfg["num_warps"], (n, k["args"], cfg)
+        else:
+            want = f"{cfg['row_threads']}, {cfg['vpt']}, {str(cfg['cluster'] > 1).lower()}"
+            assert f"{want}, {cfg['variant']}>" in k["name"], (n, k["name"], cfg)
+            assert k["args"]["block"][0] == max(128, cfg["row_threads"]), (n, k["args"], cfg)
+
+
+def test_triton_kernel_info_config_is_the_rule():
+    """kernel_info reports the config launch.plan decided, which is default_config's for the
+    rows and SMs at hand (the latency rule for few rows), never a table lookup apart."""
+    impl_or_skip("triton")
+    from triton_impl import default_config
+    from triton_impl.launch import plan
+
+    for n, m in ((4096, 64), (4097, 3), (65536, 2), (12288, 300)):
+        x = torch.randn(m, n, device=DEVICE)
+        y = torch.empty_like(x)
+        p = plan(x, None, 1e-6, y)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if HAS_GPU else None
+        assert p.cfg == default_config(n, 4, rows=m if HAS_GPU else None, sms=sms)

@@ -142,13 +142,14 @@ def test_cpu_tensor_for_triton_kernel():
 
 def test_empty_rows_launch_nothing(monkeypatch):
     """The Triton launcher returns before touching a kernel when there are no rows."""
-    from triton_impl import rms_norm_op as mod
+    import triton_impl
+    from triton_impl import launch
 
     def boom(*a, **k):
         raise AssertionError("a kernel was launched for an empty input")
 
-    monkeypatch.setattr(mod, "wrap_triton", boom)
-    y = mod.rms_norm(torch.empty(0, 64, device=DEVICE))
+    monkeypatch.setattr(launch, "wrap_triton", boom)
+    y = triton_impl.rms_norm(torch.empty(0, 64, device=DEVICE))
     assert y.shape == (0, 64)
 
 
@@ -362,14 +363,17 @@ def test_one_wording_for_both_sides(case):
 @pytest.mark.parametrize(
     "cfg, what",
     [
-        (dict(kernel="tiled", BLOCK_N=64, num_warps=1), r"\['kernel'\] is 'tiled'"),
-        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=1000, num_warps=1), r"\['BLOCK_N'\] is 1000"),
-        (dict(kernel="fused", BLOCK_M=3, BLOCK_N=64, num_warps=1), r"\['BLOCK_M'\] is 3"),
-        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=64, num_warps=3), r"\['num_warps'\] is 3"),
-        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=64), r"\['num_warps'\] is None"),
-        (dict(kernel="chunked", BLOCK_N=64, num_warps=1, stages=0), r"\['stages'\] is 0"),
-        (dict(kernel="fused", BLOCK_M=1, BLOCK_N=32, num_warps=1), r"narrower than the row"),
-        ("fused", r"cfg must be a dict"),
+        (dict(kernel="tiled", block_n=64, num_warps=1), r"kernel is 'tiled'"),
+        (dict(kernel="fused", block_n=1000, num_warps=1), r"block_n is 1000"),
+        (dict(kernel="fused", block_m=3, block_n=64, num_warps=1), r"block_m is 3"),
+        (dict(kernel="fused", block_n=64, num_warps=3), r"num_warps is 3"),
+        (dict(kernel="split", block_m=2, block_n=64, num_warps=1), r"only the fused kernel"),
+        (dict(kernel="fused", block_n=64), r"cfg: .*missing .*'num_warps'"),
+        (dict(kernel="fused", block_n=64, num_warps=1, BLOCK_M=2), r"unknown fields \['BLOCK_M'\]"),
+        (dict(kernel="chunked", block_n=64, num_warps=1, stages=0), r"stages is 0"),
+        (dict(kernel="chunked", block_n=64, num_warps=1, programs_per_sm=-1), r"programs_per_sm"),
+        (dict(kernel="fused", block_n=32, num_warps=1), r"block_n = 32 is narrower than the row"),
+        ("fused", r"cfg must be a Config or a dict"),
     ],
 )
 def test_triton_forced_config_errors(cfg, what):
@@ -385,12 +389,14 @@ def test_triton_forced_config_errors(cfg, what):
 def test_default_config_range(n, elem):
     """Both backends' config rules refuse widths and element sizes no kernel takes."""
     fn_or_skip("triton")
-    from triton_impl import launch_config
+    from triton_impl import default_config, search_space
 
-    with pytest.raises(ValueError, match=r"launch_config: (n|element_size) is"):
-        launch_config(n, elem)
+    with pytest.raises(ValueError, match=r"default_config: (n|element_size) is"):
+        default_config(n, elem)
+    with pytest.raises(ValueError, match=r"search_space: (n|element_size) is"):
+        search_space(n, elem)
     fn_or_skip("cuda")
-    import cuda_impl.ops as ops
+    import cuda_impl
 
     with pytest.raises(ValueError, match=r"rms_norm_default_config: (n|element_size) is"):
-        ops.default_config(n, elem)
+        cuda_impl.default_config(n, elem)

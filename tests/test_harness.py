@@ -429,29 +429,29 @@ def test_sweep_candidates_include_todays_config(n, elem):
     """harness.sweep compares each kernel's current choice with its alternatives."""
     from harness import sweep
 
-    assert sweep.default_config("triton", n, elem) in sweep.triton_candidates(n, elem)
+    assert sweep.default_config("triton", n, elem) in sweep.candidates("triton", n, elem)
     try:
         import cuda_impl  # noqa: F401
     except ImportError as e:
         pytest.skip(f"cuda extension not built: {e}")
-    assert sweep.default_config("cuda", n, elem) in sweep.cuda_candidates(n, elem)
+    assert sweep.default_config("cuda", n, elem) in sweep.candidates("cuda", n, elem)
 
 
 def test_forced_configs_compute_the_same_function():
     """The sweep's forced-config entry points give the reference's answer (Triton here)."""
     from harness import sweep
-    from triton_impl.rms_norm_op import rms_norm_with_config
+    from triton_impl import Config
 
     for n in (1000, 4097):
         x = torch.randn(8, n, device=DEVICE).to(torch.bfloat16)
         w = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-        cands = sweep.triton_candidates(n, 2)
-        assert any(c["kernel"] == "split" for c in cands)
-        for cfg in cands[:4] + [c for c in cands if c["kernel"] == "split"][:2]:
-            y = rms_norm_with_config(x, w, 1e-6, cfg)
+        cands = sweep.candidates("triton", n, 2)
+        assert any(c.kernel == "split" for c in cands)
+        for cfg in cands[:4] + [c for c in cands if c.kernel == "split"][:2]:
+            y = sweep.runner("triton", cfg)(x, w)
             torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
     with pytest.raises(ValueError, match="narrower than the row"):
-        rms_norm_with_config(x, w, 1e-6, dict(kernel="fused", BLOCK_M=1, BLOCK_N=512, num_warps=4))
+        sweep.runner("triton", Config("fused", 512, 4))(x, w)
 
 
 def test_report_lists_registers_and_first_calls_of_our_kernels(tmp_path):

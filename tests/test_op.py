@@ -96,10 +96,11 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         w = None if wdtype is None else (1 + torch.randn(n, device=DEVICE)).to(wdtype)
         torch.testing.assert_close(impl.fn(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **TOL[dtype])
     if name == "triton":
-        from triton_impl import rms_norm_op as module
+        from triton_impl import eager
 
-        plans = [p for p in module._PLANS.values() if p.compiled]
+        plans = [p for p in eager.PLANS.values() if p.compiled]
         assert plans, "the fast path cached no plan with a compiled kernel"
+        assert all(all(p.compiled.values()) for p in plans) == eager.DIRECT
 
 
 @pytest.mark.gpu
@@ -136,17 +137,57 @@ def test_triton_eager_plan_cache(case, dtype, weight):
     tensors, every result is the reference's, and a plan is kept only when x is used in
     place (a transposed batch is copied by reshape, so it is planned on every call)."""
     impl_or_skip("triton")
-    from triton_impl import rms_norm_op as module
+    from triton_impl import eager
 
-    module._PLANS.clear()
+    eager.PLANS.clear()
     for _ in range(3):
         x = PLAN_CASES[case]().to(dtype)
         n = x.shape[-1]
         w = None if weight is None else (1 + torch.randn(n, device=DEVICE))
         w = w if weight != "same" or w is None else w.to(dtype)
-        got = module._eager_launch(x, w, 1e-6)
+        got = eager.eager_rms_norm(x, w, 1e-6, "triton_impl.rms_norm")
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
-    assert len(module._PLANS) == (0 if case == "3d-transposed" else 1)
+    assert len(eager.PLANS) == (0 if case == "3d-transposed" else 1)
     for eps in (float("nan"), 1e-50, 1e39):  # a cached plan still checks eps
         with pytest.raises(ValueError, match="eps is"):
-            module._eager_launch(x, w, eps)
+            eager.eager_rms_norm(x, w, eps, "triton_impl.rms_norm")
+
+
+@pytest.mark.parametrize("why", ["switched off", "unverified triton"])
+def test_triton_eager_fallback_launch(monkeypatch, why):
+    """With the direct launch off (RMSNORM_TRITON_FAST_LAUNCH=0, or a Triton version it
+    was not verified with) the fast path launches through Triton's public launcher: same
+    results, never a direct launch."""
+    impl_or_skip("triton")
+    import triton
+
+    from triton_impl import eager
+
+    if why == "switched off":
+        monkeypatch.setenv("RMSNORM_TRITON_FAST_LAUNCH", "0")
+    else:
+        monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert not eager.direct_launch_ok()
+    monkeypatch.setattr(eager, "DIRECT", eager.direct_launch_ok())
+
+    def no_direct(*a, **k):
+        raise AssertionError("launched directly although the direct launch is off")
+
+    monkeypatch.setattr(eager, "_run_compiled", no_direct)
+    eager.PLANS.clear()
+    for _ in range(3):  # a miss, then hits
+        x = torch.randn(33, 4097, device=DEVICE).to(torch.bfloat16)
+        w = (1 + torch.randn(4097, device=DEVICE)).to(x.dtype)
+        got = eager.eager_rms_norm(x, w, 1e-6, "triton_impl.rms_norm")
+        torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[x.dtype])
+    (plan,) = eager.PLANS.values()
+    assert not plan.direct and not any(plan.compiled.values())
+    eager.PLANS.clear()
+
+
+def test_triton_verified_versions():
+    from triton_impl import eager
+
+    assert eager._version("3.6.0") == (3, 6) and eager._version("3.8.0+git1234") == (3, 8)
+    assert eager._version("4") == (4, 0)
+    assert (3, 6) in eager.VERIFIED_TRITON and (3, 8) in eager.VERIFIED_TRITON

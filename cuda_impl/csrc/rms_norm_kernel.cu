@@ -101,15 +101,15 @@ __device__ __forceinline__ void cluster_wait() {
 
 // Kernel variants (bits of Config::variant):
 // - kPlainLoads: x through a plain `ld.global.v4` (SASS LDG.E.128), what Triton emits for
-//   the same access, instead of the read-only, non-allocating load (LDG.E.NA.128.CONSTANT).
-//   Measured (sweep-b51fdbc-cuda.jsonl): 3-4 points of copy ahead wherever several CTAs
-//   share an SM; 1-2 behind for a 1024-thread CTA, alone on its SM.
+//   the same access, instead of the read-only, non-allocating load (LDG.E.NA.128.CONSTANT):
+//   ahead wherever several CTAs share an SM, behind for a 1024-thread CTA alone on its SM.
 // - kLeanRegs: x's vectors are re-read as raw bits after the reduction, so the compiler
 //   converts them to fp32 again for the store instead of keeping the fp32 copies alive
-//   through the reduction (ptxas, 16-bit x: 512 x 8 from 96 to 64 registers).
+//   through the reduction: fewer registers, more CTAs an SM.
 // - kHintOnlyLoads / kNcOnlyLoads (sweep-only): the two halves of the read-only,
 //   non-allocating load apart, `ld.global.L1::no_allocate` and `ld.global.nc`, to tell
-//   which one cost the 3-4 points.
+//   which one costs the plain loads' lead.
+// Measurements behind each: docs/PERF_NOTES.md ("Why the defaults are what they are").
 constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 constexpr int kHintOnlyLoads = 4;
@@ -240,10 +240,10 @@ __device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, i
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
 // this thread's weight vectors, issued right after x's so their latency (an L2 hit) hides
 // under x's instead of following the reduction; returns whether it loaded them (the
-// weight's vectors are 16-byte aligned here). ptxas: 128 x 4 goes from 48 to 64 registers;
-// with 8 vectors a thread 72 -> 120 (occupancy halved), with 16 it spills, so not there.
-// Not for 1024-thread CTAs (64 registers a thread at most; they prefetch into L1 instead)
-// nor fp32 (already at 92-96% of copy).
+// weight's vectors are 16-byte aligned here). The early vectors cost registers: with more
+// than 4 vectors a thread they halve occupancy or spill, so not there. Not for 1024-thread
+// CTAs (64 registers a thread at most; they prefetch into L1 instead) nor fp32 (near the
+// copy ceiling without it). Figures: docs/PERF_NOTES.md.
 template <typename T, typename W, int BLOCK, int VPT>
 __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const RowSplit& sp,
                                                   int g, int G, bool row_ok,
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
-  // the prefetches only compete with x's loads (measured: slower), so not there.
+  // the prefetches only compete with x's loads (slower, docs/PERF_NOTES.md), so not there.
   if (BLOCK == 1024 && w != nullptr && row_ok) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -754,7 +754,7 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
                          : -1;
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks), ", variant ",
-                    num(variant), "); see cuda_impl.ops.configs()");
+                    num(variant), "); see cuda_impl.compiled_configs()");
   TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0),
                     "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
                     "; expected 1, 2, 4 or 8");

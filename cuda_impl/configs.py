@@ -1,0 +1,99 @@
+"""Launch configs of the CUDA RMSNorm kernel, as data (mirrored from the C++ table).
+
+The table itself lives in csrc/rms_norm_kernel.cu (one table of ladder rungs; the shipped
+configs are the ones the rungs name, and a sweep build adds the sweep-only candidates).
+Here it is read back, typed:
+
+- ``Config``: one launch (threads a row, 16-byte vectors a thread, CTAs a cluster sharing a
+  row, kernel variant bits), frozen;
+- ``compiled_configs()``: every compiled config, and whether it ships (is on a ladder);
+- ``default_config(n, element_size)``: the C++ ladder's own choice for many rows;
+- ``search_space(n, element_size)``: the candidates ``python -m harness.sweep`` times.
+Why each rung is what it is, with the measurements: docs/PERF_NOTES.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+#: Bits of a config's ``variant``: x read with plain loads instead of read-only
+#: non-allocating ones, and x's fp32 copies not kept alive through the reduction.
+VARIANT_PLAIN_LOADS = 1
+VARIANT_LEAN_REGS = 2
+#: Sweep-only bits (a sweep build, RMSNORM_SWEEP_CONFIGS=1): x read with
+#: `ld.global.L1::no_allocate` or with `ld.global.nc`, each half of the read-only,
+#: non-allocating load.
+VARIANT_HINT_ONLY_LOADS = 4
+VARIANT_NC_ONLY_LOADS = 8
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch of the CUDA kernel: row_threads threads own a row, each holding vpt
+    16-byte vectors of it; cluster CTAs of row_threads threads share the row (1: no
+    cluster); variant: VARIANT_* bits."""
+
+    row_threads: int
+    vpt: int
+    cluster: int = 1
+    variant: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def holds(self, n: int, element_size: int) -> bool:
+        """Whether the config holds a row of n elements' 16-byte vectors."""
+        return self.row_threads * self.vpt * self.cluster >= n * element_size // 16
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A config the library was built with: shape (cluster: whether CTAs share the row,
+    as many as the row needs), variant, and whether it ships (is on a ladder)."""
+
+    row_threads: int
+    vpt: int
+    cluster: bool
+    variant: int
+    shipped: bool
+
+
+def compiled_configs() -> list[Compiled]:
+    """Every compiled config, the shipped ones first."""
+    flat = torch.ops.cuda_impl.rms_norm_configs()
+    rows = (flat[i : i + 5] for i in range(0, len(flat), 5))
+    return [Compiled(rt, vpt, bool(cl), var, bool(shipped)) for rt, vpt, cl, shipped, var in rows]
+
+
+def sweep_build() -> bool:
+    """Whether this library was built with the sweep-only configs (RMSNORM_SWEEP_CONFIGS=1)."""
+    return not all(c.shipped for c in compiled_configs())
+
+
+def default_config(n: int, element_size: int) -> Config:
+    """The config rms_norm picks for many rows of n elements of element_size bytes (the C++
+    ladder itself, so sweeps compare against exactly what runs; ValueError for a width or
+    element size no kernel takes)."""
+    rt, vpt, ranks, variant = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
+    return Config(rt, vpt, ranks, variant)
+
+
+def search_space(n: int, element_size: int) -> list[Config]:
+    """Compiled configs that hold the row with at most 4x spare capacity (clusters: the
+    fewest CTAs that hold it, and twice that), the sweep-only ones included when built."""
+    vecs = max(1, n * element_size // 16)
+    out = []
+    for c in compiled_configs():
+        per_cta = c.row_threads * c.vpt
+        if c.cluster:
+            ranks = 2
+            while ranks * per_cta < vecs and ranks < 8:
+                ranks *= 2
+            for r in sorted({ranks, min(8, 2 * ranks)}):
+                if r * per_cta >= vecs:
+                    out.append(Config(c.row_threads, c.vpt, r, c.variant))
+        elif vecs <= per_cta <= 4 * max(vecs, 8):
+            out.append(Config(c.row_threads, c.vpt, 1, c.variant))
+    return out

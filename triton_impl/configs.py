@@ -1,0 +1,311 @@
+"""Launch configs of the Triton RMSNorm kernels, as data.
+
+- ``Config``: one launch, typed and frozen (which kernel, its tile, warps, programs an SM,
+  pipeline stages); invalid fields raise ValueError naming the field.
+- ``default_config(n, element_size, ...)``: the one rule the launcher, ``kernel_info``,
+  the tests and the report use. Tuned tables below, keyed by named fields (``Width``), for
+  the widths the sweep measured; a formula for the rest.
+- ``search_space(n, element_size)``: the candidates ``python -m harness.sweep`` times.
+- ``kernel_for(cfg, ...)``: the @triton.jit function and compile-time arguments of a config.
+
+Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) -> these tables ->
+tests (every candidate computes the same function) -> the benchmark. Why each entry is what
+it is, with the measurements: docs/PERF_NOTES.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import asdict, dataclass
+from typing import Optional, Union
+
+import triton
+
+from rmsnorm_api import MAX_N
+from triton_impl.kernels import KERNELS
+
+#: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
+FUSED_MAX_N = {4: 32768, 2: 16384}
+
+
+def _pow2(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch of a Triton kernel.
+
+    kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
+    program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
+    block_n-wide chunks, twice) or "persistent" (programs walking whole rows, the next rows'
+    loads in flight); programs_per_sm: chunked and persistent programs an SM, 0 for one a
+    row; stages: loads in flight through shared memory (Triton's pipeliner), 1 for none.
+    """
+
+    kernel: str
+    block_n: int
+    num_warps: int
+    block_m: int = 1
+    programs_per_sm: int = 0
+    stages: int = 1
+
+    def __post_init__(self) -> None:
+        where = "triton_impl Config"
+        if self.kernel not in KERNELS:
+            raise ValueError(
+                f"{where}: kernel is {self.kernel!r}; expected one of {sorted(KERNELS)}"
+            )
+        for name, hi in (("block_n", MAX_N), ("num_warps", 32), ("block_m", 1024)):
+            v = getattr(self, name)
+            if not (_pow2(v) and v <= hi):
+                raise ValueError(f"{where}: {name} is {v!r}; expected a power of two in [1, {hi}]")
+        if self.kernel != "fused" and self.block_m != 1:
+            raise ValueError(f"{where}: block_m is {self.block_m}; only the fused kernel has rows")
+        for name, lo in (("programs_per_sm", 0), ("stages", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
+
+    def as_dict(self) -> dict:
+        """The config as records and the sweep write it."""
+        return asdict(self)
+
+    @classmethod
+    def of(cls, cfg: Union[Config, dict]) -> Config:
+        """A Config, from a Config or its as_dict() form (ValueError naming what is off)."""
+        if isinstance(cfg, cls):
+            return cfg
+        if not isinstance(cfg, dict):
+            raise ValueError(f"cfg must be a Config or a dict, got {type(cfg).__name__}")
+        unknown = set(cfg) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"cfg has unknown fields {sorted(unknown)}")
+        try:
+            return cls(**cfg)
+        except TypeError as e:  # a missing required field
+            raise ValueError(f"cfg: {e}") from None
+
+    def holds(self, n: int, element_size: int) -> bool:
+        """Whether the tile holds a row of n elements (the chunked kernel holds any row)."""
+        vec = 16 // element_size
+        need = {"fused": n, "persistent": n, "split": n // vec * vec}
+        return self.block_n >= need.get(self.kernel, 0)
+
+
+@dataclass(frozen=True)
+class Width:
+    """A tuned table's key: element size in bytes, the row's power-of-two tile, and whether
+    the row is narrower than it (padded: N < block_n)."""
+
+    element_size: int
+    block_n: int
+    padded: bool = False
+
+
+def _fused(block_n: int, block_m: int, warps: int) -> Config:
+    return Config("fused", block_n, warps, block_m=block_m)
+
+
+#: The fused kernel's tile and warps per width the sweep measured (docs/PERF_NOTES.md).
+FUSED_TUNED = {
+    Width(2, 128): _fused(128, 16, 8),
+    Width(2, 512): _fused(512, 4, 4),
+    Width(2, 1024): _fused(1024, 2, 2),
+    Width(2, 2048): _fused(2048, 1, 4),
+    Width(2, 4096): _fused(4096, 4, 16),
+    Width(2, 8192): _fused(8192, 2, 4),
+    Width(2, 16384): _fused(16384, 1, 8),
+    Width(2, 8192, padded=True): _fused(8192, 1, 4),
+    Width(2, 16384, padded=True): _fused(16384, 1, 8),
+    Width(4, 128): _fused(128, 8, 4),
+    Width(4, 512): _fused(512, 2, 4),
+    Width(4, 1024): _fused(1024, 1, 4),
+    Width(4, 2048): _fused(2048, 1, 4),
+    Width(4, 4096): _fused(4096, 2, 32),
+    Width(4, 8192): _fused(8192, 1, 32),
+    Width(4, 16384): _fused(16384, 2, 32),
+    Width(4, 32768): _fused(32768, 1, 16),
+    Width(4, 1024, padded=True): _fused(1024, 1, 1),
+    Width(4, 8192, padded=True): _fused(8192, 4, 32),
+    Width(4, 16384, padded=True): _fused(16384, 2, 32),
+}
+#: The chunked kernel per width: for rows wider than FUSED_MAX_N, and (unpadded widths only)
+#: where the sweep measured it ahead of the fused kernel; wider rows take CHUNKED_WIDE.
+CHUNKED_TUNED = {
+    Width(2, 32768): Config("chunked", 8192, 16),
+    Width(2, 65536): Config("chunked", 16384, 32),
+    Width(2, 131072): Config("chunked", 32768, 16, programs_per_sm=1),
+    Width(4, 16384): Config("chunked", 4096, 32),
+    Width(4, 65536): Config("chunked", 32768, 32, programs_per_sm=2),
+    Width(4, 131072): Config("chunked", 32768, 32),
+}
+CHUNKED_WIDE = Config("chunked", 32768, 32)
+#: The persistent kernel where the sweep measured it ahead of the fused kernel.
+PERSISTENT_TUNED = {
+    Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
+}
+#: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
+THREAD_BYTES = {2: 64, 4: 32}
+#: Bytes of a row a thread holds for decode-sized calls (latency_config).
+LATENCY_THREAD_BYTES = 32
+
+
+def split_kernel_wins(n: int, element_size: int) -> bool:
+    """Rows whose width is not a multiple of 16 elements (16-bit) or of one 16-byte vector
+    (fp32): the masked fused kernel cannot prove 16-byte alignment of such rows and falls
+    back to scalar accesses, so the split kernel, which finds the aligned body, takes them."""
+    vec = 16 // element_size
+    return n >= vec and n % (16 if element_size == 2 else vec) != 0
+
+
+@functools.cache
+def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Config:
+    """The config for many rows of n elements of element_size bytes.
+
+    - split_kernel_wins(n), when x's and y's rows share their 16-byte alignment
+      (split_ok): the split kernel, its tile the aligned body;
+    - rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED), else
+      several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread; the
+      persistent kernel where PERSISTENT_TUNED names the width;
+    - wider rows, and the widths CHUNKED_TUNED names: the chunked two-sweep kernel.
+    """
+    check_width(n, element_size, "default_config")
+    elem = element_size
+    vec = 16 // elem
+    block_n = triton.next_power_of_2(n)
+    chunked = CHUNKED_TUNED.get(Width(elem, block_n))
+    if block_n > FUSED_MAX_N[elem] or (chunked and n == block_n):
+        return chunked or CHUNKED_WIDE
+    if split_ok and split_kernel_wins(n, elem):
+        body = triton.next_power_of_2(n // vec * vec)
+        warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
+        return Config("split", body, warps)
+    key = Width(elem, block_n, n < block_n)
+    if key in PERSISTENT_TUNED:
+        return PERSISTENT_TUNED[key]
+    if key in FUSED_TUNED:
+        return FUSED_TUNED[key]
+    row_bytes = block_n * elem
+    block_m = max(1, min(64, 4096 // row_bytes))
+    warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[elem])))
+    return _fused(block_n, block_m, warps)
+
+
+def latency_config(cfg: Config, element_size: int) -> Config:
+    """For fewer programs than SMs (decode-sized calls): one row a program and
+    LATENCY_THREAD_BYTES of it a thread, so rows spread over SMs and each thread's loads and
+    the reduction are short; the throughput tiles aim at many rows."""
+    warps = max(1, min(16, cfg.block_n * element_size // (32 * LATENCY_THREAD_BYTES)))
+    return dataclasses.replace(cfg, block_m=1, num_warps=warps)
+
+
+def default_config(
+    n: int,
+    element_size: int,
+    *,
+    split_ok: bool = True,
+    rows: Optional[int] = None,
+    sms: Optional[int] = None,
+) -> Config:
+    """The config rms_norm launches for rows of n elements of element_size bytes: the
+    throughput rule, and for `rows` fewer programs than `sms` (both given: a real GPU) the
+    latency rule. split_ok: x's and y's rows share their 16-byte alignment."""
+    cfg = throughput_config(n, element_size, split_ok)
+    if rows is not None and sms and cfg.kernel != "chunked":
+        if triton.cdiv(rows, cfg.block_m) < sms:
+            cfg = latency_config(cfg, element_size)
+    return cfg
+
+
+def check_width(n: int, element_size: int, where: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ValueError(f"{where}: n is {n!r}; expected an int in [1, {MAX_N}]")
+    if element_size not in (2, 4):
+        raise ValueError(f"{where}: element_size is {element_size!r}; expected 2 or 4")
+
+
+def kernel_for(cfg: Config, element_size: int, has_weight: bool) -> tuple:
+    """(kernel, meta) for a config: the @triton.jit function and its compile-time arguments
+    (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py."""
+    meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
+    if cfg.kernel == "fused":
+        meta["BLOCK_M"] = cfg.block_m
+    elif cfg.kernel == "split":
+        meta["VEC"] = 16 // element_size
+    else:  # chunked, persistent
+        meta["STAGES"] = cfg.stages
+    return KERNELS[cfg.kernel], meta
+
+
+# ---- the sweep's search space ----------------------------------------------------------
+#: Per-thread bytes of a fused or split tile kept in this range (16-byte loads, no spills;
+#: below it only with one warp, for tiny rows); warps and rows a program from these sets.
+SEARCH_WARPS = (1, 2, 4, 8, 16, 32)
+SEARCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
+SEARCH_THREAD_BYTES = (16, 256)
+SEARCH_CHUNKS = (4096, 8192, 16384, 32768)
+SEARCH_CHUNK_WARPS = (8, 16, 32)
+SEARCH_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
+SEARCH_PERSISTENT_PER_SM = (1, 2, 4)
+SEARCH_STAGES = (2, 3)
+SEARCH_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time
+#: Short chunks, as torch.compile's looped reductions cut a row (512 threads, 4-8 elements a
+#: thread, one row a program): from rows of two such chunks up, one program a row.
+SEARCH_SHORT_CHUNKS = (1024, 2048)
+SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
+SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
+
+
+def search_space(n: int, element_size: int) -> list[Config]:
+    """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
+    thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
+    that are not whole 16-byte vectors, the persistent kernel where a row fits shared
+    memory, and the chunked kernel for rows of two or more chunks from 8192 elements up
+    (its chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more."""
+    check_width(n, element_size, "search_space")
+    elem = element_size
+    lo, hi = SEARCH_THREAD_BYTES
+    block_n = triton.next_power_of_2(n)
+    vec = 16 // elem
+    body = triton.next_power_of_2(max(vec, n // vec * vec))
+    out: list[Config] = []
+    if block_n <= FUSED_MAX_N[elem]:
+        for rows in SEARCH_ROWS:
+            for warps in SEARCH_WARPS:
+                per_thread = rows * block_n * elem // (32 * warps)
+                fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
+                if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
+                    out.append(_fused(block_n, rows, warps))
+        if split_kernel_wins(n, elem):
+            for warps in SEARCH_WARPS:
+                if body * elem // (32 * warps) >= lo or warps == 1:
+                    out.append(Config("split", body, warps))
+    if 1024 <= n and block_n * elem <= SEARCH_STAGED_BYTES:
+        for warps in SEARCH_WARPS:
+            per_thread = block_n * elem // (32 * warps)
+            for per_sm in SEARCH_PERSISTENT_PER_SM:
+                for stages in SEARCH_STAGES:
+                    staged = (stages - 1) * block_n * elem * per_sm
+                    if 32 <= per_thread <= hi and staged <= SEARCH_STAGED_BYTES:
+                        out.append(Config("persistent", block_n, warps, programs_per_sm=per_sm,
+                                          stages=stages))  # fmt: skip
+    if n >= 8192:  # the chunked kernel also where the fused tile would be padded (12288)
+        for chunk in SEARCH_CHUNKS:
+            for warps in SEARCH_CHUNK_WARPS:
+                for per_sm in SEARCH_PROGRAMS_PER_SM:
+                    if not (chunk < n and lo <= chunk * elem // (32 * warps) <= hi):
+                        continue
+                    for stages in SEARCH_CHUNK_STAGES:
+                        # shared memory: stages - 1 chunks in flight in each of two sweeps;
+                        # pipelined only with one program an SM or one a row (sweep time)
+                        staged = 2 * (stages - 1) * chunk * elem
+                        if stages == 1 or (per_sm < 2 and staged <= SEARCH_STAGED_BYTES):
+                            out.append(Config("chunked", chunk, warps, programs_per_sm=per_sm,
+                                              stages=stages))  # fmt: skip
+    for chunk in SEARCH_SHORT_CHUNKS:
+        for warps in SEARCH_SHORT_CHUNK_WARPS:
+            if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
+                out.append(Config("chunked", chunk, warps))
+    return out

@@ -1,0 +1,190 @@
+"""The Triton kernels of the RMSNorm forward: y = x / sqrt(mean(x^2) + eps) * weight.
+
+Parallelisation
+- fused (next_pow2(N) <= FUSED_MAX_N): one program owns a BLOCK_M x BLOCK_N tile, BLOCK_M
+  whole rows (several rows for small N, one for large N). The tile is loaded once, kept in
+  registers, reduced along the row, scaled and stored: x is read from memory exactly once.
+- split (N not a multiple of 16 in 16-bit dtypes, of 4 in fp32): one program per row, the
+  row split at x's 16-byte boundaries into a scalar head, an aligned body (a power-of-two
+  tile of 16-byte vectors, alignment promised to the compiler) and a scalar tail, so odd N
+  still gets 16-byte accesses.
+- persistent: a few programs per SM walk whole rows; Triton's pipeliner loads the next
+  rows into shared memory while one is reduced.
+- chunked (wider rows): a few programs per SM, each walking its rows in BLOCK_N chunks
+  twice: the first sweep accumulates sum(x^2), the second re-reads the chunks (from L2:
+  the rows in flight fit in it), normalises and stores.
+Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is divided
+by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31 elements index
+correctly.
+
+Precision policy (that of native F.rms_norm's fused CUDA path, see rmsnorm_api): x is
+upcast to fp32, squares accumulate in fp32, rstd and the weight multiply are fp32, and the
+result is cast once to x's dtype at the store. weight may be x's dtype or fp32.
+
+Learned from: the Triton tutorial on layer norm (row-per-program, masked tails), Liger
+Kernel's rms_norm (block size and warps from N), QuACK's rmsnorm (several rows per CTA for
+small N, bytes in flight as the figure of merit).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether Triton runs on CPU tensors through its interpreter (no GPU: tests and CI).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_fused(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # one program per BLOCK_M rows; the whole tile lives in registers
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    # load: masked lanes read 0 and add nothing to the sum
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    # accumulate in fp32, divide by the true width
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    # one cast, at the store
+    tl.store(
+        y_ptr + rows[:, None] * stride_y + cols[None, :],
+        y.to(y_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_chunked(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
+):
+    # fmt: on
+    # rows too wide for registers: a program walks its rows (row, row + programs, ...) in
+    # BLOCK_N chunks, twice each. With few programs in flight the rows being normalised
+    # fit in L2, so the second sweep re-reads x from L2, not HBM; the hints keep x's lines
+    # there for it (evict_last) and let them go after (evict_first). STAGES > 1: Triton's
+    # pipeliner keeps the next STAGES - 1 chunks' loads in flight (through shared memory)
+    # while one is summed or scaled; 1: one chunk at a time.
+    cols = tl.arange(0, BLOCK_N)
+    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    for row in range(first, M, tl.num_programs(0)):
+        x_row = x_ptr + row * stride_x
+        y_row = y_ptr + row * stride_y
+        # sweep 1: per-lane fp32 partial sums, reduced once at the end
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+            c = start + cols
+            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        # sweep 2: re-read (L2-resident), scale, cast, store
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+            c = start + cols
+            ok = c < N
+            x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+            y = x.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+            tl.store(y_row + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_persistent(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
+):
+    # fmt: on
+    # a few programs per SM, each walking rows pid, pid + programs, ...: Triton's software
+    # pipeliner issues the next rows' loads (into shared memory) while this one is reduced
+    # and stored; the weight is loaded once per program, not once per row
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    for row in tl.range(first, M, tl.num_programs(0), num_stages=STAGES):
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_split(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between rows
+    N, eps,  # true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # one program per row, split at x's 16-byte boundaries (VEC elements): a scalar head,
+    # an aligned body the compiler can load with 16-byte vectors, a scalar tail. For odd N
+    # the masked fused kernel cannot prove alignment and loads every element alone. The
+    # head comes from x's address itself, so any pointer is safe; y's body is stored with
+    # vectors when it shares x's alignment (always, for a contiguous y beside contiguous x).
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    elem: tl.constexpr = 16 // VEC
+    x_off = (x_row.to(tl.int64, bitcast=True) % 16) // elem  # elements past a boundary
+    head = tl.minimum((VEC - x_off) % VEC, N).to(tl.int32)
+    nbody = tl.multiple_of((N - head) // VEC * VEC, VEC)
+    y_aligned = (y_row + head).to(tl.int64, bitcast=True) % 16 == 0
+    cols = tl.arange(0, BLOCK_N)
+    body = cols < nbody
+    # edges: lanes [0, VEC) are the head, [VEC, 2 VEC) the tail
+    e = tl.arange(0, 2 * VEC)
+    is_head = e < VEC
+    e_col = tl.where(is_head, e, head + nbody + e - VEC)
+    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    # load body and edges; masked lanes read 0
+    xb_ptr = tl.multiple_of(x_row + head, 16)  # bytes: a 16-byte boundary
+    xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
+    xe = tl.load(x_row + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    # accumulate in fp32, divide by the true width
+    rstd = tl.rsqrt((tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)) / N + eps)
+    yb = xb * rstd
+    ye = xe * rstd
+    if HAS_WEIGHT:
+        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    # one cast, at the store
+    yb = yb.to(y_ptr.dtype.element_ty)
+    if y_aligned:
+        tl.store(tl.multiple_of(y_row + head, 16) + cols, yb, mask=body)
+    else:
+        tl.store(y_row + head + cols, yb, mask=body)
+    tl.store(y_row + e_col, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
+
+
+KERNELS = {
+    "fused": _rms_norm_fwd_fused,
+    "split": _rms_norm_fwd_split,
+    "chunked": _rms_norm_fwd_chunked,
+    "persistent": _rms_norm_fwd_persistent,
+}

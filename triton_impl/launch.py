@@ -1,0 +1,95 @@
+"""Planning and launching a Triton RMSNorm: rows as (M, N), the config, grid and arguments.
+
+``plan(x, weight, eps, y, cfg=None)`` is the one place a launch is decided: the generic
+launch (``launch``), the eager fast path (triton_impl.eager) and ``kernel_info`` all take
+its answer, so what is reported is what runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+from torch.library import wrap_triton
+
+from rmsnorm_api import as_rows
+from triton_impl.configs import Config, default_config, kernel_for
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One planned launch: the config, the @triton.jit kernel, its grid, its runtime
+    arguments (x, w, y, strides, [M,] N, eps) and its compile-time ones (meta)."""
+
+    cfg: Config
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+
+
+def split_ok(x2: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether the split kernel's vector stores of y line up with its vector loads of x:
+    x's and y's rows equally far from a 16-byte boundary, judged from strides and storage
+    offsets (allocations are 16-byte aligned; no data pointer, so this also holds while
+    tracing). A choice of speed only: the kernel is correct for any pointers."""
+    vec = 16 // x2.element_size()
+    return (x2.stride(0) - y2.stride(0)) % vec == 0 and (
+        x2.storage_offset() - y2.storage_offset()
+    ) % vec == 0
+
+
+@functools.cache
+def sm_count(device: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    y: torch.Tensor,
+    cfg: Optional[Config] = None,
+) -> Launch:
+    """The launch of rms_norm(x, weight, eps) into the contiguous y: default_config's
+    choice (the latency rule included, on a GPU), or a forced ``cfg``."""
+    x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
+    m, n = x2.shape
+    # Block shape and warps are compile-time choices: under dynamic-shape tracing this
+    # specialises on the row width (a guard), while M may stay symbolic.
+    n = int(n)
+    has_weight = weight is not None
+    w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
+    if cfg is None:
+        rows, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
+        cfg = default_config(n, x.element_size(), split_ok=split_ok(x2, y2), rows=rows, sms=sms)
+    kernel, meta = kernel_for(cfg, x.element_size(), has_weight)
+    strides = (x2.stride(0), y2.stride(0))
+    if cfg.kernel == "split":
+        return Launch(cfg, kernel, (m,), (x2, w, y2, *strides, n, eps), meta)
+    args = (x2, w, y2, *strides, m, n, eps)
+    if cfg.kernel == "fused":
+        return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
+    programs = m
+    if cfg.programs_per_sm:  # the interpreter (CPU) pretends to have 2 SMs
+        sms = sm_count(x.device.index) if x.is_cuda else 2
+        programs = min(m, cfg.programs_per_sm * sms)
+    return Launch(cfg, kernel, (max(programs, 1),), args, meta)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    y: torch.Tensor,
+    cfg: Optional[Config] = None,
+) -> None:
+    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller), through
+    torch.library's wrap_triton, so the launch is traceable."""
+    if x.numel() == 0:
+        return
+    p = plan(x, weight, eps, y, cfg)
+    wrap_triton(p.kernel)[p.grid](*p.args, **p.meta)
