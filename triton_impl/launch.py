@@ -1,8 +1,8 @@
 """Planning and launching a Triton RMSNorm: rows as (M, N), the config, grid and arguments.
 
 ``plan(x, weight, eps, y, cfg=None)`` is the one place a launch is decided: the generic
-launch (``launch``), the eager fast path (triton_impl.eager) and ``kernel_info`` all take
-its answer, so what is reported is what runs.
+launch (``launch(plan(...))``), the eager fast path (triton_impl.eager) and ``kernel_info``
+all take its answer, so what is reported is what runs.
 """
 
 from __future__ import annotations
@@ -80,16 +80,6 @@ def plan(
     return Launch(cfg, kernel, (max(programs, 1),), args, meta)
 
 
-def launch(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: float,
-    y: torch.Tensor,
-    cfg: Optional[Config] = None,
-) -> None:
-    """Write rms_norm(x, weight, eps) into the contiguous y (checked by the caller), through
-    torch.library's wrap_triton, so the launch is traceable."""
-    if x.numel() == 0:
-        return
-    p = plan(x, weight, eps, y, cfg)
+def launch(p: Launch) -> None:
+    """Run a planned launch through torch.library's wrap_triton, so it is traceable."""
     wrap_triton(p.kernel)[p.grid](*p.args, **p.meta)

@@ -25,11 +25,18 @@ from triton_impl.launch import launch, plan
 _IMPL = "triton_impl.rms_norm"
 
 
+def _run(x, weight, eps, y, cfg: Optional[Config] = None) -> None:
+    """rms_norm(x, weight, eps) into the contiguous y (checked by the caller); no launch for
+    an empty x."""
+    if x.numel() > 0:
+        launch(plan(x, weight, eps, y, cfg))
+
+
 @triton_op("triton_impl::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch(x, weight, eps, y)
+    _run(x, weight, eps, y)
     return y
 
 
@@ -39,7 +46,7 @@ def _rms_norm_out_op(
 ) -> None:
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     check_out(out, x, weight, impl=_IMPL)
-    launch(x, weight, eps, out)
+    _run(x, weight, eps, out)
 
 
 def _forward_only(ctx, grad):
@@ -122,7 +129,7 @@ def rms_norm_with_config(
             f" (N = {x.shape[-1]}) for the {cfg.kernel} kernel"
         )
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch(x, weight, float(eps), y, cfg)
+    _run(x, weight, float(eps), y, cfg)
     return y
 
 
