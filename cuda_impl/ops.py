@@ -98,8 +98,8 @@ def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
 def rms_norm_with_config(
     x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Config
 ) -> torch.Tensor:
-    """rms_norm with a forced launch config (a compiled one: cuda_impl.configs.compiled_configs(),
-    with cluster the CTAs sharing a row), for sweeps; same result."""
+    """rms_norm with a forced launch config, for sweeps; same result. cfg: a compiled one
+    (cuda_impl.compiled_configs()), its cluster the CTAs sharing a row."""
     check_inputs(x, weight, eps, impl=_IMPL)
     if not isinstance(cfg, Config):
         raise ValueError(
