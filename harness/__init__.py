@@ -1,4 +1,6 @@
 """Validation and benchmark harness for the RMSNorm kernels.
 
-Data flows one way: cases -> impls -> validate -> timing -> records -> plot/report.
+Data flows one way: cases -> ops (inputs, reference, bytes model, impls) -> validate ->
+plan -> measure (timing) -> records -> analysis -> plot/report; bench and sweep are the
+command lines that drive it.
 """

@@ -1,8 +1,9 @@
-"""The numerical cases every implementation must pass, and how their inputs are made.
+"""The numerical cases every implementation must pass.
 
-A Case is a recipe: it makes fresh random inputs from a seed (never zeros, except the
-rows a special case zeroes on purpose). Its shape is the full size used on a GPU;
-``cpu_cap`` shrinks M (never N) so the Triton interpreter finishes in minutes on CPU.
+A Case is a recipe, data only: harness.ops's input factory draws fresh random inputs for
+it from a seed (never zeros, except the rows a special case zeroes on purpose). Its shape
+is the full size used on a GPU; ``cpu_cap`` shrinks M (never N) so the Triton interpreter
+finishes in minutes on CPU.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -50,38 +50,6 @@ class Case:
             return self
         rows = max(1, CPU_MAX_ELEMENTS // self.n)
         return dataclasses.replace(self, shape=(rows, self.n))
-
-    def make(
-        self, device: str | torch.device, seed: int
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
-        """Fresh inputs (x, weight, eps) for this case, drawn from ``seed``."""
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        n, m = self.n, self.m
-        width = n + self.row_pad
-        flat = torch.randn(self.offset + m * width, generator=g, dtype=torch.float32)
-        rows = flat[self.offset :].view(m, width)
-        if self.fill == "zero_rows":
-            rows[::3] = 0.0  # every third row all-zero: must give 0, never NaN
-        elif self.fill == "large":
-            # x^2 overflows fp16 (> 65504) yet fits fp32: proves fp32 accumulation
-            rows *= {torch.float16: 2.0e4}.get(self.dtype, 1.0e15)
-        elif self.fill == "tiny":
-            rows *= 1.0e-4  # x^2 ~ 1e-8 << eps: eps dominates the denominator
-        elif self.fill == "nonfinite":
-            rows[1 % m, n // 2] = float("nan")
-            if m > 2:
-                rows[2, 0] = float("inf")
-            if m > 3:
-                rows[3, n - 1] = float("-inf")
-        # one conversion to the target dtype, then the strided / offset view into it
-        storage = flat.to(device=device, dtype=self.dtype)
-        x = storage.as_strided((m, n), (width, 1), self.offset).view(self.shape)
-        weight = None
-        if self.weight != "none":
-            wdtype = torch.float32 if self.weight == "fp32" else self.dtype
-            w = 1.0 + 0.5 * torch.randn(n, generator=g, dtype=torch.float32)
-            weight = w.to(device=device, dtype=wdtype)
-        return x, weight, self.eps
 
 
 #: (name, shape): the N widths the study covers, odd and power-of-two, with M in {1, 7, 256}.

@@ -1,6 +1,7 @@
 """The registry of RMSNorm implementations: one calling convention for all of them.
 
-Each Impl computes rms_norm(x, weight, eps) -> y. ``ours`` marks the kernels under study
+Each Impl computes rms_norm(x, weight, eps) -> y (harness.ops.RMS_NORM describes the op
+and points here). ``ours`` marks the kernels under study
 (they also have an out= form, which validation poisons with NaN before each run).
 Without a GPU only the Triton kernel runs, under TRITON_INTERPRET=1, set here before
 Triton is first imported.
@@ -8,11 +9,13 @@ Triton is first imported.
 ``registry()`` holds our kernels (what tests and ``harness.validate`` run);
 ``registry(baselines=True)`` adds what the benchmark compares them with, CUDA only:
 
-- ``eager``: plain PyTorch ops with the reference's math (fp32 on upcast x, one cast at
-  the end): several kernels and fp32 temporaries, the cost of not fusing.
-- ``compile``: ``torch.compile(eager, dynamic=False, fullgraph=True)``. Its ``prepare``
-  resets dynamo and compiles afresh for each shape (so the recompile limit can never make
-  it fall back to eager), and returns the compile time to record apart from the timing.
+- ``eager``: harness.reference.rms_norm_ref itself, run as plain PyTorch ops (fp32 on
+  upcast x, one cast at the end): several kernels and fp32 temporaries, the cost of not
+  fusing. The baseline and the definition of correct are one function.
+- ``compile``: ``torch.compile(rms_norm_ref, dynamic=False, fullgraph=True)``. Its
+  ``prepare`` resets dynamo and compiles afresh for each shape (so the recompile limit can
+  never make it fall back to eager), and returns the compile time to record apart from
+  the timing.
   Proof that it compiled: fullgraph=True raises instead of breaking the graph, and the
   profiled kernels are Inductor's generated ``triton_*`` kernels.
 - ``native``: ``torch.nn.functional.rms_norm``; the profiled kernels tell whether it took
@@ -40,6 +43,8 @@ from typing import Optional
 
 import torch
 
+from harness.reference import rms_norm_ref
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -65,7 +70,8 @@ class Impl:
     # per-shape setup before validation: (x, weight, eps) -> (callable to check and time,
     # compile seconds or None); None means fn itself is used as is
     prepare: Optional[Callable[..., tuple[Fn, Optional[float]]]] = None
-    # (x, weight) -> what the kernel it launches uses: config, registers, spills (ours only)
+    # (x, weight): the op's tensors, its inputs less eps -> what the kernel it launches
+    # uses: config, registers, spills (ours only)
     resources: Optional[Callable[..., dict]] = None
 
 
@@ -88,21 +94,6 @@ def _cuda() -> Impl:
     return Impl("cuda", cuda_impl.rms_norm, ours=True, resources=cuda_impl.ops.kernel_info)
 
 
-def eager_rms_norm(
-    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
-) -> torch.Tensor:
-    """RMSNorm in plain PyTorch ops: fp32 math on upcast x, one cast at the end.
-
-    The timed eager baseline (and what torch.compile compiles). Same formula as
-    harness.reference, which stays the one definition of correct.
-    """
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype)
-
-
 def native_rms_norm(
     x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -111,13 +102,14 @@ def native_rms_norm(
 
 
 def compile_fresh(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> tuple[Fn, float]:
-    """Reset dynamo, compile eager_rms_norm for exactly these inputs, run it once.
+    """Reset dynamo, compile the eager baseline (the reference) for exactly these inputs,
+    run it once.
 
     Returns the compiled callable and the seconds its first call took (trace, Inductor
     codegen, Triton compile and one run), which is kept out of the timing.
     """
     torch._dynamo.reset()
-    compiled = torch.compile(eager_rms_norm, dynamic=False, fullgraph=True)
+    compiled = torch.compile(rms_norm_ref, dynamic=False, fullgraph=True)
     if x.is_cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -152,7 +144,7 @@ class _LazyCompiled:
 
 
 def _eager() -> Impl:
-    return Impl("eager", eager_rms_norm, notes=["fp32 temporaries: several kernels"])
+    return Impl("eager", rms_norm_ref, notes=["fp32 temporaries: several kernels"])
 
 
 def _compile() -> Impl:

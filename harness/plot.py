@@ -11,7 +11,9 @@
 (d) small_shapes.png    small/decode shapes: device time per call under CUDA graphs and
     host time per call, side by side.
 Then report.md (harness.report) beside them. When a file holds several runs, the last
-record of each measurement wins (harness.records.latest).
+record of each measurement wins (harness.records.latest). The numbers come from
+harness.analysis. Each op in the records gets its four plots (the first op's under the
+names above, another's prefixed with its name: analysis.plot_names).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
-from harness import records, report  # noqa: E402
-from harness.impls import BASELINES, OURS  # noqa: E402
+from harness import analysis, report  # noqa: E402
+from harness.analysis import DTYPE_ORDER  # noqa: E402
+from harness.ops import RMS_NORM, Op  # noqa: E402
 
 COLORS = {
     "triton": "tab:blue",
@@ -40,13 +43,12 @@ COLORS = {
     "liger": "tab:purple",
     "quack": "tab:brown",
 }
-DTYPE_ORDER = ("bf16", "fp16", "fp32")
 #: Labelled speedups on the log axis; those inside the data's range are drawn.
 SPEEDUP_TICKS = (0.25, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100)
 
 
-def _style(name: str) -> dict:
-    ours = name in OURS
+def _style(name: str, op: Op) -> dict:
+    ours = name in op.ours
     return dict(
         color=COLORS.get(name),
         lw=2.2 if ours else 1.3,
@@ -81,15 +83,15 @@ def _ceilings(ax, env: dict) -> None:
             ax.axhline(env[key], color=color, ls=ls, lw=lw, label=f"{what} {env[key]:.0f} GB/s")
 
 
-def _lines(ax, recs: Sequence[dict], x_of) -> None:
+def _lines(ax, recs: Sequence[dict], x_of, op: Op) -> None:
     """One line per implementation with its p20-p80 band (gbps_lo..gbps_hi)."""
     by_impl: dict[str, list[dict]] = {}
     for r in recs:
         by_impl.setdefault(r["impl"], []).append(r)
-    for name in report.impl_order(by_impl):
+    for name in analysis.impl_order(by_impl, op):
         rs = sorted(by_impl[name], key=x_of)
         xs = [x_of(r) for r in rs]
-        ax.plot(xs, [r["gbps"] for r in rs], **_style(name))
+        ax.plot(xs, [r["gbps"] for r in rs], **_style(name, op))
         lo = [r["gbps_lo"] or r["gbps"] for r in rs]
         hi = [r["gbps_hi"] or r["gbps"] for r in rs]
         ax.fill_between(xs, lo, hi, color=COLORS.get(name), alpha=0.18, lw=0)
@@ -128,17 +130,17 @@ def _legend_below(fig, axes) -> None:
     )
 
 
-def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path) -> Optional[Path]:
+def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
     """(a) GB/s against N per dtype, grid shapes."""
-    grid = report.passed(recs, "cold", "grid")
+    grid = analysis.passed(recs, "cold", "grid")
     dtypes = [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in grid)]
     if not dtypes:
         return None
-    env = report.env_of(recs)
+    env = analysis.env_of(recs)
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5), squeeze=False)
     for ax, dtype in zip(axes[0], dtypes, strict=True):
         rs = [r for r in grid if r["dtype"] == dtype]
-        _lines(ax, rs, lambda r: r["shape"][1])
+        _lines(ax, rs, lambda r: r["shape"][1], op)
         _ceilings(ax, env)
         ax.set_xscale("log", base=2)
         _n_ticks(ax, sorted({r["shape"][1] for r in rs}))
@@ -149,28 +151,28 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path) -> Optional[Path]:
         ax.grid(alpha=0.25, which="minor", ls=":")
     _legend_below(fig, axes[0])
     fig.suptitle(
-        f"(a) RMSNorm forward bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env)}",
+        f"(a) {op.title} bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env)}",
         fontsize=10,
     )
-    return _save(fig, out / "bandwidth_vs_n.png")
+    return _save(fig, out / _name(op, "bandwidth_vs_n.png"))
 
 
-def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path) -> Optional[Path]:
+def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
     """(b) GB/s against M at N = 4096, bf16."""
-    sweep = report.passed(recs, "cold", "msweep")
+    sweep = analysis.passed(recs, "cold", "msweep")
     if not sweep:
         return None
-    env = report.env_of(recs)
+    env = analysis.env_of(recs)
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    _lines(ax, sweep, lambda r: r["shape"][0])
+    _lines(ax, sweep, lambda r: r["shape"][0], op)
     _ceilings(ax, env)
     if env.get("copy_gbps"):
         ax.axhline(
-            report.SATURATION * env["copy_gbps"],
+            analysis.SATURATION * env["copy_gbps"],
             color="dimgray",
             ls="-.",
             lw=0.8,
-            label=f"{report.SATURATION:.1f}x copy ceiling",
+            label=f"{analysis.SATURATION:.1f}x copy ceiling",
         )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -179,26 +181,26 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path) -> Optional[Path]:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(f"(b) bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env)}", fontsize=10)
-    return _save(fig, out / "bandwidth_vs_m.png")
+    return _save(fig, out / _name(op, "bandwidth_vs_m.png"))
 
 
-def plot_speedup(recs: Sequence[dict], out: Path) -> Optional[Path]:
-    """(c) speedup of triton and cuda over each baseline, geometric mean per dtype."""
-    sp = report.speedups(recs, "grid")
-    ours = [o for o in OURS if any(k[0] == o for k in sp)]
+def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
+    """(c) speedup of our kernels over each baseline, geometric mean per dtype."""
+    sp = analysis.speedups(recs, "grid", op)
+    ours = [o for o in op.ours if any(k[0] == o for k in sp)]
     if not ours:
         return None
-    env = report.env_of(recs)
+    env = analysis.env_of(recs)
     dtypes = [d for d in DTYPE_ORDER if any(k[2] == d for k in sp)]
     fig, axes = plt.subplots(1, len(ours), figsize=(7 * len(ours), 5.5), squeeze=False)
     width = 0.8 / len(dtypes)
     lo = hi = 1.0
     for ax, o in zip(axes[0], ours, strict=True):
-        bases = [b for b in BASELINES if any(k[0] == o and k[1] == b for k in sp)]
+        bases = [b for b in op.baselines if any(k[0] == o and k[1] == b for k in sp)]
         for j, dtype in enumerate(dtypes):
             for i, base in enumerate(bases):
                 vals = [s for _, s in sp.get((o, base, dtype), [])]
-                gm = report.geomean(vals)
+                gm = analysis.geomean(vals)
                 if gm is None:
                     continue
                 x = i + (j - (len(dtypes) - 1) / 2) * width
@@ -236,13 +238,13 @@ def plot_speedup(recs: Sequence[dict], out: Path) -> Optional[Path]:
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"(c) speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10)
-    return _save(fig, out / "speedup.png")
+    return _save(fig, out / _name(op, "speedup.png"))
 
 
-def plot_small(recs: Sequence[dict], out: Path) -> Optional[Path]:
+def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
     """(d) small shapes: graph device time and host time per call, side by side."""
-    graph = report.passed(recs, "graph")
-    host = report.passed(recs, "host")
+    graph = analysis.passed(recs, "graph")
+    host = analysis.passed(recs, "host")
     decode = [r for r in graph + host if "decode" in r["sections"]]
     chosen = decode or graph + host
     if not chosen:
@@ -250,15 +252,15 @@ def plot_small(recs: Sequence[dict], out: Path) -> Optional[Path]:
     shapes = sorted(
         {(r["dtype"], r["shape"][0], r["shape"][1]) for r in chosen}, key=lambda k: (k[2], k[1])
     )
-    names = report.impl_order({r["impl"] for r in chosen})
-    env = report.env_of(recs)
+    names = analysis.impl_order({r["impl"] for r in chosen}, op)
+    env = analysis.env_of(recs)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     width = 0.8 / len(names)
     for ax, mode, what in (
         (axes[0], "graph", "device time per call under CUDA-graph replay"),
         (axes[1], "host", "host time per call (loop, no sync)"),
     ):
-        idx = report.by_shape(r for r in chosen if r["mode"] == mode)
+        idx = analysis.by_shape(r for r in chosen if r["mode"] == mode)
         for j, name in enumerate(names):
             xs, ys = [], []
             for i, key in enumerate(shapes):
@@ -274,7 +276,12 @@ def plot_small(recs: Sequence[dict], out: Path) -> Optional[Path]:
         ax.grid(alpha=0.3, axis="y")
     _legend_below(fig, axes)
     fig.suptitle(f"(d) small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10)
-    return _save(fig, out / "small_shapes.png")
+    return _save(fig, out / _name(op, "small_shapes.png"))
+
+
+def _name(op: Op, plain: str) -> str:
+    """The file name of one of an op's plots (analysis.plot_names)."""
+    return analysis.plot_names(op)[analysis.PLOT_NAMES.index(plain)]
 
 
 def _save(fig, path: Path) -> Path:
@@ -288,24 +295,20 @@ def _save(fig, path: Path) -> Path:
 def redraw(records_path: str | Path, out: str | Path) -> list[Path]:
     """Draw the four plots and report.md from a records file; return the files written.
 
-    RecordError for a malformed file; report.NoMeasurements for one without timings."""
-    return draw(report.load(records_path), out)
+    RecordError for a malformed file; analysis.NoMeasurements for one without timings."""
+    return draw(analysis.load(records_path), out)
 
 
 def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
-    """The four plots and report.md from records already loaded (report.load)."""
+    """Each op's four plots and report.md from records already loaded (analysis.load)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plots = [
-        p
-        for p in (
-            plot_bandwidth_vs_n(recs, out),
-            plot_bandwidth_vs_m(recs, out),
-            plot_speedup(recs, out),
-            plot_small(recs, out),
-        )
-        if p is not None
-    ]
+    plots = []
+    for op, op_recs in analysis.by_op(recs).items():
+        for draw_one in (plot_bandwidth_vs_n, plot_bandwidth_vs_m, plot_speedup, plot_small):
+            p = draw_one(op_recs, out, op)
+            if p is not None:
+                plots.append(p)
     return plots + [report.write_report(recs, out, plots)]
 
 
@@ -320,24 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    path = Path(args.records)
-    if not path.is_file():
-        p.error(f"RECORDS: no such file: {path}")
-    # the records first (cheap), so a file with nothing to draw leaves no empty --out
-    try:
-        recs = report.load(path)
-    except records.RecordError as e:
-        print(f"{p.prog}: invalid records: {e}", file=sys.stderr)
+    got = report.records_and_out(build_parser(), argv)
+    if got is None:
         return 1
-    except report.NoMeasurements as e:
-        print(f"{p.prog}: {e}", file=sys.stderr)
-        return 1
-    out = args.out if args.out is not None else str(path.parent)
-    if why := records.out_dir_problem(out):  # the text given: Path("") would be "."
-        p.error(f"--out {out} {why}")
-    out = Path(out)
+    recs, out = got
     for f in draw(recs, out):
         print(f"wrote {f}")
     return 0

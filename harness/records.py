@@ -4,14 +4,13 @@ Every figure and table in a report is drawn from these lines, so any machine can
 GPU run. A line is written (and flushed) as soon as it is measured: an interrupted run
 keeps what it measured.
 
-The one bytes model, for every implementation alike:
-    bytes = read x (M*N) + read weight (N) + write y (M*N), each in its own element size.
-An implementation that moves more (Liger's rstd row, eager's fp32 temporaries) is still
-charged only this, so GB/s compares work done, not traffic generated.
+Records are op-generic: ``op`` names the op measured (harness.ops), whose bytes model gave
+``bytes``; a line written before the field existed reads as rms_norm.
 
 Schema (version 1). Every line has:
-    schema, run_id, time (UTC ISO), kind ("timing" | "copy" | "skip"), env (dict),
-    impl, dtype ("fp32" | "fp16" | "bf16" | None), shape ([M, N] | None),
+    schema, run_id, time (UTC ISO), kind ("timing" | "sweep" | "copy" | "skip"), env (dict),
+    op (str, e.g. "rms_norm"), impl, dtype ("fp32" | "fp16" | "bf16" | None),
+    shape ([M, N] | None),
     sections (list: "grid", "msweep", "decode", "reference", "quick", "custom"), shape_class,
     mode ("cold" | "graph" | "host" | None), small (bool: working set under L2 or ~20 us),
     bytes (int | None), status ("PASS" | "FAIL" | "SKIP"),
@@ -25,7 +24,11 @@ Schema (version 1). Every line has:
     kernels ({class, names, count, path} | None), compile_s (float | None),
     resources (list of triton_impl / cuda_impl.ops kernel_info dicts | None),
     clocks (dict | None),
+    config ({params, default} | None: a sweep record's forced launch config, and whether
+    it is the one the kernel picks itself),
     notes (list of str).
+A sweep record is a timing of one forced config (harness.sweep): the same fields, the
+same statistics, with ``config`` set.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 SCHEMA_VERSION = 1
-KINDS = ("timing", "copy", "skip")
+KINDS = ("timing", "sweep", "copy", "skip")
+#: What a record written before the "op" field existed measured.
+DEFAULT_OP = "rms_norm"
 MODES = ("cold", "graph", "host")
 STATUSES = ("PASS", "FAIL", "SKIP")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -53,6 +58,7 @@ _FIELDS: dict[str, tuple] = {
     "time": (str,),
     "kind": (str,),
     "env": (dict,),
+    "op": (str,),
     "impl": (str,),
     "dtype": (str, None),
     "shape": (list, None),
@@ -76,24 +82,17 @@ _FIELDS: dict[str, tuple] = {
     "compile_s": (float, int, None),
     "resources": (list, None),
     "clocks": (dict, None),
+    "config": (dict, None),
     "notes": (list,),
 }
+#: Kinds that are measurements of an op at a shape.
+_MEASURED = ("timing", "sweep")
+_OP_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _STAT_KEYS = ("median_us", "p20_us", "p80_us", "min_us", "max_us", "mean_us", "n")
 
 
 class RecordError(ValueError):
     """A line that does not follow the schema; the message names the field."""
-
-
-def bytes_moved(m: int, n: int, x_bytes: int, w_bytes: Optional[int] = None) -> int:
-    """The one bytes model: read x + read weight + write y (y has x's element size).
-
-    ``w_bytes`` is the weight's element size, or None when there is no weight.
-    """
-    if m < 0 or n < 1:
-        raise ValueError(f"bytes_moved: shape ({m}, {n}) must have M >= 0 and N >= 1")
-    weight = n * w_bytes if w_bytes else 0
-    return 2 * m * n * x_bytes + weight
 
 
 def gbps(nbytes: int, seconds: Optional[float]) -> Optional[float]:
@@ -135,6 +134,7 @@ def make_record(*, run_id: str, env: dict, kind: str, impl: str, **fields: Any) 
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "kind": kind,
         "env": env,
+        "op": DEFAULT_OP,
         "impl": impl,
         "dtype": None,
         "shape": None,
@@ -158,6 +158,7 @@ def make_record(*, run_id: str, env: dict, kind: str, impl: str, **fields: Any) 
         "compile_s": None,
         "resources": None,
         "clocks": None,
+        "config": None,
         "notes": [],
     }
     unknown = set(fields) - set(_FIELDS)
@@ -196,23 +197,27 @@ def validate_record(rec: Any) -> None:
         raise RecordError(f"status is {rec['status']!r}; expected one of {STATUSES}")
     if rec["mode"] is not None and rec["mode"] not in MODES:
         raise RecordError(f"mode is {rec['mode']!r}; expected one of {MODES}")
+    if not _OP_NAME.fullmatch(rec["op"]):
+        raise RecordError(f"op is {rec['op']!r}; expected an op name such as 'rms_norm'")
     if rec["dtype"] is not None and rec["dtype"] not in DTYPE_BYTES:
         raise RecordError(f"dtype is {rec['dtype']!r}; expected one of {tuple(DTYPE_BYTES)}")
     shape = rec["shape"]
     if shape is not None and (len(shape) != 2 or not all(isinstance(v, int) for v in shape)):
         raise RecordError(f"shape is {shape!r}; expected [M, N] integers")
-    if rec["kind"] == "timing" and rec["status"] != "SKIP":
+    if rec["kind"] in _MEASURED and rec["status"] != "SKIP":
         for name in ("dtype", "shape", "mode", "bytes"):
             if rec[name] is None:
-                raise RecordError(f"a timing record needs '{name}'")
-    if rec["status"] == "PASS" and rec["kind"] in ("timing", "copy"):
+                raise RecordError(f"a {rec['kind']} record needs '{name}'")
+    if rec["kind"] == "sweep" and rec["config"] is None:
+        raise RecordError("a sweep record needs 'config' (the launch config it forced)")
+    if rec["status"] == "PASS" and rec["kind"] in _MEASURED + ("copy",):
         stats = rec["stats"]
         if stats is None:
             raise RecordError("a PASS measurement needs 'stats'")
         missing = [k for k in _STAT_KEYS if k not in stats]
         if missing:
             raise RecordError(f"stats lacks {missing}")
-    if rec["status"] == "FAIL" and rec["kind"] == "timing" and rec["correct"] is None:
+    if rec["status"] == "FAIL" and rec["kind"] in _MEASURED and rec["correct"] is None:
         raise RecordError("a FAIL record needs 'correct' (the error it failed with)")
 
 
@@ -267,11 +272,23 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = upgrade(json.loads(line))
                 validate_record(rec)
             except (json.JSONDecodeError, RecordError) as e:
                 raise RecordError(f"{path}:{lineno}: {e}") from e
             yield rec
+
+
+#: Fields added to schema 1 since its first lines were written, and what a line written
+#: before them means: it measured rms_norm, the only op there was, and forced no config.
+_ADDED = {"op": DEFAULT_OP, "config": None}
+
+
+def upgrade(rec: Any) -> Any:
+    """A record as this reader knows it: the fields older lines lack, filled in (_ADDED)."""
+    if isinstance(rec, dict):
+        rec = {**{k: v for k, v in _ADDED.items() if k not in rec}, **rec}
+    return rec
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
@@ -280,12 +297,14 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 
 def latest(records: Iterable[dict]) -> list[dict]:
-    """One record per measurement (kind, impl, dtype, shape, mode): the last one written.
+    """One record per measurement (kind, op, impl, dtype, shape, mode, config): the last one
+    written.
 
     A rerun of some shapes appended to a file replaces the earlier lines for those shapes.
     """
     keep: dict[tuple, dict] = {}
     for rec in records:
         shape = tuple(rec["shape"]) if rec["shape"] else None
-        keep[(rec["kind"], rec["impl"], rec["dtype"], shape, rec["mode"])] = rec
+        config = json.dumps(rec["config"], sort_keys=True)
+        keep[(rec["kind"], rec["op"], rec["impl"], rec["dtype"], shape, rec["mode"], config)] = rec
     return list(keep.values())

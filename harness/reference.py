@@ -3,6 +3,8 @@
 fp32 math on upcast inputs, one cast at the end:
     y = (x.float() * rsqrt(mean(x.float()**2, -1) + eps)) * weight.float()  ->  x.dtype
 Tests, the validation suite and the benchmark all import this; nothing re-implements it.
+The benchmark's eager baseline is this very function (harness.impls), and torch.compile's
+baseline compiles it.
 """
 
 from __future__ import annotations

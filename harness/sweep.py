@@ -3,11 +3,15 @@
     python -m harness.sweep [--kernels triton,cuda] [--dtypes bf16,fp16,fp32]
                             [--shapes 32768x4096,...] [--out sweep.jsonl] [--budget-s 420]
 
-For each shape (default: the benchmark's large grid, M = 2^27 / N) the candidates are
-checked against the reference, then timed cold (L2 flushed, three interleaved blocks, the
-same method as harness.bench), and one JSON line per candidate is written with its config,
-median/p20/p80 microseconds, GB/s and % of the copy ceiling, and whether it is the config
-the kernel picks today. The table printed last gives, per shape, today's config and the
+For each shape (default: the benchmark's large grid, harness.plan.grid: M = 2^27 / N) the
+op's inputs come from its factory (harness.ops), each candidate is checked against the
+reference as harness.bench checks an implementation (harness.measure.validate_impl: a
+failure is a FAIL record, never timed), then the candidates are timed cold together (L2
+flushed, three interleaved blocks, the same method and the same statistics as
+harness.bench). Records go to --out through harness.records, in the bench's schema: the
+copy record first, then one ``kind="sweep"`` record per candidate, its launch config and
+whether it is the one the kernel picks today in ``config``, GB/s by the op's bytes model,
+% of the copy ceiling. The table printed last gives, per shape, today's config and the
 best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
 cuda_impl.configs), the default its default_config.
 """
@@ -15,20 +19,21 @@ cuda_impl.configs), the default its default_config.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from harness import hardware, timing
-from harness.bench import DTYPES, GRID_ELEMENTS, LARGE_NS, parse_shapes
-from harness.records import DTYPE_BYTES, bytes_moved
-from harness.reference import TOL, rms_norm_ref
+from harness import measure, timing
+from harness.impls import Impl
+from harness.ops import RMS_NORM
+from harness.plan import DTYPES, EPS, Planned, grid, names_arg, parse_shapes
+from harness.records import DTYPE_BYTES
 
-EPS = 1e-6
+KERNELS = ("triton", "cuda")
 
 
 def candidates(kernel: str, n: int, elem: int) -> list:
@@ -41,12 +46,12 @@ def candidates(kernel: str, n: int, elem: int) -> list:
 
 
 def runner(kernel: str, cfg) -> Callable:
-    """(x, w) -> y with the config forced."""
+    """(x, w[, eps]) -> y with the config forced."""
     if kernel == "triton":
         from triton_impl import rms_norm_with_config
     else:
         from cuda_impl import rms_norm_with_config
-    return lambda x, w: rms_norm_with_config(x, w, EPS, cfg)
+    return lambda x, w, eps=EPS: rms_norm_with_config(x, w, eps, cfg)
 
 
 def default_config(kernel: str, n: int, elem: int):
@@ -58,45 +63,43 @@ def default_config(kernel: str, n: int, elem: int):
     return rule(n, elem)
 
 
-def sweep_shape(kernel: str, dtype: str, m: int, n: int, flush, copy_gbps: float) -> list[dict]:
-    """Check and time every candidate at one shape; one result dict per candidate."""
-    tdtype, elem = DTYPES[dtype], DTYPE_BYTES[dtype]
-    g = torch.Generator(device="cuda").manual_seed(m * 100003 + n)
-    x = torch.randn(m, n, device="cuda", generator=g).to(tdtype)
-    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=g)).to(tdtype)
-    ref = rms_norm_ref(x, w, EPS)
-    cands = candidates(kernel, n, elem)
-    default = default_config(kernel, n, elem)
-    results, fns = [], {}
-    for i, cfg in enumerate(cands):
-        res = dict(
-            kernel=kernel, dtype=dtype, shape=[m, n], cfg=cfg.as_dict(), default=cfg == default
+def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:
+    """Check and time every candidate config of kernel at one shape; write a record each
+    (FAIL for a config that fails the check, PASS with its timing) and return them."""
+    op = b.op
+    inputs = op.make_inputs(p, b.device, b.seed + p.m * 100003 + p.n)
+    base = measure.shape_fields(b, p, inputs)
+    ref = op.reference(*inputs)
+    elem = DTYPE_BYTES[p.dtype]
+    default = default_config(kernel, p.n, elem)
+    # candidate index -> (the fields its record shares, whatever its status; its call)
+    ready: dict[str, tuple[dict, Callable]] = {}
+    written = []
+    for i, cfg in enumerate(candidates(kernel, p.n, elem)):
+        impl = Impl(kernel, runner(kernel, cfg))
+        fn, compile_s, correct = measure.validate_impl(impl, inputs, ref)
+        fields = dict(
+            kind="sweep",
+            mode="cold",
+            config={"params": cfg.as_dict(), "default": cfg == default},
+            correct=correct,
+            compile_s=compile_s,
+            **base,
         )
-        fn = runner(kernel, cfg)
-        try:
-            torch.testing.assert_close(fn(x, w), ref, **TOL[tdtype])
-            fns[str(i)] = lambda fn=fn: fn(x, w)
-        except Exception as e:  # a config that fails is reported, never timed
-            res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        results.append(res)
-    if not fns:
-        return results
-    timing.warm_up(list(fns.values()))
-    reps = {k: timing.reps_for(timing.estimate_s(f, flush)) for k, f in fns.items()}
-    blocks = timing.interleaved(fns, reps, flush)
-    nbytes = bytes_moved(m, n, elem, elem)
-    for k, per_block in blocks.items():
-        _, stats, spread = timing.block_summary(per_block)
-        gb = nbytes / (stats["median_us"] * 1e-6) / 1e9
-        results[int(k)].update(
-            median_us=stats["median_us"],
-            p20_us=stats["p20_us"],
-            p80_us=stats["p80_us"],
-            spread=spread,
-            gbps=gb,
-            pct_copy=100 * gb / copy_gbps,
-        )
-    return results
+        if fn is None:  # a config that fails is reported, never timed
+            written.append(b.write(kernel, status="FAIL", **fields))
+        else:
+            ready[str(i)] = (fields, lambda fn=fn: fn(*inputs))
+    if not ready:
+        return written
+    calls = {k: call for k, (_, call) in ready.items()}
+    timing.warm_up(list(calls.values()))
+    blocks, clk = measure.time_blocks(b, calls)
+    for k, (fields, _) in ready.items():
+        timed = measure.cold_fields(b, blocks[k], fields)
+        notes = ["L2 flushed before each repetition"]
+        written.append(b.write(kernel, status="PASS", clocks=clk, notes=notes, **timed, **fields))
+    return written
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,56 +132,54 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    kernels = args.kernels.split(",")
-    dtypes = args.dtypes.split(",")
-    if bad := [k for k in kernels if k not in ("triton", "cuda")]:
-        p.error(f"--kernels: unknown {bad}; choose from triton, cuda")
-    if bad := [d for d in dtypes if d not in DTYPES]:
-        p.error(f"--dtypes: unknown {bad}; choose from {sorted(DTYPES)}")
-    grid = [(GRID_ELEMENTS // n, n) for n in LARGE_NS]
-    shapes = parse_shapes(args.shapes) if args.shapes else grid
+    kernels = names_arg(p, "--kernels", args.kernels, KERNELS)
+    dtypes = names_arg(p, "--dtypes", args.dtypes, tuple(DTYPES))
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else grid()
+    except ValueError as e:
+        p.error(f"--shapes: {e}")
+    section = "custom" if args.shapes else "grid"
     if not torch.cuda.is_available():
         print("harness.sweep needs a CUDA GPU")
         return 1
 
-    env = hardware.environment()
-    copy = hardware.copy_ceiling()["gbps"]
-    flush = timing.L2Flush(torch.cuda.get_device_properties(0).L2_cache_size)
-    print(f"{env.get('gpu')}: copy ceiling {copy:.0f} GB/s; writing {args.out}")
-    start, rows = time.perf_counter(), []
-    with open(args.out, "w") as f:
-        for dtype in dtypes:
-            for m, n in shapes:
-                for kernel in kernels:
-                    if time.perf_counter() - start > args.budget_s:
-                        print(f"budget spent: skipping {kernel} {dtype} {m}x{n}")
-                        continue
-                    for r in sweep_shape(kernel, dtype, m, n, flush, copy):
-                        r["env"] = {k: env.get(k) for k in ("gpu", "torch", "triton", "git_sha")}
-                        f.write(json.dumps(r) + "\n")
-                        f.flush()
-                        rows.append(r)
-    summarize(rows)
+    b = measure.start(Path(args.out), append=False, seed=0, op=RMS_NORM)
+    print(f"writing {args.out}")
+    start, recs = time.perf_counter(), []
+    for dtype in dtypes:
+        for m, n in shapes:
+            planned = Planned(dtype, m, n, [section])
+            for kernel in kernels:
+                if time.perf_counter() - start > args.budget_s:
+                    print(f"budget spent: skipping {kernel} {dtype} {m}x{n}")
+                    measure.write_skipped(b, kernel, planned)
+                    continue
+                recs += sweep_shape(b, kernel, planned)
+                torch.cuda.empty_cache()
+    b.writer.close()
+    summarize(recs)
     return 0
 
 
-def summarize(rows: list[dict]) -> None:
+def summarize(recs: list[dict]) -> None:
     """Per kernel, dtype and shape: today's config and the best one, in % of copy."""
     groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["kernel"], r["dtype"], tuple(r["shape"])), []).append(r)
+    for r in recs:
+        if r["kind"] == "sweep" and r["status"] == "PASS":
+            groups.setdefault((r["impl"], r["dtype"], tuple(r["shape"])), []).append(r)
     print(f"{'kernel':<7} {'dtype':<5} {'shape':>14}  {'today %':>8}  {'best %':>7}  best config")
-    for (kernel, dtype, shape), rs in groups.items():
-        timed = [r for r in rs if "median_us" in r]
-        if not timed:
-            continue
-        best = max(timed, key=lambda r: r["gbps"])
-        today = next((r for r in timed if r["default"]), None)
-        t = f"{today['pct_copy']:.1f}" if today else "-"
+    for (kernel, dtype, shape), timed in groups.items():
+        best = max(timed, key=lambda r: r["gbps"] or 0.0)
+        today = next((r for r in timed if r["config"]["default"]), None)
+        t = _pct(today["pct_copy"]) if today else "-"
         print(
             f"{kernel:<7} {dtype:<5} {shape[0]:>7}x{shape[1]:<6}  {t:>8}  "
-            f"{best['pct_copy']:>7.1f}  {best['cfg']}"
+            f"{_pct(best['pct_copy']):>7}  {best['config']['params']}"
         )
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import torch
 
 from harness.cases import Case, all_cases
 from harness.impls import Impl, registry, runnable
-from harness.reference import TOL, rms_norm_ref
+from harness.ops import RMS_NORM, Op
+from harness.plan import names_arg
+from harness.reference import TOL
 
 
 @dataclass
@@ -43,12 +45,15 @@ def errors(y: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return diff.max().item(), (diff / scale).max().item()
 
 
-def check(impl: Impl, x, weight, eps, ref) -> tuple[float, float, bool, Optional[str]]:
-    """Compare impl's outputs with ref; for our kernels both the functional and out= form."""
-    outputs = [impl.fn(x, weight, eps)]
+def check(impl: Impl, *inputs_and_ref) -> tuple[float, float, bool, Optional[str]]:
+    """check(impl, *inputs, ref): compare impl's outputs on the op's inputs (for rms_norm
+    x, weight, eps) with the reference output; for our kernels both the functional and the
+    out= form, whose output is poisoned with NaN first."""
+    *inputs, ref = inputs_and_ref
+    outputs = [impl.fn(*inputs)]
     if impl.ours:
         out = torch.full_like(ref, float("nan"), memory_format=torch.contiguous_format)
-        impl.fn(x, weight, eps, out=out)
+        impl.fn(*inputs, out=out)
         outputs.append(out)
     worst_abs = worst_rel = 0.0
     for y in outputs:
@@ -63,11 +68,13 @@ def check(impl: Impl, x, weight, eps, ref) -> tuple[float, float, bool, Optional
     return worst_abs, worst_rel, True, None
 
 
-def run_case(case: Case, impl: Impl, device: str, seed: int) -> Result:
-    x, weight, eps = case.make(device, seed)
-    ref = rms_norm_ref(x, weight, eps)
+def run_case(case: Case, impl: Impl, device: str, seed: int, op: Op = RMS_NORM) -> Result:
+    """One case, one implementation: fresh inputs from the op's factory, checked against
+    the op's reference."""
+    inputs = op.make_inputs(case, device, seed)
+    ref = op.reference(*inputs)
     try:
-        a, r, ok, err = check(impl, x, weight, eps, ref)
+        a, r, ok, err = check(impl, *inputs, ref)
     except Exception as e:  # a crash is a failure of this case, reported, not hidden
         a, r, ok, err = float("nan"), float("nan"), False, f"{type(e).__name__}: {e}"
     return Result(case.id, impl.name, a, r, ok, err)
@@ -103,15 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_impls(p: argparse.ArgumentParser, text: Optional[str], known: list[str]) -> list[str]:
     """'triton, cuda' -> ['triton', 'cuda']: spaces and repeats dropped; argparse error
     (exit 2) for an unknown name or a list that names nothing."""
-    if text is None:
-        return list(known)
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        p.error(f"--impls: unknown {','.join(unknown)}; choose from {','.join(known)}")
-    if not names:
-        p.error(f"--impls: {text!r} names nothing; choose from {','.join(known)}")
-    return names
+    return list(known) if text is None else names_arg(p, "--impls", text, known)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -3,9 +3,10 @@
     ncu --clock-control none --profile-from-start off --metrics ... \
         python3 scripts/ncu_one.py --impls triton,cuda --dtype bf16 --shape 2048x65536
 
-Each implementation is warmed up first (JIT compilation, allocator), then called once
-between cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel. Forced
-configs are profiled after the implementations, the same way:
+The inputs come from the op's factory (harness.ops, seed 0). Each implementation is
+warmed up first (JIT compilation, allocator), then called once between
+cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel. Forced configs are
+profiled after the implementations, the same way:
 
     --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
     --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
@@ -16,8 +17,8 @@ import sys
 
 import torch
 
-from harness.bench import DTYPES, parse_shapes
-from harness.impls import registry
+from harness.ops import RMS_NORM
+from harness.plan import DTYPES, Planned, parse_shapes
 
 
 def main() -> int:
@@ -28,10 +29,9 @@ def main() -> int:
     p.add_argument("--cuda-configs", default="", help="RTxVPTxCLUSTERxVARIANT/...")
     p.add_argument("--triton-fused", default="", help="BLOCK_MxWARPS/...")
     args = p.parse_args()
-    (m, n), dtype = parse_shapes(args.shape)[0], DTYPES[args.dtype]
-    impls = registry(baselines=True)
-    x = torch.randn(m, n, device="cuda").to(dtype)
-    w = torch.randn(n, device="cuda").to(dtype)
+    m, n = parse_shapes(args.shape)[0]
+    impls = RMS_NORM.registry(baselines=True)
+    x, w, eps = RMS_NORM.make_inputs(Planned(args.dtype, m, n), "cuda", 0)
     runs = [(name, impls[name].fn) for name in args.impls.split(",") if name]
     for spec in filter(None, args.cuda_configs.split("/")):
         import cuda_impl
@@ -48,10 +48,10 @@ def main() -> int:
                      triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
     for name, fn in runs:
         for _ in range(3):
-            fn(x, w, 1e-6)
+            fn(x, w, eps)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        fn(x, w, 1e-6)
+        fn(x, w, eps)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         print(f"profiled {name} {args.dtype} {m}x{n}", flush=True)

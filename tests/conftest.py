@@ -39,3 +39,11 @@ def fn_or_skip(name: str):
     if impl.unavailable:
         pytest.skip(f"{name}: {impl.unavailable}")
     return impl.fn
+
+
+def refusal(main, argv, capsys) -> str:
+    """What a command line says on stderr when it refuses argv with argparse's exit 2."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2, (main, argv)
+    return capsys.readouterr().err

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_harness import ENV, synthetic_records
 
-from conftest import HAS_GPU
-from harness import bench, plot, records, report, sweep, validate
+from conftest import HAS_GPU, refusal
+from harness import analysis, bench, plot, records, report, sweep, validate
 from rmsnorm_api import MAX_N
 
 COMMITTED = Path(__file__).resolve().parent.parent / "results" / "h200" / "records.jsonl"
@@ -86,7 +86,7 @@ def test_bench_default_out_without_gpu_is_one_stated_place(tmp_path, monkeypatch
     assert bench.main([]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert str(fixed) in first and "default output place without a GPU" in first
-    for name in report.PLOT_NAMES + ("report.md",):
+    for name in analysis.PLOT_NAMES + ("report.md",):
         assert (fixed / name).is_file(), name
     assert "NVIDIA H200" in (fixed / "report.md").read_text()
     assert bench.main([]) == 0
@@ -116,10 +116,7 @@ def test_bench_default_out_without_gpu_is_one_stated_place(tmp_path, monkeypatch
 )
 def test_bench_refuses_bad_arguments_on_any_machine(argv, message, monkeypatch, capsys):
     _no_work(monkeypatch)
-    with pytest.raises(SystemExit) as e:
-        bench.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(bench.main, argv, capsys)
 
 
 def test_bench_accepts_the_widest_row():
@@ -206,10 +203,7 @@ def test_bench_without_gpu_default_run_checks_every_dtype(tmp_path, monkeypatch,
     ],
 )
 def test_validate_refuses_bad_arguments(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        validate.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(validate.main, argv, capsys)
 
 
 def test_validate_impls_parsing_and_one_case(capsys):
@@ -231,6 +225,22 @@ def test_validate_with_nothing_runnable_fails(capsys):
     captured = capsys.readouterr()
     assert "skip cuda: needs a CUDA GPU" in captured.out
     assert "no implementation can run here" in captured.err
+
+
+# ---------------------------------------------------------------------------------------
+# sweep
+# ---------------------------------------------------------------------------------------
+
+
+def test_sweep_refuses_bad_arguments_on_any_machine(capsys):
+    """Checked before the GPU is looked for; the lists parsed as bench and validate do."""
+    for flag, value, message in (
+        ("--kernels", "triton,bogus", "unknown bogus; choose from triton,cuda"),
+        ("--kernels", ",", "',' names nothing"),
+        ("--dtypes", "fp8", "unknown fp8; choose from fp32,fp16,bf16"),
+        ("--shapes", "4096by4096", "shape '4096by4096' is not MxN"),
+    ):
+        assert f"{flag}: {message}" in refusal(sweep.main, [flag, value], capsys)
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,10 +336,10 @@ def run_records(request, tmp_path):
     if request.param == "committed":
         if not COMMITTED.exists():
             pytest.skip("no committed H200 records")
-        return report.load(COMMITTED)
+        return analysis.load(COMMITTED)
     path = tmp_path / "s.jsonl"
     synthetic_records(path)
-    return report.load(path)
+    return analysis.load(path)
 
 
 @pytest.fixture

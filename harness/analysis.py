@@ -1,0 +1,270 @@
+"""The numbers plots and reports are drawn from: pure functions of benchmark records.
+
+Loading (deduplicated, at least one timing record), grouping by op and by shape, the
+lookup of PASS measurements, the best baseline per shape, speedups and their geometric
+mean, the smallest M that saturates bandwidth, the per-implementation summary, and the
+tallies the report lists (compile and first-call times, failures, skips, kernels seen,
+registers, throttling). harness.plot and harness.report both draw from these; neither
+computes a number of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Optional
+
+from harness import records
+from harness.ops import OPS, RMS_NORM, Op
+
+#: Implementation names of the first op, in the order runs, tables and plots list them.
+ORDER = RMS_NORM.order
+SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
+DTYPE_ORDER = ("bf16", "fp16", "fp32")
+
+#: The plots harness.plot draws for an op; the report links those present in its folder.
+PLOT_NAMES = ("bandwidth_vs_n.png", "bandwidth_vs_m.png", "speedup.png", "small_shapes.png")
+
+
+class NoMeasurements(ValueError):
+    """A records file with nothing to draw: a report of it would be a page of None."""
+
+
+def load(path: str | Path) -> list[dict]:
+    """The deduplicated records of a file that holds at least one timing record.
+
+    RecordError names a malformed line; NoMeasurements says what the file lacks."""
+    recs = records.latest(records.read_records(path))
+    if not recs:
+        raise NoMeasurements(f"{path} holds no records")
+    if not any(r["kind"] == "timing" for r in recs):
+        kinds = ", ".join(sorted({r["kind"] for r in recs}))
+        raise NoMeasurements(
+            f"{path} holds no timing records (only {kinds}): nothing to plot or report"
+        )
+    return recs
+
+
+def by_op(recs: Iterable[dict]) -> dict[Op, list[dict]]:
+    """{op: its records}, in the order harness.ops lists the ops; records of an op this
+    reader does not know are left out."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in recs:
+        groups[r["op"]].append(r)
+    return {op: groups[name] for name, op in OPS.items() if name in groups}
+
+
+def plot_names(op: Op) -> tuple[str, ...]:
+    """The file names of an op's plots: the first op's plain, any other's prefixed."""
+    if op is RMS_NORM:
+        return PLOT_NAMES
+    return tuple(f"{op.name}-{name}" for name in PLOT_NAMES)
+
+
+def impl_order(names: Iterable[str], op: Op = RMS_NORM) -> list[str]:
+    """Names in the op's order (ours first), unknown names last, alphabetically."""
+    names = set(names)
+    return [n for n in op.order if n in names] + sorted(names - set(op.order))
+
+
+def env_of(recs: Sequence[dict]) -> dict:
+    """The environment of the run: that of the last record."""
+    return recs[-1]["env"] if recs else {}
+
+
+def passed(recs: Iterable[dict], mode: str = "cold", section: Optional[str] = None) -> list[dict]:
+    """PASS timing records of one mode, optionally only those of one section."""
+    return [
+        r
+        for r in recs
+        if r["kind"] == "timing"
+        and r["status"] == "PASS"
+        and r["mode"] == mode
+        and (section is None or section in r["sections"])
+    ]
+
+
+def by_shape(recs: Iterable[dict]) -> dict[tuple[str, int, int], dict[str, dict]]:
+    """{(dtype, M, N): {impl: record}}."""
+    out: dict[tuple[str, int, int], dict[str, dict]] = defaultdict(dict)
+    for r in recs:
+        out[(r["dtype"], r["shape"][0], r["shape"][1])][r["impl"]] = r
+    return dict(out)
+
+
+def median_us(rec: dict) -> float:
+    return rec["stats"]["median_us"]
+
+
+def best_baseline(impls: dict[str, dict], op: Op = RMS_NORM) -> Optional[tuple[str, float]]:
+    """(name, median us) of the fastest baseline that passed at a shape, or None."""
+    cands = [(median_us(r), name) for name, r in impls.items() if name in op.baselines]
+    if not cands:
+        return None
+    t, name = min(cands)
+    return name, t
+
+
+def geomean(values: Sequence[float]) -> Optional[float]:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def speedups(
+    recs: Iterable[dict], section: str = "grid", op: Op = RMS_NORM
+) -> dict[tuple[str, str, str], list]:
+    """{(ours, baseline, dtype): [(N, baseline time / our time), ...]} over cold shapes."""
+    out: dict[tuple[str, str, str], list] = defaultdict(list)
+    for (dtype, _m, n), impls in sorted(by_shape(passed(recs, "cold", section)).items()):
+        for ours in op.ours:
+            if ours not in impls:
+                continue
+            for base in op.baselines:
+                if base in impls:
+                    out[(ours, base, dtype)].append(
+                        (n, median_us(impls[base]) / median_us(impls[ours]))
+                    )
+    return dict(out)
+
+
+def saturation_m(
+    recs: Iterable[dict], copy_gbps: Optional[float], op: Op = RMS_NORM
+) -> dict[str, Optional[int]]:
+    """Per impl, the smallest M of the M sweep whose cold GB/s reaches 0.9x copy."""
+    out: dict[str, Optional[int]] = {}
+    if not copy_gbps:
+        return out
+    sweep = passed(recs, "cold", "msweep")
+    for name in impl_order((r["impl"] for r in sweep), op):
+        ms = sorted(
+            r["shape"][0]
+            for r in sweep
+            if r["impl"] == name and (r["gbps"] or 0) >= SATURATION * copy_gbps
+        )
+        out[name] = ms[0] if ms else None
+    return out
+
+
+def summary(recs: Sequence[dict], section: str = "grid", op: Op = RMS_NORM) -> list[dict]:
+    """Per (our impl, dtype) over a section's cold shapes: geometric mean and minimum of %
+    of copy and of the ratio to the best baseline (its time / ours), with the shapes of
+    the minima and how many shapes reach 0.9x copy."""
+    shapes = by_shape(passed(recs, "cold", section))
+    out = []
+    for ours in op.ours:
+        for dtype in DTYPE_ORDER:
+            pct, ratio = [], []
+            for (dt, m, n), impls in sorted(shapes.items(), key=lambda kv: kv[0][2]):
+                if dt != dtype or ours not in impls or impls[ours]["pct_copy"] is None:
+                    continue
+                pct.append((impls[ours]["pct_copy"] / 100, f"{m}x{n}"))
+                best = best_baseline(impls, op)
+                if best:
+                    ratio.append((best[1] / median_us(impls[ours]), f"{m}x{n}"))
+            if not pct:
+                continue
+            row = dict(impl=ours, dtype=dtype, shapes=len(pct))
+            row["geo_copy"] = geomean([v for v, _ in pct])
+            row["min_copy"], row["min_copy_at"] = min(pct)
+            row["at_09"] = sum(v >= SATURATION for v, _ in pct)
+            row["geo_ratio"] = geomean([v for v, _ in ratio])
+            row["min_ratio"], row["min_ratio_at"] = min(ratio) if ratio else (None, "")
+            out.append(row)
+    return out
+
+
+def worst_spread(impls: dict[str, dict]) -> float:
+    """The largest block spread among the records of one shape (0 if none has one)."""
+    return max((r["spread"] or 0.0) for r in impls.values())
+
+
+def compile_summary(recs: Sequence[dict]) -> Optional[dict]:
+    """torch.compile's fresh compiles: {shapes, median_s, max_s, total_s}, or None."""
+    times = [r["compile_s"] for r in passed(recs) if r["impl"] == "compile" and r["compile_s"]]
+    if not times:
+        return None
+    return dict(
+        shapes=len(times),
+        median_s=sorted(times)[len(times) // 2],
+        max_s=max(times),
+        total_s=sum(times),
+    )
+
+
+def first_calls(recs: Sequence[dict], op: Op = RMS_NORM) -> list[dict]:
+    """Per implementation but compile: the wall seconds of its first call at each shape
+    (JIT compilation included): {impl, max_s, median_s, total_s}, in the op's order."""
+    seen: dict[str, list[float]] = {}
+    for r in passed(recs, "cold"):
+        if r["impl"] != "compile" and r["compile_s"] is not None:
+            seen.setdefault(r["impl"], []).append(r["compile_s"])
+    return [
+        dict(impl=name, max_s=max(v), median_s=sorted(v)[len(v) // 2], total_s=sum(v))
+        for name, v in ((n, seen[n]) for n in impl_order(seen, op))
+    ]
+
+
+def failures(recs: Iterable[dict]) -> list[dict]:
+    """FAIL records, by implementation, dtype and shape."""
+    fails = [r for r in recs if r["status"] == "FAIL"]
+    return sorted(fails, key=lambda r: (r["impl"], r["dtype"] or "", r["shape"] or []))
+
+
+def error_of(rec: dict) -> str:
+    """What a FAIL record failed with: its check's error, else its notes."""
+    return records.plain_text((rec["correct"] or {}).get("error") or "; ".join(rec["notes"]))
+
+
+def skipped(recs: Iterable[dict]) -> list[dict]:
+    """SKIP records, in file order."""
+    return [r for r in recs if r["status"] == "SKIP"]
+
+
+def kernels_seen(recs: Sequence[dict], op: Op = RMS_NORM) -> list[tuple[str, str, dict]]:
+    """(impl, shape class, kernels) of every profiled call, in the op's order, then by
+    class."""
+    seen: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in passed(recs):
+        if r["kernels"]:
+            seen[r["impl"]][r["kernels"].get("class", "?")] = r["kernels"]
+    order = impl_order(seen, op)
+    return [(name, cls, k) for name in order for cls, k in sorted(seen[name].items())]
+
+
+def registers(recs: Sequence[dict]) -> list[dict]:
+    """What our kernels used, one row a distinct kernel_info dict: {impl, dtype, config,
+    n_regs, spills, error}, sorted."""
+    regs = {}
+    for r in passed(recs):
+        for res in r["resources"] or []:
+            key = (r["impl"], r["dtype"], res.get("name") or str(res.get("row_threads")))
+            regs[key + (json.dumps(res, sort_keys=True),)] = res
+    rows = []
+    for k, v in sorted(regs.items(), key=lambda kv: str(kv[0])):
+        cfg = v.get("config") or {
+            c: v.get(c) for c in ("row_threads", "vpt", "cluster", "variant") if c in v
+        }
+        spills = v.get("n_spills", v.get("local_bytes"))
+        rows.append(
+            dict(
+                impl=k[0],
+                dtype=k[1],
+                config=cfg,
+                n_regs=v.get("n_regs"),
+                spills=spills,
+                error=v.get("error", ""),
+            )
+        )
+    return rows
+
+
+def throttling(recs: Iterable[dict]) -> tuple[int, list[str]]:
+    """How many measurements NVML saw throttled, and the reasons it gave."""
+    throttled = [r for r in recs if (r["clocks"] or {}).get("throttled")]
+    reasons = sorted({x for r in throttled for x in r["clocks"].get("reasons", [])})
+    return len(throttled), reasons

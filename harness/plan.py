@@ -1,0 +1,151 @@
+"""What a run measures: the dtypes, the shape grid and its sections, and their order.
+
+Shared by harness.bench, harness.sweep and scripts/ncu_one.py, so every tool speaks of
+the same shapes:
+- grid: N in LARGE_NS with M = GRID_ELEMENTS // N (128 Mi elements: far beyond L2);
+- msweep: M = 1, 2, 4, ..., 32768 at N = MSWEEP_N in bf16 (bandwidth against the work);
+- decode: M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time);
+- reference: bf16 shapes measured independently of this harness (docs/PERF_NOTES.md);
+- quick: a handful of the above; custom: the shapes a command line names.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Optional
+
+from harness.cases import DTYPE_NAMES, Case
+
+#: Name -> torch dtype, in the order the command lines list them.
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+EPS = 1e-6
+
+GRID_ELEMENTS = 2**27
+LARGE_NS = (
+    128,
+    512,
+    1000,
+    1024,
+    2048,
+    4095,
+    4096,
+    4097,
+    5120,
+    8192,
+    12288,
+    16384,
+    32768,
+    65536,
+    131072,
+)
+MSWEEP_N = 4096
+MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768
+DECODE = tuple((m, n) for n in (4096, 8192) for m in (1, 8, 32, 128))
+
+#: bf16 shapes measured independently of this harness, to check it against (the figures:
+#: docs/PERF_NOTES.md).
+REFERENCE = ((8192, 8192),)
+
+QUICK_NS = (4096, 4097, 8192)
+QUICK_MSWEEP = (1, 64, 1024, 32768)  # 32768 x 4096 is also a grid shape
+QUICK_DECODE = ((8, 4096),)
+
+
+@dataclass
+class Planned:
+    """One shape to measure: dtype name, M rows of N, and the sections it stands in."""
+
+    dtype: str
+    m: int
+    n: int
+    sections: list[str] = field(default_factory=list)
+
+    def case(self) -> Case:
+        """The shape as a Case (random x, weight in x's dtype, eps EPS): what the op's
+        input factory makes inputs from."""
+        return Case(f"{self.m}x{self.n}", (self.m, self.n), DTYPES[self.dtype], eps=EPS)
+
+
+def grid(ns: tuple[int, ...] = LARGE_NS) -> list[tuple[int, int]]:
+    """The grid's (M, N): every N with M = GRID_ELEMENTS // N."""
+    return [(GRID_ELEMENTS // n, n) for n in ns]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'4096x4096,1x8192' -> [(4096, 4096), (1, 8192)]; ValueError names a bad item."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"shape '{item.strip()}' is not MxN (e.g. 4096x4096)")
+        m, n = int(parts[0]), int(parts[1])
+        if m < 1 or n < 1:
+            raise ValueError(f"shape '{item.strip()}' needs M >= 1 and N >= 1")
+        shapes.append((m, n))
+    return shapes
+
+
+def plan(
+    dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
+) -> list[Planned]:
+    """The shapes to measure, most important first, each (dtype, M, N) once."""
+    wanted: list[tuple[str, int, int, str]] = []
+    if shapes:
+        wanted += [(d, m, n, "custom") for d in dtypes for m, n in shapes]
+    else:
+        ns = QUICK_NS if quick else LARGE_NS
+        ms = QUICK_MSWEEP if quick else MSWEEP_MS
+        decode = QUICK_DECODE if quick else DECODE
+        by_dtype = {d: [(d, m, n, "grid") for m, n in grid(ns)] for d in dtypes}
+        # bf16 first (the headline), then the M sweep and decode shapes, then fp16, fp32
+        wanted += by_dtype.pop("bf16", [])
+        if "bf16" in dtypes:
+            wanted += [("bf16", m, MSWEEP_N, "msweep") for m in ms]
+            wanted += [("bf16", m, n, "decode") for m, n in decode]
+            if not quick:
+                wanted += [("bf16", m, n, "reference") for m, n in REFERENCE]
+        for d in ("fp16", "fp32"):
+            wanted += by_dtype.pop(d, [])
+    out: dict[tuple[str, int, int], Planned] = {}
+    for d, m, n, section in wanted:
+        p = out.setdefault((d, m, n), Planned(d, m, n))
+        if section not in p.sections:
+            p.sections.append(section)
+    return list(out.values())
+
+
+def shape_class(dtype: str, n: int, small: bool) -> str:
+    """The class a profiled call stands for: dtype, small or large, N range, odd N."""
+    width = (
+        "N<=1024"
+        if n <= 1024
+        else "N<=8192"
+        if n <= 8192
+        else "N<=65536"
+        if n <= 65536
+        else "N>65536"
+    )
+    return f"{dtype},{'small' if small else 'large'},{width}{',odd' if n % 8 else ''}"
+
+
+def parse_names(text: str, known: tuple[str, ...] | list[str]) -> list[str]:
+    """'triton, cuda,triton' -> ['triton', 'cuda']: spaces and repeats dropped; ValueError
+    for an unknown name or a list that names nothing (the message lists the choices)."""
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {','.join(unknown)}; choose from {','.join(known)}")
+    if not names:
+        raise ValueError(f"{text!r} names nothing; choose from {','.join(known)}")
+    return names
+
+
+def names_arg(
+    p: argparse.ArgumentParser, flag: str, text: str, known: tuple[str, ...] | list[str]
+) -> list[str]:
+    """parse_names for a command line: a bad list is an argparse error (exit 2) naming flag."""
+    try:
+        return parse_names(text, known)
+    except ValueError as e:
+        p.error(f"{flag}: {e}")
