@@ -340,7 +340,7 @@ WORDING_CASES = {
     "eps-inf": lambda: (torch.ones(4, 64), None, math.inf),
     "eps-1e39": lambda: (torch.ones(4, 64), None, 1e39),
     "eps-1e-50": lambda: (torch.ones(4, 64), None, 1e-50),
-    "eps-1e-4": lambda: (torch.ones(4, 64), None, -1e-4),
+    "eps-neg-1e-4": lambda: (torch.ones(4, 64), None, -1e-4),
     "x-cpu": lambda: (torch.ones(4, 64), None, 1e-6),
 }
 
