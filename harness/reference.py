@@ -1,4 +1,4 @@
-"""The one definition of a correct RMSNorm forward.
+"""The one definition of a correct RMSNorm forward, and of the fused residual add before it.
 
 fp32 math on upcast inputs, one cast at the end:
     y = (x.float() * rsqrt(mean(x.float()**2, -1) + eps)) * weight.float()  ->  x.dtype
@@ -22,6 +22,23 @@ def rms_norm_ref(
     if weight is not None:
         y = y * weight.float()
     return y.to(x.dtype)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out): residual_out = x + residual, an fp32 add rounded once to
+    residual's dtype; y, in x's dtype, is RMSNorm of residual_out (fp32 math, one cast), so
+    the fused op equals the unfused ``r = x + r; y = rms_norm(r)``."""
+    residual_out = (x.float() + residual.float()).to(residual.dtype)
+    rf = residual_out.float()
+    y = rf * torch.rsqrt(rf.square().mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype), residual_out
 
 
 #: Tolerances for comparing an implementation with rms_norm_ref, per output dtype.

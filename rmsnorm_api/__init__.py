@@ -188,6 +188,66 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def check_residual(
+    residual: torch.Tensor, x: torch.Tensor, *, impl: str = "fused_add_rms_norm"
+) -> None:
+    """The fused add's residual: x's shape and device, x's dtype or float32 (an fp32
+    residual stream beside 16-bit activations), stride 1 in the last dimension, any row
+    stride (run after check_inputs)."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"{impl}: residual must be a torch.Tensor, got {_type_name(residual)}")
+    _check_dense(residual, "residual", impl)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"{impl}: residual has shape {tuple(residual.shape)} but x has shape {tuple(x.shape)}"
+        )
+    if residual.dtype not in (x.dtype, torch.float32):
+        raise TypeError(
+            f"{impl}: residual has dtype {residual.dtype}; expected x's dtype ({x.dtype})"
+            " or float32"
+        )
+    if residual.device != x.device:
+        raise ValueError(
+            f"{impl}: residual is on device '{residual.device}' but x is on '{x.device}'"
+        )
+    if residual.numel() > 0 and residual.stride(-1) != 1:
+        raise ValueError(
+            f"{impl}: residual has stride {residual.stride(-1)} in its last dimension;"
+            " expected 1 (call residual.contiguous() first; rows may have any stride)"
+        )
+
+
+def check_in_place(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    *,
+    impl: str = "fused_add_rms_norm_",
+) -> None:
+    """The in-place fused add writes y into x and residual_out into residual: both must be
+    viewable as rows in place, apart from each other and from weight in memory, and not
+    require grad (run after check_inputs and check_residual)."""
+    for name, t in (("x", x), ("residual", residual)):
+        try:
+            t.view(-1, t.shape[-1])
+        except RuntimeError:
+            raise ValueError(
+                f"{impl}: {name}'s leading dimensions cannot be viewed as rows in place (the"
+                f" in-place form writes into {name}); call {name}.contiguous() first"
+            ) from None
+    if _overlaps(x, residual):
+        raise ValueError(f"{impl}: x and residual overlap in memory; both are written")
+    if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
+        raise ValueError(f"{impl}: weight overlaps x or residual in memory; both are written")
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("residual", residual), ("weight", weight)):
+            if t is not None and t.requires_grad:
+                raise ValueError(
+                    f"{impl}: the in-place form does not support autograd, but {name} requires"
+                    " grad (detach it, or call under torch.no_grad())"
+                )
+
+
 def call_op(
     op: Callable[..., torch.Tensor],
     op_out: Callable[..., None],

@@ -1,4 +1,6 @@
-"""Masked Triton RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)`` and ``RMSNorm``.
+"""Masked Triton RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)``, ``RMSNorm``, and the fused
+residual add ``fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out)`` with its
+in-place form ``fused_add_rms_norm_``.
 
 For kernel work: ``kernel_info(x)`` (the kernel and config a call launches),
 ``default_config(n, element_size)`` (the default rule, triton_impl.configs) and
@@ -7,12 +9,15 @@ times; ``search_space(n, element_size)`` lists the candidates).
 """
 
 from triton_impl.configs import Config, default_config, search_space
+from triton_impl.fused_add_rms_norm_op import fused_add_rms_norm, fused_add_rms_norm_
 from triton_impl.rms_norm_op import RMSNorm, kernel_info, rms_norm, rms_norm_with_config
 
 __all__ = [
     "Config",
     "RMSNorm",
     "default_config",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_",
     "kernel_info",
     "rms_norm",
     "rms_norm_with_config",

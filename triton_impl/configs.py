@@ -23,7 +23,7 @@ from typing import Optional, Union
 import triton
 
 from rmsnorm_api import MAX_N
-from triton_impl.kernels import KERNELS
+from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS
 
 #: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
 FUSED_MAX_N = {4: 32768, 2: 16384}
@@ -237,6 +237,39 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool) -> tuple:
     else:  # chunked, persistent
         meta["STAGES"] = cfg.stages
     return KERNELS[cfg.kernel], meta
+
+
+# ---- the fused residual add -------------------------------------------------------------
+#: Chunk and warps of the fused add's chunked kernel (rows wider than FUSED_MAX_N).
+FUSED_ADD_CHUNK = Config("chunked", 8192, 16)
+
+
+@functools.cache
+def fused_add_config(n: int, element_size: int) -> Config:
+    """The fused add's config for rows of n elements of x's element_size bytes: the fused
+    tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile, THREAD_BYTES of it a
+    thread, as the plain op's rule for untuned widths), the chunked kernel beyond. Not yet
+    swept: a rule, not a table."""
+    check_width(n, element_size, "fused_add_config")
+    block_n = triton.next_power_of_2(n)
+    if block_n > FUSED_MAX_N[element_size]:
+        return FUSED_ADD_CHUNK
+    row_bytes = block_n * element_size
+    block_m = max(1, min(64, 4096 // row_bytes))
+    warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[element_size])))
+    return _fused(block_n, block_m, warps)
+
+
+def fused_add_kernel_for(cfg: Config, has_weight: bool, round_by_hand: bool = False) -> tuple:
+    """(kernel, meta) of the fused add for a config (fused or chunked kernel); round_by_hand:
+    residual_out is bf16 and the kernel runs in the interpreter (kernels._round_to)."""
+    if cfg.kernel not in FUSED_ADD_KERNELS:
+        raise ValueError(f"fused add: no {cfg.kernel!r} kernel; expected fused or chunked")
+    meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps,
+                ROUND_BY_HAND=round_by_hand)  # fmt: skip
+    if cfg.kernel == "fused":
+        meta["BLOCK_M"] = cfg.block_m
+    return FUSED_ADD_KERNELS[cfg.kernel], meta
 
 
 # ---- the sweep's search space ----------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The Triton kernels of the RMSNorm forward: y = x / sqrt(mean(x^2) + eps) * weight.
+"""The Triton kernels of the RMSNorm forward, y = x / sqrt(mean(x^2) + eps) * weight, and
+of the fused residual add before it (residual_out = x + residual; y = RMSNorm(residual_out)).
 
 Parallelisation
 - fused (next_pow2(N) <= FUSED_MAX_N): one program owns a BLOCK_M x BLOCK_N tile, BLOCK_M
@@ -182,9 +183,104 @@ def _rms_norm_fwd_split(
     tl.store(y_row + e_col, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
 
 
+# ---- fused residual add + RMSNorm ------------------------------------------------------
+@triton.jit
+def _round_to(s, dtype: tl.constexpr, BY_HAND: tl.constexpr):
+    # s (fp32) rounded once to dtype, to nearest even. The GPU's cast does that; Triton's
+    # interpreter truncates fp32 -> bf16, so there (BY_HAND) the bits are rounded here, as
+    # the reference rounds residual_out: add half an ulp (less on an even tie), drop 16 bits.
+    if BY_HAND:
+        bits = s.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(dtype, bitcast=True)
+    else:
+        return s.to(dtype)
+
+
+
+# s = x + residual in fp32, rounded once to residual's dtype and stored as residual_out;
+# y = RMSNorm of that rounded s, so the fused op equals the unfused composition. x and
+# residual are read once, y and residual_out written once. The in-place form passes
+# y_ptr = x_ptr and ro_ptr = r_ptr: each element is read before it is written, by the
+# program that owns its row.
+
+
+# fmt: off
+@triton.jit
+def _fused_add_rms_norm_fwd_fused(
+    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
+    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+):
+    # fmt: on
+    # one program per BLOCK_M rows; the tile of sums lives in registers
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    # load: masked lanes read 0 and add nothing to the sum
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    r = tl.load(r_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+    # add in fp32, round once to residual's dtype, and normalise what was stored
+    s = _round_to(x.to(tl.float32) + r.to(tl.float32), ro_ptr.dtype.element_ty, ROUND_BY_HAND)
+    tl.store(ro_ptr + rows[:, None] * stride_ro + cols[None, :], s, mask=mask)
+    s = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+    y = s * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+# fmt: off
+@triton.jit
+def _fused_add_rms_norm_fwd_chunked(
+    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
+    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+):
+    # fmt: on
+    # rows too wide for registers: one program a row, in BLOCK_N chunks, twice. Sweep 1
+    # adds, stores residual_out and sums its squares; sweep 2 re-reads residual_out (just
+    # written, so from L2), scales and stores y.
+    row = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        x = tl.load(x_ptr + row * stride_x + c, mask=ok, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * stride_r + c, mask=ok, other=0.0).to(tl.float32)
+        s = _round_to(x + r, ro_ptr.dtype.element_ty, ROUND_BY_HAND)
+        tl.store(ro_ptr + row * stride_ro + c, s, mask=ok)
+        s = s.to(tl.float32)
+        acc += s * s
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    # every thread's residual_out stores are visible to the block before sweep 2 reads them
+    tl.debug_barrier()
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ok = c < N
+        s = tl.load(ro_ptr + row * stride_ro + c, mask=ok, other=0.0).to(tl.float32)
+        y = s * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 KERNELS = {
     "fused": _rms_norm_fwd_fused,
     "split": _rms_norm_fwd_split,
     "chunked": _rms_norm_fwd_chunked,
     "persistent": _rms_norm_fwd_persistent,
+}
+#: The fused add's kernels, by the same kind names.
+FUSED_ADD_KERNELS = {
+    "fused": _fused_add_rms_norm_fwd_fused,
+    "chunked": _fused_add_rms_norm_fwd_chunked,
 }

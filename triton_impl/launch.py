@@ -16,7 +16,14 @@ import triton
 from torch.library import wrap_triton
 
 from rmsnorm_api import as_rows
-from triton_impl.configs import Config, default_config, kernel_for
+from triton_impl.configs import (
+    Config,
+    default_config,
+    fused_add_config,
+    fused_add_kernel_for,
+    kernel_for,
+)
+from triton_impl.kernels import INTERPRET
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,31 @@ def plan(
         sms = sm_count(x.device.index) if x.is_cuda else 2
         programs = min(m, cfg.programs_per_sm * sms)
     return Launch(cfg, kernel, (max(programs, 1),), args, meta)
+
+
+def plan_fused_add(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    y: torch.Tensor,
+    residual_out: torch.Tensor,
+) -> Launch:
+    """The launch of the fused add into y and residual_out (any row strides; the in-place
+    form passes x and residual themselves)."""
+    n = int(x.shape[-1])
+    x2, r2 = as_rows(x), as_rows(residual)
+    y2, ro2 = y.view(-1, n), residual_out.view(-1, n)
+    m = x2.shape[0]
+    has_weight = weight is not None
+    w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
+    cfg = fused_add_config(n, x.element_size())
+    by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
+    kernel, meta = fused_add_kernel_for(cfg, has_weight, by_hand)
+    strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
+    args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
+    grid = (triton.cdiv(m, cfg.block_m),) if cfg.kernel == "fused" else (m,)
+    return Launch(cfg, kernel, grid, args, meta)
 
 
 def launch(p: Launch) -> None:

@@ -1,0 +1,94 @@
+"""The Triton fused residual add + RMSNorm ops.
+
+    fused_add_rms_norm(x, residual, weight=None, eps=1e-6) -> (y, residual_out)
+    fused_add_rms_norm_(x, residual, weight=None, eps=1e-6) -> None   (y into x,
+                                                                      residual_out into residual)
+
+residual_out = x + residual (an fp32 add rounded once to residual's dtype); y, in x's
+dtype, is RMSNorm of residual_out, so the op equals the unfused ``r = x + r; y =
+rms_norm(r)`` while reading x and residual once and writing y and residual_out once.
+residual may be x's dtype or float32 (an fp32 residual stream beside 16-bit activations).
+Registered as ``triton_impl::fused_add_rms_norm`` and the in-place
+``triton_impl::fused_add_rms_norm_`` (its mutation declared in the schema, so it captures
+in CUDA graphs with no allocation). Kernels: kernels.py; config rule: configs.py. Forward
+only, for now, like the plain op.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.library import triton_op
+
+from rmsnorm_api import DEFAULT_EPS, check_in_place, check_inputs, check_residual
+from triton_impl.kernels import INTERPRET
+from triton_impl.launch import launch, plan_fused_add
+
+_IMPL = "triton_impl.fused_add_rms_norm"
+_IMPL_ = "triton_impl.fused_add_rms_norm_"
+
+
+def _check(x, residual, weight, eps, impl: str) -> None:
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+    check_residual(residual, x, impl=impl)
+
+
+@triton_op("triton_impl::fused_add_rms_norm", mutates_args=())
+def _fused_add_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(x, residual, weight, eps, _IMPL)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    if x.numel() > 0:
+        launch(plan_fused_add(x, residual, weight, eps, y, residual_out))
+    return y, residual_out
+
+
+@triton_op("triton_impl::fused_add_rms_norm_", mutates_args={"x", "residual"})
+def _fused_add_in_place_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> None:
+    _check(x, residual, weight, eps, _IMPL_)
+    check_in_place(x, residual, weight, impl=_IMPL_)
+    if x.numel() > 0:
+        launch(plan_fused_add(x, residual, weight, eps, x, residual))
+
+
+def _forward_only(ctx, grad_y, grad_residual):
+    raise RuntimeError(
+        f"{_IMPL}: the kernels are forward-only for now (no backward yet); train with an"
+        " add and torch.nn.RMSNorm"
+    )
+
+
+torch.library.register_autograd(
+    "triton_impl::fused_add_rms_norm", _forward_only, setup_context=lambda ctx, i, o: None
+)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out) = (RMSNorm(x + residual), x + residual); see the module docstring.
+    Raises TypeError/ValueError naming the argument for unsupported input."""
+    _check(x, residual, weight, eps, _IMPL)
+    return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
+
+
+def fused_add_rms_norm_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> None:
+    """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op. Raises
+    TypeError/ValueError naming the argument for unsupported input (x and residual must
+    view as rows in place and not overlap)."""
+    _check(x, residual, weight, eps, _IMPL_)
+    check_in_place(x, residual, weight, impl=_IMPL_)
+    torch.ops.triton_impl.fused_add_rms_norm_(x, residual, weight, float(eps))
