@@ -29,8 +29,12 @@ class Case:
     weight: str = "same"  # "same" (x's dtype), "fp32", or "none"
     row_pad: int = 0  # x is a slice of rows N + row_pad wide (a strided view)
     offset: int = 0  # storage offset of x in elements (a misaligned start)
-    fill: str = "randn"  # randn | zero_rows | large | tiny | nonfinite
+    fill: str = "randn"  # randn | zero_rows | large | tiny | nonfinite (x's values)
     eps: float = 1e-6
+    # the fused add's residual: "same" (x's dtype) or "fp32", laid out as x; its values:
+    # randn | cancel (exactly -x) | overflow (x + residual overflows fp16) | nonfinite
+    residual: str = "same"
+    residual_fill: str = "randn"
 
     @property
     def n(self) -> int:
@@ -105,4 +109,26 @@ def all_cases() -> list[Case]:
         for name, shape in [("fp32w-n4096", (256, 4096)), ("fp32w-n4097", (7, 4097))]:
             cases.append(Case(name, shape, dtype, weight="fp32"))
     cases.append(Case("eps1e-2-n1000", (7, 1000), torch.bfloat16, eps=1e-2))
+    return cases
+
+
+#: The fused add's own cases, beyond the plain op's grid: an fp32 residual stream beside
+#: 16-bit x, a residual cancelling x (zero rows: 0, never NaN), an add that overflows fp16,
+#: NaN / Inf in the residual.
+_FUSED_ADD_SPECIALS = [
+    dict(name=f"{fill}-res-n{n}", shape=(16, n), residual_fill=fill)
+    for fill in ("cancel", "overflow", "nonfinite")
+    for n in (4096, 4097)
+]
+
+
+def fused_add_cases() -> list[Case]:
+    """Every fused-add case: the plain op's cases (residual in x's dtype, laid out as x),
+    the same widths with an fp32 residual in 16-bit dtypes, and the specials."""
+    cases = all_cases()
+    for dtype in (torch.float16, torch.bfloat16):
+        for name, shape in _BASE_SHAPES:
+            cases.append(Case(f"fp32res-{name}", shape, dtype, residual="fp32"))
+    for dtype in DTYPES:
+        cases += [Case(dtype=dtype, **v) for v in _FUSED_ADD_SPECIALS]
     return cases

@@ -73,6 +73,8 @@ class Impl:
     # (x, weight): the op's tensors, its inputs less eps -> what the kernel it launches
     # uses: config, registers, spills (ours only)
     resources: Optional[Callable[..., dict]] = None
+    # ours, for ops with an in-place form (the fused add): fn_(*inputs) writing its inputs
+    in_place: Optional[Callable[..., None]] = None
 
 
 def _triton() -> Impl:
@@ -200,6 +202,28 @@ def _quack() -> Impl:
         quack_rms_norm,
         notes=["compiled per (N, dtype) on first call; may fail for odd N in 16-bit"],
     )
+
+
+#: The fused residual add's kernels under study (its CUDA kernel and baselines come next).
+FUSED_ADD_OURS = ("triton",)
+
+
+def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
+    """The fused add's implementations: fn(x, residual, weight, eps) -> (y, residual_out),
+    and for ours the in-place fn_(x, residual, weight, eps). No baselines yet."""
+    try:
+        import triton_impl
+    except ImportError as e:  # pragma: no cover - triton is a hard dependency
+        return {"triton": Impl("triton", None, ours=True, unavailable=f"import failed: {e}")}
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    triton = Impl(
+        "triton",
+        triton_impl.fused_add_rms_norm,
+        ours=True,
+        cpu=interp,
+        in_place=triton_impl.fused_add_rms_norm_,
+    )
+    return {"triton": triton}
 
 
 def registry(baselines: bool = False) -> dict[str, Impl]:

@@ -100,7 +100,9 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {records.plain_text(text[0]) if text else ''}"
 
 
-def validate_impl(impl: Impl, inputs: tuple, ref) -> tuple[Optional[object], Optional[float], dict]:
+def validate_impl(
+    impl: Impl, inputs: tuple, ref, op: Op = RMS_NORM
+) -> tuple[Optional[object], Optional[float], dict]:
     """Prepare and check one implementation on these inputs: (fn or None, compile_s, correct).
 
     compile_s is the wall time of the first call at this shape, kept out of the timing:
@@ -117,7 +119,7 @@ def validate_impl(impl: Impl, inputs: tuple, ref) -> tuple[Optional[object], Opt
             fn(*inputs)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-        a, r, ok, err = check(dataclasses.replace(impl, fn=fn), *inputs, ref)
+        a, r, ok, err = check(dataclasses.replace(impl, fn=fn), *inputs, ref, op=op)
         torch.cuda.synchronize()
     except Exception as e:  # a crash or a refusal is this shape's failure, reported
         a, r, ok, err = math.nan, math.nan, False, first_line(e)
@@ -178,7 +180,7 @@ def _check_all(b: Bench, impls: list[Impl], inputs: tuple, base: dict) -> dict[s
     cls, (m, n) = base["shape_class"], base["shape"]
     ready: dict[str, dict] = {}
     for impl in impls:
-        fn, compile_s, correct = validate_impl(impl, inputs, ref)
+        fn, compile_s, correct = validate_impl(impl, inputs, ref, b.op)
         if fn is None:
             b.ours_failed += impl.ours
             tqdm.write(f"FAIL {impl.name} {base['dtype']} {m}x{n}: {correct['error']}")

@@ -19,6 +19,7 @@ charged only this, so GB/s compares work done, not traffic generated.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -28,7 +29,7 @@ import torch
 from harness import impls
 from harness.cases import Case
 from harness.plan import Planned
-from harness.reference import rms_norm_ref
+from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
 
 #: What inputs are made from: a validation case, or a planned benchmark shape.
 Spec = Union[Case, Planned]
@@ -46,6 +47,9 @@ class Op:
     registry: Callable[..., dict[str, impls.Impl]]  # registry(baselines=False) -> {name: Impl}
     ours: tuple[str, ...]  # the kernels under study, in report order
     baselines: tuple[str, ...]  # what they are compared with, in report order
+    # (impl, inputs, reference output) -> our kernels' second form's output (rms_norm:
+    # out= into a NaN-poisoned tensor; the fused add: in place), checked like the first
+    second_form: Optional[Callable[..., Any]] = None
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -71,12 +75,9 @@ def _rms_norm_bytes_of(inputs: tuple) -> int:
     return rms_norm_bytes(x.numel() // n, n, x.element_size(), w_bytes)
 
 
-def rms_norm_inputs(
-    spec: Spec, device: Union[str, torch.device], seed: int
-) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
-    """Fresh inputs (x, weight, eps) for a case or a planned shape, drawn from ``seed``."""
-    case = spec.case() if isinstance(spec, Planned) else spec
-    g = torch.Generator(device=device).manual_seed(seed)
+def _rows(case: Case, g: torch.Generator, device, dtype: torch.dtype) -> tuple:
+    """(x-shaped tensor in dtype laid out as the case says, its fp32 values before the one
+    conversion): fresh randn rows with the case's fill."""
     n, m = case.n, case.m
     width = n + case.row_pad
     flat = torch.randn(case.offset + m * width, generator=g, device=device)
@@ -89,20 +90,88 @@ def rms_norm_inputs(
     elif case.fill == "tiny":
         rows *= 1.0e-4  # x^2 ~ 1e-8 << eps: eps dominates the denominator
     elif case.fill == "nonfinite":
-        rows[1 % m, n // 2] = float("nan")
-        if m > 2:
-            rows[2, 0] = float("inf")
-        if m > 3:
-            rows[3, n - 1] = float("-inf")
+        _nonfinite(rows, n)
     # one conversion to the target dtype, then the strided / offset view into it
-    storage = flat.to(case.dtype)
-    x = storage.as_strided((m, n), (width, 1), case.offset).view(case.shape)
-    weight = None
-    if case.weight != "none":
-        wdtype = torch.float32 if case.weight == "fp32" else case.dtype
-        w = 1.0 + 0.5 * torch.randn(n, generator=g, device=device)
-        weight = w.to(wdtype)
-    return x, weight, case.eps
+    storage = flat.to(dtype)
+    return storage.as_strided((m, n), (width, 1), case.offset).view(case.shape), rows
+
+
+def _nonfinite(rows: torch.Tensor, n: int) -> None:
+    """A NaN, an Inf and a -Inf in rows 1-3 (as many as there are) of the first n columns."""
+    m = rows.shape[0]
+    rows[1 % m, n // 2] = float("nan")
+    if m > 2:
+        rows[2, 0] = float("inf")
+    if m > 3:
+        rows[3, n - 1] = float("-inf")
+
+
+def _weight(case: Case, g: torch.Generator, device) -> Optional[torch.Tensor]:
+    if case.weight == "none":
+        return None
+    wdtype = torch.float32 if case.weight == "fp32" else case.dtype
+    return (1.0 + 0.5 * torch.randn(case.n, generator=g, device=device)).to(wdtype)
+
+
+def _case(spec: Spec) -> Case:
+    return spec.case() if isinstance(spec, Planned) else spec
+
+
+def rms_norm_inputs(
+    spec: Spec, device: Union[str, torch.device], seed: int
+) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
+    """Fresh inputs (x, weight, eps) for a case or a planned shape, drawn from ``seed``."""
+    case = _case(spec)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x, _ = _rows(case, g, device, case.dtype)
+    return x, _weight(case, g, device), case.eps
+
+
+def fused_add_inputs(
+    spec: Spec, device: Union[str, torch.device], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], float]:
+    """Fresh inputs (x, residual, weight, eps): x and weight as rms_norm_inputs draws them,
+    then the residual, laid out as x, in the case's residual dtype and fill."""
+    case = _case(spec)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x, x_rows = _rows(case, g, device, case.dtype)
+    weight = _weight(case, g, device)
+    rdtype = torch.float32 if case.residual == "fp32" else case.dtype
+    residual, rows = _rows(dataclasses.replace(case, fill="randn"), g, device, rdtype)
+    n, shape = case.n, case.shape
+    if case.residual_fill == "cancel":  # exactly -x: every sum is 0
+        residual.copy_(-x.to(rdtype))
+    elif case.residual_fill == "overflow":  # both in [3e4, 6e4]: the sum exceeds fp16's 65504
+        x.copy_((3.0e4 + 1.0e4 * x_rows[:, :n].abs().clamp(max=3)).reshape(shape).to(case.dtype))
+        residual.copy_((3.0e4 + 1.0e4 * rows[:, :n].abs().clamp(max=3)).reshape(shape).to(rdtype))
+    elif case.residual_fill == "nonfinite":
+        bad = rows[:, :n].clone()
+        _nonfinite(bad, n)
+        residual.copy_(bad.reshape(shape).to(rdtype))
+    return x, residual, weight, case.eps
+
+
+def _rms_norm_out_form(impl: impls.Impl, inputs: tuple, ref: torch.Tensor) -> torch.Tensor:
+    """Our kernels' out= form, into an output poisoned with NaN first."""
+    out = torch.full_like(ref, float("nan"), memory_format=torch.contiguous_format)
+    impl.fn(*inputs, out=out)
+    return out
+
+
+def _fused_add_in_place_form(impl: impls.Impl, inputs: tuple, ref: tuple) -> tuple:
+    """Our kernels' in-place form, on copies of x and residual: (x, residual) after it."""
+    x, residual, weight, eps = inputs
+    x, residual = x.clone(), residual.clone()
+    impl.in_place(x, residual, weight, eps)
+    return x, residual
+
+
+def _fused_add_bytes_of(inputs: tuple) -> int:
+    """Read x, residual, weight; write y (x's element size) and residual_out (residual's)."""
+    x, residual, weight, _eps = inputs
+    m_n = x.numel()
+    weight_bytes = weight.numel() * weight.element_size() if weight is not None else 0
+    return 2 * m_n * (x.element_size() + residual.element_size()) + weight_bytes
 
 
 RMS_NORM = Op(
@@ -115,7 +184,21 @@ RMS_NORM = Op(
     registry=impls.registry,
     ours=impls.OURS,
     baselines=impls.BASELINES,
+    second_form=_rms_norm_out_form,
+)
+
+FUSED_ADD_RMS_NORM = Op(
+    name="fused_add_rms_norm",
+    title="fused residual add + RMSNorm forward",
+    make_inputs=fused_add_inputs,
+    reference=fused_add_rms_norm_ref,
+    bytes_moved=_fused_add_bytes_of,
+    bytes_text="read x + residual + weight, write y + residual_out",
+    registry=impls.fused_add_registry,
+    ours=impls.FUSED_ADD_OURS,
+    baselines=(),
+    second_form=_fused_add_in_place_form,
 )
 
 #: Every op, by the name its records carry.
-OPS = {op.name: op for op in (RMS_NORM,)}
+OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}

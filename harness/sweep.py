@@ -77,7 +77,7 @@ def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:
     written = []
     for i, cfg in enumerate(candidates(kernel, p.n, elem)):
         impl = Impl(kernel, runner(kernel, cfg))
-        fn, compile_s, correct = measure.validate_impl(impl, inputs, ref)
+        fn, compile_s, correct = measure.validate_impl(impl, inputs, ref, op)
         fields = dict(
             kind="sweep",
             mode="cold",

@@ -45,26 +45,32 @@ def errors(y: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return diff.max().item(), (diff / scale).max().item()
 
 
-def check(impl: Impl, *inputs_and_ref) -> tuple[float, float, bool, Optional[str]]:
+def check(
+    impl: Impl, *inputs_and_ref, op: Op = RMS_NORM
+) -> tuple[float, float, bool, Optional[str]]:
     """check(impl, *inputs, ref): compare impl's outputs on the op's inputs (for rms_norm
-    x, weight, eps) with the reference output; for our kernels both the functional and the
-    out= form, whose output is poisoned with NaN first."""
+    x, weight, eps) with the reference output (a tensor, or a tuple of them); for our
+    kernels also the op's second form (rms_norm: out= into a NaN-poisoned tensor; the fused
+    add: in place)."""
     *inputs, ref = inputs_and_ref
     outputs = [impl.fn(*inputs)]
-    if impl.ours:
-        out = torch.full_like(ref, float("nan"), memory_format=torch.contiguous_format)
-        impl.fn(*inputs, out=out)
-        outputs.append(out)
+    if impl.ours and op.second_form is not None:
+        outputs.append(op.second_form(impl, tuple(inputs), ref))
+    refs = ref if isinstance(ref, tuple) else (ref,)
     worst_abs = worst_rel = 0.0
-    for y in outputs:
-        if y.shape != ref.shape or y.dtype != ref.dtype:
-            return float("nan"), float("nan"), False, f"got {y.dtype}{tuple(y.shape)}"
-        a, r = errors(y, ref)
-        worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
-        try:
-            torch.testing.assert_close(y, ref, equal_nan=True, **TOL[ref.dtype])
-        except AssertionError as e:
-            return worst_abs, worst_rel, False, str(e).splitlines()[0]
+    for out in outputs:
+        got = out if isinstance(out, tuple) else (out,)
+        if len(got) != len(refs):
+            return float("nan"), float("nan"), False, f"got {len(got)} outputs, not {len(refs)}"
+        for y, want in zip(got, refs, strict=True):
+            if y.shape != want.shape or y.dtype != want.dtype:
+                return float("nan"), float("nan"), False, f"got {y.dtype}{tuple(y.shape)}"
+            a, r = errors(y, want)
+            worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
+            try:
+                torch.testing.assert_close(y, want, equal_nan=True, **TOL[want.dtype])
+            except AssertionError as e:
+                return worst_abs, worst_rel, False, str(e).splitlines()[0]
     return worst_abs, worst_rel, True, None
 
 
@@ -74,7 +80,7 @@ def run_case(case: Case, impl: Impl, device: str, seed: int, op: Op = RMS_NORM) 
     inputs = op.make_inputs(case, device, seed)
     ref = op.reference(*inputs)
     try:
-        a, r, ok, err = check(impl, *inputs, ref)
+        a, r, ok, err = check(impl, *inputs, ref, op=op)
     except Exception as e:  # a crash is a failure of this case, reported, not hidden
         a, r, ok, err = float("nan"), float("nan"), False, f"{type(e).__name__}: {e}"
     return Result(case.id, impl.name, a, r, ok, err)

@@ -14,7 +14,7 @@ from conftest import DEVICE, HAS_GPU, refusal
 from harness import analysis, bench, hardware, measure, plan, plot, records, timing
 from harness.cases import Case
 from harness.impls import BASELINES, OURS, registry, runnable
-from harness.ops import OPS, RMS_NORM, rms_norm_bytes
+from harness.ops import FUSED_ADD_RMS_NORM, OPS, RMS_NORM, rms_norm_bytes
 from harness.reference import TOL, rms_norm_ref
 
 # ---------------------------------------------------------------------------------------
@@ -178,7 +178,8 @@ def test_op_bytes_model_of_its_inputs(case, want):
 
 
 def test_op_description():
-    assert OPS == {"rms_norm": RMS_NORM} and RMS_NORM.name == "rms_norm"
+    assert OPS == {"rms_norm": RMS_NORM, "fused_add_rms_norm": FUSED_ADD_RMS_NORM}
+    assert RMS_NORM.name == "rms_norm"
     assert RMS_NORM.reference is rms_norm_ref  # the one definition, pointed to
     assert RMS_NORM.order == OURS + BASELINES
     assert set(RMS_NORM.registry()) == set(OURS)

@@ -64,7 +64,9 @@ def _forward_only(ctx, grad_y, grad_residual):
 
 
 torch.library.register_autograd(
-    "triton_impl::fused_add_rms_norm", _forward_only, setup_context=lambda ctx, i, o: None
+    "triton_impl::fused_add_rms_norm",
+    _forward_only,
+    setup_context=lambda ctx, inputs, output: None,
 )
 
 
