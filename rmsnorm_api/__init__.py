@@ -76,21 +76,23 @@ def check_inputs(
                 f"{impl}: weight has shape {tuple(weight.shape)} but x's last dimension"
                 f" is {n}; expected ({n},)"
             )
-        if weight.dtype not in (x.dtype, torch.float32):
-            raise TypeError(
-                f"{impl}: weight has dtype {weight.dtype}; expected x's dtype ({x.dtype})"
-                " or float32"
-            )
-        if weight.device != x.device:
-            raise ValueError(
-                f"{impl}: weight is on device '{weight.device}' but x is on '{x.device}'"
-            )
+        _check_beside_x(weight, "weight", x, impl)
     check_eps(eps, impl=impl)
     # last, so that every other check also runs on a machine without a GPU
     if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
         hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
         hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
         raise ValueError(f"{impl}: x is on device '{x.device}'; expected a CUDA tensor{hint}")
+
+
+def _check_beside_x(t: torch.Tensor, name: str, x: torch.Tensor, impl: str) -> None:
+    """A tensor read beside x (weight, residual): x's dtype or float32, on x's device."""
+    if t.dtype not in (x.dtype, torch.float32):
+        raise TypeError(
+            f"{impl}: {name} has dtype {t.dtype}; expected x's dtype ({x.dtype}) or float32"
+        )
+    if t.device != x.device:
+        raise ValueError(f"{impl}: {name} is on device '{t.device}' but x is on '{x.device}'")
 
 
 def _type_name(v: object) -> str:
@@ -201,15 +203,7 @@ def check_residual(
         raise ValueError(
             f"{impl}: residual has shape {tuple(residual.shape)} but x has shape {tuple(x.shape)}"
         )
-    if residual.dtype not in (x.dtype, torch.float32):
-        raise TypeError(
-            f"{impl}: residual has dtype {residual.dtype}; expected x's dtype ({x.dtype})"
-            " or float32"
-        )
-    if residual.device != x.device:
-        raise ValueError(
-            f"{impl}: residual is on device '{residual.device}' but x is on '{x.device}'"
-        )
+    _check_beside_x(residual, "residual", x, impl)
     if residual.numel() > 0 and residual.stride(-1) != 1:
         raise ValueError(
             f"{impl}: residual has stride {residual.stride(-1)} in its last dimension;"
