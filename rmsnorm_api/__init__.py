@@ -166,11 +166,17 @@ def check_out(
         )
     if weight is not None and _overlaps(out, weight):
         raise ValueError(f"{impl}: out overlaps weight in memory; pass a separate tensor")
+    _refuse_grad("out=", impl, x=x, weight=weight, out=out)
+
+
+def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> None:
+    """A form that writes into given tensors has no autograd: refuse inputs that want it,
+    as torch's own out= functions do, naming the first that requires grad."""
     if torch.is_grad_enabled():
-        for name, t in (("x", x), ("weight", weight), ("out", out)):
+        for name, t in tensors.items():
             if t is not None and t.requires_grad:
                 raise ValueError(
-                    f"{impl}: out= does not support autograd, but {name} requires grad"
+                    f"{impl}: {form} does not support autograd, but {name} requires grad"
                     " (detach it, or call under torch.no_grad())"
                 )
 
@@ -233,13 +239,7 @@ def check_in_place(
         raise ValueError(f"{impl}: x and residual overlap in memory; both are written")
     if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
         raise ValueError(f"{impl}: weight overlaps x or residual in memory; both are written")
-    if torch.is_grad_enabled():
-        for name, t in (("x", x), ("residual", residual), ("weight", weight)):
-            if t is not None and t.requires_grad:
-                raise ValueError(
-                    f"{impl}: the in-place form does not support autograd, but {name} requires"
-                    " grad (detach it, or call under torch.no_grad())"
-                )
+    _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
 def call_op(

@@ -152,6 +152,15 @@ THREAD_BYTES = {2: 64, 4: 32}
 LATENCY_THREAD_BYTES = 32
 
 
+def formula_tile(block_n: int, element_size: int) -> Config:
+    """The fused tile for a width no table names: several rows a program up to a 4 KiB
+    tile, THREAD_BYTES of it a thread."""
+    row_bytes = block_n * element_size
+    block_m = max(1, min(64, 4096 // row_bytes))
+    warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[element_size])))
+    return _fused(block_n, block_m, warps)
+
+
 def split_kernel_wins(n: int, element_size: int) -> bool:
     """Rows whose width is not a multiple of 16 elements (16-bit) or of one 16-byte vector
     (fp32): the masked fused kernel cannot prove 16-byte alignment of such rows and falls
@@ -187,10 +196,7 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
         return PERSISTENT_TUNED[key]
     if key in FUSED_TUNED:
         return FUSED_TUNED[key]
-    row_bytes = block_n * elem
-    block_m = max(1, min(64, 4096 // row_bytes))
-    warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[elem])))
-    return _fused(block_n, block_m, warps)
+    return formula_tile(block_n, elem)
 
 
 def latency_config(cfg: Config, element_size: int) -> Config:
@@ -254,10 +260,7 @@ def fused_add_config(n: int, element_size: int) -> Config:
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
         return FUSED_ADD_CHUNK
-    row_bytes = block_n * element_size
-    block_m = max(1, min(64, 4096 // row_bytes))
-    warps = max(1, min(32, block_m * row_bytes // (32 * THREAD_BYTES[element_size])))
-    return _fused(block_n, block_m, warps)
+    return formula_tile(block_n, element_size)
 
 
 def fused_add_kernel_for(cfg: Config, has_weight: bool, round_by_hand: bool = False) -> tuple:
