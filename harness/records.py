@@ -8,7 +8,8 @@ Records are op-generic: ``op`` names the op measured (harness.ops), whose bytes 
 ``bytes``; a line written before the field existed reads as rms_norm.
 
 Schema (version 1). Every line has:
-    schema, run_id, time (UTC ISO), kind ("timing" | "sweep" | "copy" | "skip"), env (dict),
+    schema, run_id, time (UTC ISO), kind ("timing" | "sweep" | "copy" | "skip" | "model"),
+    env (dict),
     op (str, e.g. "rms_norm"), impl, dtype ("fp32" | "fp16" | "bf16" | None),
     shape ([M, N] | None),
     sections (list: "grid", "msweep", "decode", "reference", "quick", "custom"), shape_class,
@@ -26,9 +27,14 @@ Schema (version 1). Every line has:
     clocks (dict | None),
     config ({params, default} | None: a sweep record's forced launch config, and whether
     it is the one the kernel picks itself),
+    model ({block, shape, exec, variant, ...} | None: what a model record timed, a whole
+    decoder block with one norm variant, and its Amdahl figures; harness.model),
     notes (list of str).
 A sweep record is a timing of one forced config (harness.sweep): the same fields, the
-same statistics, with ``config`` set.
+same statistics, with ``config`` set. A model record (harness.model) times a decoder
+block, not an op alone: ``op`` names the block, ``shape`` is the norm's in-block [rows, N],
+``mode`` is how it was timed (cold: L2 flushed before each sample), ``bytes`` is None, and
+``model`` holds the rest.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 SCHEMA_VERSION = 1
-KINDS = ("timing", "sweep", "copy", "skip")
+KINDS = ("timing", "sweep", "copy", "skip", "model")
 #: What a record written before the "op" field existed measured.
 DEFAULT_OP = "rms_norm"
 MODES = ("cold", "graph", "host")
@@ -83,6 +89,7 @@ _FIELDS: dict[str, tuple] = {
     "resources": (list, None),
     "clocks": (dict, None),
     "config": (dict, None),
+    "model": (dict, None),
     "notes": (list,),
 }
 #: Kinds that are measurements of an op at a shape.
@@ -159,6 +166,7 @@ def make_record(*, run_id: str, env: dict, kind: str, impl: str, **fields: Any) 
         "resources": None,
         "clocks": None,
         "config": None,
+        "model": None,
         "notes": [],
     }
     unknown = set(fields) - set(_FIELDS)
@@ -210,14 +218,16 @@ def validate_record(rec: Any) -> None:
                 raise RecordError(f"a {rec['kind']} record needs '{name}'")
     if rec["kind"] == "sweep" and rec["config"] is None:
         raise RecordError("a sweep record needs 'config' (the launch config it forced)")
-    if rec["status"] == "PASS" and rec["kind"] in _MEASURED + ("copy",):
+    if rec["kind"] == "model" and rec["model"] is None:
+        raise RecordError("a model record needs 'model' (the block, shape and mode it timed)")
+    if rec["status"] == "PASS" and rec["kind"] in _MEASURED + ("copy", "model"):
         stats = rec["stats"]
         if stats is None:
             raise RecordError("a PASS measurement needs 'stats'")
         missing = [k for k in _STAT_KEYS if k not in stats]
         if missing:
             raise RecordError(f"stats lacks {missing}")
-    if rec["status"] == "FAIL" and rec["kind"] in _MEASURED and rec["correct"] is None:
+    if rec["status"] == "FAIL" and rec["kind"] in _MEASURED + ("model",) and not rec["correct"]:
         raise RecordError("a FAIL record needs 'correct' (the error it failed with)")
 
 
@@ -280,8 +290,9 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict]:
 
 
 #: Fields added to schema 1 since its first lines were written, and what a line written
-#: before them means: it measured rms_norm, the only op there was, and forced no config.
-_ADDED = {"op": DEFAULT_OP, "config": None}
+#: before them means: it measured rms_norm, the only op there was, forced no config, and
+#: timed no model.
+_ADDED = {"op": DEFAULT_OP, "config": None, "model": None}
 
 
 def upgrade(rec: Any) -> Any:
@@ -297,8 +308,8 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 
 def latest(records: Iterable[dict]) -> list[dict]:
-    """One record per measurement (kind, op, impl, dtype, shape, mode, config): the last one
-    written.
+    """One record per measurement (kind, op, impl, dtype, shape, mode, config, and a model
+    record's block, shape name and exec mode): the last one written.
 
     A rerun of some shapes appended to a file replaces the earlier lines for those shapes.
     """
@@ -306,5 +317,8 @@ def latest(records: Iterable[dict]) -> list[dict]:
     for rec in records:
         shape = tuple(rec["shape"]) if rec["shape"] else None
         config = json.dumps(rec["config"], sort_keys=True)
-        keep[(rec["kind"], rec["op"], rec["impl"], rec["dtype"], shape, rec["mode"], config)] = rec
+        model = rec.get("model") or {}
+        where = tuple(model.get(k) for k in ("block", "shape", "exec"))
+        key = (rec["kind"], rec["op"], rec["impl"], rec["dtype"], shape, rec["mode"], config)
+        keep[key + where] = rec
     return list(keep.values())
