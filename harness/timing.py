@@ -180,14 +180,14 @@ def interleaved(
     return out
 
 
-def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> list[float]:
-    """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
-
-    One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
-    """
+def capture(fn: Callable[[], object], calls: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of fn, warmed up on a side stream first
+    (as the CUDA docs ask: the first calls allocate and compile, which capture forbids).
+    What fn allocates while captured lives in the graph's pool and is rewritten by each
+    replay, so outputs fn keeps a reference to hold the last replay's results."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as the CUDA docs ask
+    with torch.cuda.stream(side):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
@@ -196,6 +196,15 @@ def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) 
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
+    return graph
+
+
+def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> list[float]:
+    """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
+
+    One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
+    """
+    graph = capture(fn, calls)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
