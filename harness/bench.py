@@ -1,25 +1,31 @@
-"""The benchmark: validate, then time, every implementation; write records, plots, report.
+"""The benchmark: validate, then time, every implementation of each op; write records,
+plots, report.
 
-    python -m harness.bench [--quick] [--dtypes bf16,fp16] [--shapes 4096x4096,1x8192]
+    python -m harness.bench [--ops rms_norm,fused_add_rms_norm] [--quick]
+                            [--dtypes bf16,fp16] [--shapes 4096x4096,1x8192]
                             [--impls triton,cuda,compile] [--out DIR] [--append]
                             [--profile] [--require-gpu] [--budget-s 540] [--seed 0]
 
+The ops (harness.ops.OPS; --ops, default both): rms_norm and the fused residual add +
+RMSNorm, measured at the same shapes into one records.jsonl, each record naming its op.
 Shapes (harness.plan: the default grid; --quick takes a handful of them, --shapes
 replaces them):
 - grid: N in LARGE_NS with M = 2**27 // N (128 Mi elements: far beyond L2), per dtype;
 - msweep: M = 1, 2, 4, ..., 32768 at N = 4096 in bf16 (bandwidth against the work);
 - decode: M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time).
-A shape in several sections is measured once, by harness.measure: the op's fresh seeded
-inputs, every implementation checked against the reference (a failure is written as FAIL
-and never timed), then timed cold, interleaved, and for small shapes also under CUDA
-graphs and on the host. Each record is written as soon as it is measured. The run stops
-starting new shapes after --budget-s seconds (recorded as skipped), so it fits one
-10-minute device call.
+A shape in several sections is measured once an op, by harness.measure: the op's fresh
+seeded inputs, every implementation checked against the reference (a failure is written as
+FAIL and never timed), then timed cold, interleaved, and for small shapes also under CUDA
+graphs and on the host. Each record is written as soon as it is measured. The ops take
+turns shape by shape (each shape for every op, then the next shape), so the shapes most
+important first are measured for both and a spent budget cuts both ops' tails alike: the
+run starts no new measurement after --budget-s seconds (the rest recorded as skipped), so
+it fits one 10-minute device call.
 
-Without a GPU it says so, checks the Triton kernel under the interpreter (on --shapes with
-M capped as harness.cases caps the CPU cases, else on three small shapes; in --dtypes),
-and redraws the committed results/h200 plots and report into --out (NO_GPU_OUT by
-default); --require-gpu makes it exit 1 instead. Every argument is checked on any machine;
+Without a GPU it says so, checks each op's Triton kernel under the interpreter (on
+--shapes with M capped as harness.cases caps the CPU cases, else on three small shapes; in
+--dtypes), and redraws the committed results/h200 plots and report into --out (NO_GPU_OUT
+by default); --require-gpu makes it exit 1 instead. Every argument is checked on any machine;
 the flags that only mean something on a GPU are named as ignored.
 """
 
@@ -36,8 +42,8 @@ import torch
 
 from harness import analysis, hardware, measure, records
 from harness.cases import CPU_MAX_ELEMENTS, Case
-from harness.impls import runnable
-from harness.ops import RMS_NORM
+from harness.impls import Impl, runnable
+from harness.ops import OPS, Op
 from harness.plan import DTYPES, Planned, names_arg, parse_shapes, plan
 from rmsnorm_api import MAX_N
 
@@ -64,6 +70,11 @@ DEFAULT_BUDGET_S = 540.0
 PROFILE_SHAPE = (4096, 4096)
 
 
+def impl_names(ops: list[Op]) -> list[str]:
+    """The implementation names of these ops, in their order (ours first), each once."""
+    return list(dict.fromkeys(name for op in ops for name in op.order))
+
+
 # ---------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------
@@ -76,30 +87,32 @@ def run_gpu(args, names: list[str], out: Path) -> int:
 
     t_start = time.perf_counter()
     path = out / "records.jsonl"
-    b = measure.start(path, append=args.append, seed=args.seed, op=RMS_NORM)
-    all_impls = b.op.registry(baselines=True)
-    impls = []
-    for name in names:
-        why = runnable(all_impls[name], "cuda")
-        if why:
-            print(f"skip {name}: {why}")
-            b.write(name, kind="skip", status="SKIP", notes=[why])
-        else:
-            impls.append(all_impls[name])
+    ops = args.ops
+    b = measure.start(path, append=args.append, seed=args.seed, op=ops[0])
+    impls = {op.name: _runnable(b, op, names) for op in ops}
     shapes = plan(args.dtypes, quick=args.quick, shapes=args.shapes)
-    print(f"{len(shapes)} shapes x {len(impls)} implementations -> {path}")
+    # each shape for every op in turn: both ops get the headline shapes before the budget
+    # can run out, and a spent budget cuts the same tail from both
+    work = [(op, p) for p in shapes for op in ops]
+    each = ", ".join(f"{op.name} ({len(impls[op.name])} implementations)" for op in ops)
+    print(f"{len(shapes)} shapes, each for {each} -> {path}")
     # a log file (not a terminal) gets a line every 5 s instead of every redraw
     every = 0.1 if sys.stderr.isatty() else 5.0
-    bar = tqdm(shapes, unit="shape", dynamic_ncols=True, file=sys.stderr, mininterval=every)
-    for i, p in enumerate(bar):
+    bar = tqdm(work, unit="op-shape", dynamic_ncols=True, file=sys.stderr, mininterval=every)
+    for i, (op, p) in enumerate(bar):
         if time.perf_counter() - t_start > args.budget_s:
-            rest = shapes[i:]
-            tqdm.write(f"time budget of {args.budget_s:.0f} s spent: {len(rest)} shapes not run")
-            for q in rest:
+            rest = work[i:]
+            tqdm.write(
+                f"time budget of {args.budget_s:.0f} s spent: {len(rest)} (op, shape) "
+                "measurements not run"
+            )
+            for op_left, q in rest:
+                b.op = op_left
                 measure.write_skipped(b, "all", q)
             break
-        bar.set_postfix_str(f"{p.dtype} {p.m}x{p.n}")
-        measure.measure_shape(b, p, impls)
+        bar.set_postfix_str(f"{op.name} {p.dtype} {p.m}x{p.n}")
+        b.op = op
+        measure.measure_shape(b, p, impls[op.name])
         torch.cuda.empty_cache()
     bar.close()
     b.writer.close()
@@ -112,22 +125,46 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     return 1 if b.ours_failed else 0
 
 
+def _runnable(b: measure.Bench, op: Op, names: list[str]) -> list[Impl]:
+    """The named implementations of op that can run on the GPU; a SKIP record (of op) for
+    each that cannot, with the reason."""
+    all_impls = op.registry(baselines=True)
+    b.op = op
+    impls = []
+    for name in names:
+        why = runnable(all_impls[name], "cuda") if name in all_impls else f"{op.name} has none"
+        if why:
+            print(f"skip {name} ({op.name}): {why}")
+            b.write(name, kind="skip", status="SKIP", notes=[why])
+        else:
+            impls.append(all_impls[name])
+    return impls
+
+
 def run_profile(args, names: list[str], out: Path) -> int:
-    """--profile: one Chrome trace per implementation at one shape, into out/traces/."""
+    """--profile: one Chrome trace per op and implementation at one shape, into
+    out/traces/ (rms_norm's named IMPL-DTYPE-MxN.json, another op's prefixed with its
+    name, as its plots are)."""
+    traces = out / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    for op in args.ops:
+        _profile_op(args, op, names, traces)
+    return 0
+
+
+def _profile_op(args, op: Op, names: list[str], traces: Path) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     m, n = args.shapes[0] if args.shapes else PROFILE_SHAPE
     dname = args.dtypes[0]
-    op = RMS_NORM
     inputs = op.make_inputs(Planned(dname, m, n), "cuda", args.seed)
-    traces = out / "traces"
-    traces.mkdir(parents=True, exist_ok=True)
     all_impls = op.registry(baselines=True)
+    prefix = "" if op is OPS["rms_norm"] else f"{op.name}-"
     for name in names:
-        impl = all_impls[name]
-        why = runnable(impl, "cuda")
+        impl = all_impls.get(name)
+        why = runnable(impl, "cuda") if impl else f"{op.name} has none"
         if why:
-            print(f"skip {name}: {why}")
+            print(f"skip {name} ({op.name}): {why}")
             continue
         try:
             fn = impl.prepare(*inputs)[0] if impl.prepare else impl.fn
@@ -138,48 +175,35 @@ def run_profile(args, names: list[str], out: Path) -> int:
                 for _ in range(5):
                     fn(*inputs)
                 torch.cuda.synchronize()
-            f = traces / f"{name}-{dname}-{m}x{n}.json"
+            f = traces / f"{prefix}{name}-{dname}-{m}x{n}.json"
             prof.export_chrome_trace(str(f))
             print(f"wrote {f}")
         except Exception as e:
-            print(f"{name}: profiling failed: {measure.first_line(e)}")
-    return 0
+            print(f"{name} ({op.name}): profiling failed: {measure.first_line(e)}")
 
 
 def run_without_gpu(args, out: Path) -> int:
-    """No GPU: check Triton under the interpreter, redraw the committed H200 results."""
+    """No GPU: check each op's Triton kernel under the interpreter, redraw the committed
+    H200 results."""
     from harness import plot
-    from harness.validate import run_case
 
     ignored = [f"{flag} ({why})" for flag, why in GPU_ONLY.items() if _given(args, flag)]
     if ignored:
         print(f"without a GPU these do not apply and are ignored: {'; '.join(ignored)}")
-    all_impls = RMS_NORM.registry(baselines=True)
     skipped = [n for n in args.impls if n != "triton"]
     if args.impls_given:
         for name in skipped:
-            why = runnable(all_impls[name], "cpu") or "only triton runs under the interpreter"
+            impl = next(op.registry(baselines=True)[name] for op in args.ops if name in op.order)
+            why = runnable(impl, "cpu") or "only triton runs under the interpreter"
             print(f"skip {name}: {why}")
     elif skipped:
         print(f"checking triton only: {', '.join(skipped)} need a CUDA GPU")
     failed = 0
     if "triton" not in args.impls:
         print("no interpreter check: --impls names no implementation that runs without a GPU")
-    elif why := runnable(all_impls["triton"], "cpu"):
-        print(f"triton: {why}")
-        failed = 1
     else:
-        named = [(f"{m}x{n}", (m, n)) for m, n in args.shapes] if args.shapes else NO_GPU_SHAPES
-        cases = [Case(name, shape, DTYPES[d]) for d in args.dtypes for name, shape in named]
-        for i, full in enumerate(cases):
-            case = full.cpu_cap()
-            r = run_case(case, all_impls["triton"], "cpu", args.seed + i)
-            failed += not r.ok
-            capped = f" (M capped to {case.m} of {full.m})" if case.m != full.m else ""
-            print(
-                f"interpreter {r.case:<14} max rel {r.max_rel:.2e} "
-                f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}{capped}"
-            )
+        for op in args.ops:
+            failed += _interpret(args, op)
     if COMMITTED.exists():
         for f in plot.redraw(COMMITTED, out):
             print(f"wrote {f}")
@@ -193,6 +217,30 @@ def run_without_gpu(args, out: Path) -> int:
     return 1 if failed else 0
 
 
+def _interpret(args, op: Op) -> int:
+    """op's Triton kernel against its reference under the interpreter, on --shapes (M
+    capped) or NO_GPU_SHAPES, in --dtypes; a line a case. Returns how many failed."""
+    from harness.validate import run_case
+
+    triton = op.registry()["triton"]
+    if why := runnable(triton, "cpu"):
+        print(f"triton ({op.name}): {why}")
+        return 1
+    named = [(f"{m}x{n}", (m, n)) for m, n in args.shapes] if args.shapes else NO_GPU_SHAPES
+    cases = [Case(name, shape, DTYPES[d]) for d in args.dtypes for name, shape in named]
+    failed = 0
+    for i, full in enumerate(cases):
+        case = full.cpu_cap()
+        r = run_case(case, triton, "cpu", args.seed + i, op=op)
+        failed += not r.ok
+        capped = f" (M capped to {case.m} of {full.m})" if case.m != full.m else ""
+        print(
+            f"interpreter {r.case:<14} {op.name:<18} max rel {r.max_rel:.2e} "
+            f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}{capped}"
+        )
+    return failed
+
+
 def _given(args, flag: str) -> bool:
     """Whether flag was on the command line (store_true flags and --budget-s alike)."""
     value = getattr(args, flag.lstrip("-").replace("-", "_"))
@@ -201,10 +249,11 @@ def _given(args, flag: str) -> bool:
 
 EPILOG = f"""\
 without a GPU:
-  The Triton kernel is checked against the reference under the Triton interpreter (CPU):
-  on the --shapes given (M cut so a case keeps at most {CPU_MAX_ELEMENTS} elements, N never),
-  else on three small shapes, in each of --dtypes. Only triton runs there: the other
-  --impls are named as skipped, with the reason. Then the committed H200 results
+  Each op's Triton kernel (--ops) is checked against its reference under the Triton
+  interpreter (CPU): on the --shapes given (M cut so a case keeps at most
+  {CPU_MAX_ELEMENTS} elements, N never), else on three small shapes, in each of
+  --dtypes. Only triton runs there: the other --impls are named as skipped, with the
+  reason. Then the committed H200 results
   (results/h200/records.jsonl) are redrawn, plots and report.md, into --out, by default
   {NO_GPU_OUT} (overwritten by each run).
   Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
@@ -215,14 +264,19 @@ without a GPU:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.bench",
-        description="Validate, time and report every RMSNorm implementation.\nWithout a "
-        "GPU: check the Triton kernel under the interpreter and redraw the committed\n"
-        "results (see the end of this help).",
+        description="Validate, time and report every implementation of RMSNorm and of the "
+        "fused\nresidual add + RMSNorm. Without a GPU: check the Triton kernels under the "
+        "interpreter\nand redraw the committed results (see the end of this help).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--quick", action="store_true", help="a handful of bf16 shapes (< 1 min; GPU only)"
+        "--ops",
+        default=None,
+        help=f"comma-separated from {','.join(OPS)} (default: all; one records file for all)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a handful of bf16 shapes (a minute or two; GPU only)"
     )
     p.add_argument(
         "--dtypes",
@@ -238,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--impls",
         default=None,
-        help=f"comma-separated from {','.join(RMS_NORM.order)} (default: all; without "
-        "a GPU only triton runs)",
+        help=f"comma-separated from {','.join(impl_names(list(OPS.values())))} (default: all; "
+        "the same names for every op; without a GPU only triton runs)",
     )
     p.add_argument(
         "--out",
@@ -264,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget-s",
         type=float,
         default=None,
-        help=f"start no new shape after this many seconds (default {DEFAULT_BUDGET_S:.0f}; "
-        "GPU only)",
+        help="start no new measurement (one op at one shape) after this many seconds "
+        f"(default {DEFAULT_BUDGET_S:.0f}, for all ops together; GPU only)",
     )
     p.add_argument(
         "--seed",
@@ -283,7 +337,9 @@ def parse_args(
     p = p or build_parser()
     args = p.parse_args(argv)
 
-    known = RMS_NORM.order
+    op_names = names_arg(p, "--ops", args.ops, tuple(OPS)) if args.ops is not None else list(OPS)
+    args.ops = [OPS[name] for name in op_names]
+    known = impl_names(args.ops)
     args.impls_given = args.impls is not None
     args.impls = names_arg(p, "--impls", args.impls, known) if args.impls_given else list(known)
     try:
@@ -320,8 +376,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.error(f"--out {out} (the default without a GPU) {why}")
         where = "--out" if args.out is not None else "the default output place without a GPU"
         print(
-            f"no CUDA GPU: checking the Triton kernel under the interpreter and redrawing "
-            f"the committed H200 results into {out} ({where})"
+            f"no CUDA GPU: checking the Triton kernels ({', '.join(op.name for op in args.ops)}) "
+            f"under the interpreter and redrawing the committed H200 results into {out} ({where})"
         )
         return run_without_gpu(args, out)
     out = (

@@ -1,31 +1,40 @@
-"""The registry of RMSNorm implementations: one calling convention for all of them.
+"""The registries of implementations: one calling convention an op, for all of them.
 
-Each Impl computes rms_norm(x, weight, eps) -> y (harness.ops.RMS_NORM describes the op
-and points here). ``ours`` marks the kernels under study
-(they also have an out= form, which validation poisons with NaN before each run).
-Without a GPU only the Triton kernel runs, under TRITON_INTERPRET=1, set here before
-Triton is first imported.
+``registry()`` holds rms_norm's (harness.ops.RMS_NORM): fn(x, weight, eps) -> y;
+``fused_add_registry()`` the fused residual add's (harness.ops.FUSED_ADD_RMS_NORM):
+fn(x, residual, weight, eps) -> (y, residual_out). ``ours`` marks the kernels under study;
+they also have a second form (rms_norm: out=, which validation poisons with NaN before
+each run; the fused add: in place, ``in_place(x, residual, weight, eps)``). Without a GPU
+only the Triton kernels run, under TRITON_INTERPRET=1, set here before Triton is first
+imported.
 
-``registry()`` holds our kernels (what tests and ``harness.validate`` run);
-``registry(baselines=True)`` adds what the benchmark compares them with, CUDA only:
+By default a registry holds our kernels (what tests and ``harness.validate`` run);
+``baselines=True`` adds what the benchmark compares them with, CUDA only. The same five
+names for both ops:
 
-- ``eager``: harness.reference.rms_norm_ref itself, run as plain PyTorch ops (fp32 on
-  upcast x, one cast at the end): several kernels and fp32 temporaries, the cost of not
-  fusing. The baseline and the definition of correct are one function.
-- ``compile``: ``torch.compile(rms_norm_ref, dynamic=False, fullgraph=True)``. Its
+- ``eager``: the op's reference itself (harness.reference.rms_norm_ref,
+  fused_add_rms_norm_ref), run as plain PyTorch ops (fp32 on upcast inputs, one cast at
+  the end): several kernels and fp32 temporaries, the cost of not fusing. The baseline and
+  the definition of correct are one function.
+- ``compile``: ``torch.compile(reference, dynamic=False, fullgraph=True)``. Its
   ``prepare`` resets dynamo and compiles afresh for each shape (so the recompile limit can
   never make it fall back to eager), and returns the compile time to record apart from
   the timing.
   Proof that it compiled: fullgraph=True raises instead of breaking the graph, and the
   profiled kernels are Inductor's generated ``triton_*`` kernels.
-- ``native``: ``torch.nn.functional.rms_norm``; the profiled kernels tell whether it took
-  a fused kernel or the composite path.
-- ``liger``: Liger-Kernel's ``LigerRMSNormFunction`` with ``casting_mode="gemma"``: x and
-  weight upcast to fp32, one cast at the end, which is our precision policy. ("llama"
-  rounds x * rstd to x's dtype before the weight multiply, a second rounding; "none"
-  computes in x's dtype.) Liger refuses rows wider than 65536; that shows as a failure.
-- ``quack``: QuACK's ``rmsnorm_fwd`` (CuTe DSL, compiled per N and dtype); it may fail to
-  compile for odd N in 16-bit dtypes, which shows as a failure for that shape.
+- ``native``: ``torch.nn.functional.rms_norm`` (the fused add: ``x + residual``, then
+  it); the profiled kernels tell whether the norm took a fused kernel or the composite
+  path.
+- ``liger``: Liger-Kernel with ``casting_mode="gemma"``: inputs and weight upcast to fp32,
+  one cast at the end, which is our precision policy. ("llama" rounds x * rstd to x's
+  dtype before the weight multiply, a second rounding; "none" computes in x's dtype.)
+  rms_norm: ``LigerRMSNormFunction``; the fused add: ``LigerFusedAddRMSNormFunction``,
+  whose forward writes fresh outputs (its ``in_place`` flag is about the backward's dY),
+  residual_out in x's dtype, so an fp32 residual is refused. Liger refuses rows wider
+  than 65536; that shows as a failure.
+- ``quack``: QuACK's ``rmsnorm_fwd`` (CuTe DSL, compiled per N and dtypes; the fused add
+  through its ``residual=`` argument); it may fail to compile for odd N in 16-bit dtypes,
+  which shows as a failure for that shape.
 
 The optional packages may be installed outside site-packages (e.g. ``pip install
 --target DIR``): list such directories in RMSNORM_SITE_DIRS (os.pathsep-separated) and
@@ -34,6 +43,8 @@ they are added with ``site.addsitedir``, which also processes their .pth files.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import site
 import time
@@ -43,7 +54,7 @@ from typing import Optional
 
 import torch
 
-from harness.reference import rms_norm_ref
+from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -55,45 +66,65 @@ for _dir in os.environ.get("RMSNORM_SITE_DIRS", "").split(os.pathsep):
 #: Names in the order the benchmark runs and plots them: ours first, then the baselines.
 OURS = ("triton", "cuda")
 BASELINES = ("eager", "compile", "native", "liger", "quack")
+#: The fused residual add's kernels under study and baselines: the same names, one each.
+FUSED_ADD_OURS = ("triton", "cuda")
+FUSED_ADD_BASELINES = BASELINES
 
-Fn = Callable[..., torch.Tensor]
+Fn = Callable[..., object]
 
 
 @dataclass
 class Impl:
     name: str
-    fn: Fn  # (x, weight, eps) -> y
-    ours: bool = False  # a kernel under study: also callable as fn(x, weight, eps, out=y)
+    fn: Fn  # the op's inputs -> its output(s): (x, weight, eps) -> y for rms_norm
+    ours: bool = False  # a kernel under study: also has the op's second form (out=, in place)
     cpu: bool = False  # runs on CPU tensors (the Triton interpreter)
     unavailable: Optional[str] = None  # why it cannot run here, or None
     notes: list[str] = field(default_factory=list)
-    # per-shape setup before validation: (x, weight, eps) -> (callable to check and time,
+    # per-shape setup before validation: (*inputs) -> (callable to check and time,
     # compile seconds or None); None means fn itself is used as is
     prepare: Optional[Callable[..., tuple[Fn, Optional[float]]]] = None
-    # (x, weight): the op's tensors, its inputs less eps -> what the kernel it launches
-    # uses: config, registers, spills (ours only)
+    # the op's tensors, its inputs less eps -> what the kernel it launches uses: config,
+    # registers, spills (ours only)
     resources: Optional[Callable[..., dict]] = None
     # ours, for ops with an in-place form (the fused add): fn_(*inputs) writing its inputs
     in_place: Optional[Callable[..., None]] = None
 
 
-def _triton() -> Impl:
+#: Our kernels' packages, by implementation name.
+_PACKAGES = {"triton": "triton_impl", "cuda": "cuda_impl"}
+
+
+def _ours(name: str, fn: str, in_place: Optional[str] = None, info: str = "kernel_info") -> Impl:
+    """One of our kernels: the function ``fn`` of its package (triton_impl, cuda_impl), its
+    in-place form ``in_place`` where the op has one, and its kernel_info ``info`` (looked up
+    in the package, then in its ``ops`` module; resources stay None where neither has it).
+    Unavailable, with the reason, where the package does not import or lacks the op.
+    cuda_impl may also fail with other errors at import: a built library older than its
+    Python side (an op's fake registered for a schema the library lacks) is a stale
+    build, reported as such, not a crash of every registry."""
+    package = _PACKAGES[name]
+    failures = Exception if name == "cuda" else ImportError
     try:
-        import triton_impl
-    except ImportError as e:  # pragma: no cover - triton is a hard dependency
-        return Impl("triton", None, ours=True, unavailable=f"import failed: {e}")
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
+        mod = importlib.import_module(package)
+    except failures as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        why = f"{package} not importable ({type(e).__name__}: {first})"
+        return Impl(name, None, ours=True, unavailable=why)
+    missing = [f for f in (fn, in_place) if f is not None and not hasattr(mod, f)]
+    if missing:
+        why = f"{package} has no {', '.join(missing)}"
+        return Impl(name, None, ours=True, unavailable=why)
+    resources = getattr(mod, info, None) or getattr(getattr(mod, "ops", None), info, None)
     return Impl(
-        "triton", triton_impl.rms_norm, ours=True, cpu=interp, resources=triton_impl.kernel_info
+        name,
+        getattr(mod, fn),
+        ours=True,
+        # the Triton kernels run on CPU tensors exactly when the interpreter is on
+        cpu=name == "triton" and os.environ.get("TRITON_INTERPRET") == "1",
+        resources=resources,
+        in_place=getattr(mod, in_place) if in_place else None,
     )
-
-
-def _cuda() -> Impl:
-    try:
-        import cuda_impl
-    except ImportError as e:
-        return Impl("cuda", None, ours=True, unavailable=str(e))
-    return Impl("cuda", cuda_impl.rms_norm, ours=True, resources=cuda_impl.ops.kernel_info)
 
 
 def native_rms_norm(
@@ -103,63 +134,106 @@ def native_rms_norm(
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def compile_fresh(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> tuple[Fn, float]:
-    """Reset dynamo, compile the eager baseline (the reference) for exactly these inputs,
-    run it once.
+def native_fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a PyTorch user writes: ``residual = x + residual``, then F.rms_norm of it.
+
+    The add runs in fp32 and rounds once to the promoted dtype, which is residual's (it is
+    x's dtype or fp32). With an fp32 residual the norm runs in fp32 and y is cast to x's
+    dtype after it, one rounding as the reference; a 16-bit weight is upcast for it (exact)
+    because F.rms_norm takes its fused kernel only when input and weight dtypes match."""
+    residual_out = torch.add(x, residual)
+    if residual_out.dtype != residual.dtype:  # x is wider than the residual: not this op
+        raise ValueError(
+            f"native: residual is {residual.dtype} but x is {x.dtype}; expected residual in "
+            "x's dtype or float32"
+        )
+    if weight is not None and weight.element_size() < residual_out.element_size():
+        weight = weight.to(residual_out.dtype)
+    y = torch.nn.functional.rms_norm(residual_out, (x.shape[-1],), weight, eps)
+    return y.to(x.dtype), residual_out
+
+
+def _input_key(inputs: tuple) -> tuple:
+    """What a compiled callable is specialised on: each tensor's shape, strides, dtype and
+    device; each other argument's value (eps, or None for a missing weight)."""
+    return tuple(
+        (tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+        for a in inputs
+    )
+
+
+def compile_fresh(ref: Callable[..., object], *inputs) -> tuple[Fn, float]:
+    """Reset dynamo, compile ``ref`` (an op's eager baseline: its reference) for exactly
+    these inputs, run it once.
 
     Returns the compiled callable and the seconds its first call took (trace, Inductor
     codegen, Triton compile and one run), which is kept out of the timing.
     """
     torch._dynamo.reset()
-    compiled = torch.compile(rms_norm_ref, dynamic=False, fullgraph=True)
-    if x.is_cuda:
+    compiled = torch.compile(ref, dynamic=False, fullgraph=True)
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    compiled(x, weight, eps)
-    if x.is_cuda:
+    compiled(*inputs)
+    if cuda:
         torch.cuda.synchronize()
     return compiled, time.perf_counter() - t0
 
 
 class _LazyCompiled:
-    """``compile``'s fn outside the benchmark: compiles afresh whenever the inputs' shape,
-    strides, dtypes or eps change (the benchmark calls ``prepare`` instead and times the
-    compiled callable itself, without this check)."""
+    """``compile``'s fn outside the benchmark: compiles ``ref`` afresh whenever the inputs'
+    shapes, strides, dtypes, devices or eps change (the benchmark calls ``prepare``
+    instead and times the compiled callable itself, without this check)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ref: Callable[..., object]) -> None:
+        self._ref = ref
         self._key: Optional[tuple] = None
         self._fn: Optional[Fn] = None
 
-    def __call__(self, x, weight=None, eps=1e-6):
-        key = (
-            tuple(x.shape),
-            x.stride(),
-            x.dtype,
-            x.device,
-            eps,
-            None if weight is None else (weight.dtype, tuple(weight.shape)),
-        )
+    def __call__(self, *inputs):
+        key = _input_key(inputs)
         if key != self._key:
-            self._fn, _ = compile_fresh(x, weight, eps)
+            self._fn, _ = compile_fresh(self._ref, *inputs)
             self._key = key
-        return self._fn(x, weight, eps)
+        return self._fn(*inputs)
 
 
-def _eager() -> Impl:
-    return Impl("eager", rms_norm_ref, notes=["fp32 temporaries: several kernels"])
+def _eager(ref: Callable[..., object]) -> Impl:
+    return Impl("eager", ref, notes=["fp32 temporaries: several kernels"])
 
 
-def _compile() -> Impl:
+def _compile(ref: Callable[..., object]) -> Impl:
     return Impl(
         "compile",
-        _LazyCompiled(),
-        prepare=compile_fresh,
+        _LazyCompiled(ref),
+        prepare=functools.partial(compile_fresh, ref),
         notes=["torch.compile(eager, dynamic=False, fullgraph=True), reset per shape"],
     )
 
 
 def _native() -> Impl:
     return Impl("native", native_rms_norm, notes=["torch.nn.functional.rms_norm"])
+
+
+def _native_fused_add() -> Impl:
+    return Impl(
+        "native",
+        native_fused_add_rms_norm,
+        notes=["x + residual, then torch.nn.functional.rms_norm: two launches at least"],
+    )
+
+
+def _ones_if_none(weight: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Liger's kernels always read a weight: ones in x's dtype stand in for none."""
+    if weight is not None:
+        return weight
+    return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
 
 
 def _liger() -> Impl:
@@ -169,10 +243,8 @@ def _liger() -> Impl:
         return Impl("liger", None, unavailable=f"liger-kernel not importable ({e})")
 
     def liger_rms_norm(x, weight=None, eps=1e-6):
-        if weight is None:  # Liger's kernel always reads a weight
-            weight = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
         # (X, W, eps, offset, casting_mode, in_place): gemma = fp32 math, one final cast
-        return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "gemma", True)
+        return LigerRMSNormFunction.apply(x, _ones_if_none(weight, x), eps, 0.0, "gemma", True)
 
     return Impl(
         "liger",
@@ -184,11 +256,50 @@ def _liger() -> Impl:
     )
 
 
-def _quack() -> Impl:
+def _liger_fused_add() -> Impl:
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    except Exception as e:
+        return Impl("liger", None, unavailable=f"liger-kernel not importable ({e})")
+
+    def liger_fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
+        # its residual_out has x's dtype: an fp32 residual would come back rounded to it
+        if residual.dtype != x.dtype:
+            raise ValueError(
+                f"liger: residual is {residual.dtype} but x is {x.dtype}; "
+                "LigerFusedAddRMSNormFunction writes residual_out in x's dtype, so it takes "
+                "residual only in x's dtype"
+            )
+        # (X, R, W, eps, offset, casting_mode, in_place): the forward allocates y and
+        # residual_out and leaves X and R as they are; in_place only concerns the backward
+        return LigerFusedAddRMSNormFunction.apply(
+            x, residual, _ones_if_none(weight, x), eps, 0.0, "gemma", False
+        )
+
+    return Impl(
+        "liger",
+        liger_fused_add_rms_norm,
+        notes=[
+            "casting_mode='gemma' (fp32 math on the stored sum, one cast); residual in x's "
+            "dtype only; refuses N > 65536",
+            "also writes one fp32 rstd per row (not counted in the bytes model)",
+        ],
+    )
+
+
+def _quack_fwd() -> tuple[Optional[Callable], Optional[str]]:
+    """QuACK's rmsnorm_fwd, or None and why it is not importable."""
     try:
         from quack.rmsnorm import rmsnorm_fwd
     except Exception as e:
-        return Impl("quack", None, unavailable=f"quack not importable ({e})")
+        return None, f"quack not importable ({e})"
+    return rmsnorm_fwd, None
+
+
+def _quack() -> Impl:
+    rmsnorm_fwd, why = _quack_fwd()
+    if why:
+        return Impl("quack", None, unavailable=why)
 
     def quack_rms_norm(x, weight=None, eps=1e-6):
         rows = x.reshape(-1, x.shape[-1])  # rmsnorm_fwd takes 2-D (M, N)
@@ -204,37 +315,64 @@ def _quack() -> Impl:
     )
 
 
-#: The fused residual add's kernels under study (its CUDA kernel and baselines come next).
-FUSED_ADD_OURS = ("triton",)
+def _quack_fused_add() -> Impl:
+    rmsnorm_fwd, why = _quack_fwd()
+    if why:
+        return Impl("quack", None, unavailable=why)
+
+    def quack_fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
+        n = x.shape[-1]
+        # 2-D (M, N) rows; with residual= it writes residual_out in residual's dtype (its
+        # residual_dtype default) and y in x's, and returns (y, residual_out, rstd or None)
+        out = rmsnorm_fwd(x.reshape(-1, n), weight, residual=residual.reshape(-1, n), eps=eps)
+        if not isinstance(out, tuple) or len(out) < 2:
+            raise TypeError(
+                "quack: rmsnorm_fwd(residual=...) returned no residual_out; this QuACK "
+                "version's fused add is not the one this wrapper was written for"
+            )
+        return out[0].view(x.shape), out[1].view(x.shape)
+
+    return Impl(
+        "quack",
+        quack_fused_add_rms_norm,
+        notes=[
+            "compiled per (N, dtypes) on first call; y from the fp32 sum, not the stored "
+            "residual_out (within one ulp of the reference)",
+        ],
+    )
 
 
 def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
-    """The fused add's implementations: fn(x, residual, weight, eps) -> (y, residual_out),
-    and for ours the in-place fn_(x, residual, weight, eps). No baselines yet."""
-    try:
-        import triton_impl
-    except ImportError as e:  # pragma: no cover - triton is a hard dependency
-        return {"triton": Impl("triton", None, ours=True, unavailable=f"import failed: {e}")}
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    triton = Impl(
-        "triton",
-        triton_impl.fused_add_rms_norm,
-        ours=True,
-        cpu=interp,
-        in_place=triton_impl.fused_add_rms_norm_,
-    )
-    return {"triton": triton}
+    """The fused add's implementations, available or not, keyed by name:
+    fn(x, residual, weight, eps) -> (y, residual_out), and for ours also the in-place
+    in_place(x, residual, weight, eps).
+
+    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger and
+    quack (the benchmark's comparison; CUDA only)."""
+    impls = [
+        _ours(name, "fused_add_rms_norm", "fused_add_rms_norm_", "fused_add_kernel_info")
+        for name in FUSED_ADD_OURS
+    ]
+    if baselines:
+        impls += [
+            _eager(fused_add_rms_norm_ref),
+            _compile(fused_add_rms_norm_ref),
+            _native_fused_add(),
+            _liger_fused_add(),
+            _quack_fused_add(),
+        ]
+    return {i.name: i for i in impls}
 
 
 def registry(baselines: bool = False) -> dict[str, Impl]:
-    """All implementations, available or not, keyed by name.
+    """rms_norm's implementations, available or not, keyed by name.
 
     Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger and
     quack (the benchmark's comparison; CUDA only).
     """
-    impls = [_triton(), _cuda()]
+    impls = [_ours(name, "rms_norm") for name in OURS]
     if baselines:
-        impls += [_eager(), _compile(), _native(), _liger(), _quack()]
+        impls += [_eager(rms_norm_ref), _compile(rms_norm_ref), _native(), _liger(), _quack()]
     return {i.name: i for i in impls}
 
 

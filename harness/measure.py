@@ -2,7 +2,8 @@
 
 For each planned shape (harness.plan), in order:
 1. fresh seeded inputs from the op's factory (harness.ops; for rms_norm x ~ randn,
-   weight ~ 1 + randn/2, x's dtype, eps 1e-6) and the op's reference on them;
+   weight ~ 1 + randn/2, x's dtype, eps 1e-6; the fused add adds a randn residual in x's
+   dtype) and the op's reference on them;
 2. per implementation: prepare (compile's fresh per-shape compile, timed apart), check
    against the reference with harness.reference.TOL on those very inputs; a failure is
    written as FAIL and never timed; one profiled call per implementation and shape class
@@ -37,11 +38,7 @@ from harness.validate import check
 
 
 def kernels_of(call, name: str) -> dict:
-    """The device kernels one call launches: {names, count, path}.
-
-    ``path`` says what the names prove: for native, fused (one kernel) or composite;
-    for compile, whether Inductor's generated triton_* kernels ran.
-    """
+    """The device kernels one call launches: {names, count, path} (path: kernel_path)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -53,12 +50,22 @@ def kernels_of(call, name: str) -> dict:
         for e in prof.events()
         if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
     ]
-    path = None
+    return {"names": sorted(set(names)), "count": len(names), "path": kernel_path(name, names)}
+
+
+def kernel_path(name: str, names: list[str]) -> Optional[str]:
+    """What the kernel names one call of implementation ``name`` launched prove, or None.
+
+    native: "fused" when the norm ran as one kernel of its own (PyTorch's elementwise
+    kernels beside it, the fused add's add and any cast, are not the norm), else
+    "composite"; compile: "inductor" when Inductor's generated triton_* kernels ran, else
+    "NOT-COMPILED" (it fell back to eager)."""
     if name == "native":
-        path = "fused" if len(names) == 1 else "composite"
-    elif name == "compile":
-        path = "inductor" if any(n.startswith("triton_") for n in names) else "NOT-COMPILED"
-    return {"names": sorted(set(names)), "count": len(names), "path": path}
+        norm = [n for n in names if "elementwise_kernel" not in n]
+        return "fused" if len(norm) == 1 and "norm" in norm[0].lower() else "composite"
+    if name == "compile":
+        return "inductor" if any(n.startswith("triton_") for n in names) else "NOT-COMPILED"
+    return None
 
 
 def _resources(impl: Impl, inputs: tuple) -> Optional[list[dict]]:
@@ -82,9 +89,9 @@ class Bench:
     flush: timing.L2Flush
     small_bytes: float
     seed: int
-    op: Op = RMS_NORM
+    op: Op = RMS_NORM  # the op measured now: a run of several ops sets it before each shape
     device: str = "cuda"  # where inputs are made (tests check the bookkeeping on "cpu")
-    kernels: dict = field(default_factory=dict)  # (impl, class) -> kernels_of(...)
+    kernels: dict = field(default_factory=dict)  # (op, impl, class) -> kernels_of(...)
     ours_failed: int = 0
 
     def write(self, impl: str, kind: str = "timing", **fields) -> dict:
@@ -195,7 +202,7 @@ def _check_all(b: Bench, impls: list[Impl], inputs: tuple, base: dict) -> dict[s
             )
             continue
         call = functools.partial(fn, *inputs)
-        key = (impl.name, cls)
+        key = (b.op.name, impl.name, cls)  # the same name runs other kernels for another op
         if key not in b.kernels:
             try:
                 found = kernels_of(call, impl.name)

@@ -15,6 +15,11 @@ device they are made on and converted once. Bytes model, for every implementatio
 read x (M*N) + read weight (N) + write y (M*N), each in its own element size. An
 implementation that moves more (Liger's rstd row, eager's fp32 temporaries) is still
 charged only this, so GB/s compares work done, not traffic generated.
+
+fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out). Inputs: x and weight
+as above, then the residual laid out as x, in x's dtype or fp32 (the case says; planned
+benchmark shapes take x's). Bytes model: read x + residual + weight, write y (x's element
+size) + residual_out (residual's), the same charge for every implementation.
 """
 
 from __future__ import annotations
@@ -196,7 +201,7 @@ FUSED_ADD_RMS_NORM = Op(
     bytes_text="read x + residual + weight, write y + residual_out",
     registry=impls.fused_add_registry,
     ours=impls.FUSED_ADD_OURS,
-    baselines=(),
+    baselines=impls.FUSED_ADD_BASELINES,
     second_form=_fused_add_in_place_form,
 )
 

@@ -144,7 +144,7 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         _ceilings(ax, env)
         ax.set_xscale("log", base=2)
         _n_ticks(ax, sorted({r["shape"][1] for r in rs}))
-        ax.set_ylabel("GB/s (read x + weight, write y)")
+        ax.set_ylabel(f"GB/s ({op.bytes_text})")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{dtype}")
         ax.grid(alpha=0.3)
@@ -177,10 +177,12 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("M, rows (N = 4096, bf16)")
-    ax.set_ylabel("GB/s (read x + weight, write y), log scale")
+    ax.set_ylabel(f"GB/s ({op.bytes_text}), log scale")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"(b) bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env)}", fontsize=10)
+    ax.set_title(
+        f"(b) {op.title} bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env)}", fontsize=10
+    )
     return _save(fig, out / _name(op, "bandwidth_vs_m.png"))
 
 
@@ -237,7 +239,9 @@ def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"(c) speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10)
+    fig.suptitle(
+        f"(c) {op.title}: speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10
+    )
     return _save(fig, out / _name(op, "speedup.png"))
 
 
@@ -275,7 +279,9 @@ def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[P
         ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     _legend_below(fig, axes)
-    fig.suptitle(f"(d) small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10)
+    fig.suptitle(
+        f"(d) {op.title}, small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10
+    )
     return _save(fig, out / _name(op, "small_shapes.png"))
 
 

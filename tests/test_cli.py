@@ -14,6 +14,7 @@ from test_harness import ENV, synthetic_records
 
 from conftest import HAS_GPU, refusal
 from harness import analysis, bench, plot, records, report, sweep, validate
+from harness.ops import OPS
 from rmsnorm_api import MAX_N
 
 COMMITTED = Path(__file__).resolve().parent.parent / "results" / "h200" / "records.jsonl"
@@ -112,11 +113,43 @@ def test_bench_default_out_without_gpu_is_one_stated_place(tmp_path, monkeypatch
         (["--dtypes", ""], "--dtypes: '' names nothing"),
         (["--dtypes", "bf16,fp8"], "--dtypes: unknown fp8"),
         (["--seed", "x"], "--seed"),
+        (
+            ["--ops", "rms_norm,bogus"],
+            "--ops: unknown bogus; choose from rms_norm,fused_add_rms_norm",
+        ),
+        (["--ops", ","], "--ops: ',' names nothing"),
+        (["--ops", "fused_add"], "--ops: unknown fused_add"),
     ],
 )
 def test_bench_refuses_bad_arguments_on_any_machine(argv, message, monkeypatch, capsys):
     _no_work(monkeypatch)
     assert message in refusal(bench.main, argv, capsys)
+
+
+def test_bench_ops_argument():
+    """--ops: both ops by default, in harness.ops's order; a list picks and orders none of
+    them differently; --impls is checked against the chosen ops' names."""
+    assert bench.parse_args([]).ops == [OPS["rms_norm"], OPS["fused_add_rms_norm"]]
+    args = bench.parse_args(["--ops", " fused_add_rms_norm ,fused_add_rms_norm"])
+    assert args.ops == [OPS["fused_add_rms_norm"]]
+    assert args.impls == list(OPS["fused_add_rms_norm"].order)
+    assert bench.parse_args(["--ops", "fused_add_rms_norm,rms_norm"]).ops == [
+        OPS["fused_add_rms_norm"],
+        OPS["rms_norm"],
+    ]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_bench_without_gpu_checks_the_ops_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    argv = ["--ops", "fused_add_rms_norm", "--shapes", "5x4097", "--out", str(tmp_path / "o")]
+    assert bench.main(argv + ["--dtypes", "fp16,fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "(fused_add_rms_norm)" in out.splitlines()[0]
+    lines = [ln.split()[1:3] for ln in out.splitlines() if ln.startswith("interpreter ")]
+    assert lines == [["5x4097-fp16", "fused_add_rms_norm"], ["5x4097-fp32", "fused_add_rms_norm"]]
+    assert out.count("PASS") == 2 and " rms_norm " not in out
 
 
 def test_bench_accepts_the_widest_row():
@@ -154,11 +187,9 @@ def test_bench_without_gpu_honours_shapes_dtypes_impls(tmp_path, monkeypatch, ca
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("interpreter ")]
-    assert [ln.split()[1] for ln in lines] == [
-        "64x8192-fp32",
-        "3x1000-fp32",
-        "64x8192-bf16",
-        "3x1000-bf16",
+    ids = ["64x8192-fp32", "3x1000-fp32", "64x8192-bf16", "3x1000-bf16"]
+    assert [ln.split()[1:3] for ln in lines] == [
+        [case, op] for op in ("rms_norm", "fused_add_rms_norm") for case in ids
     ]
     assert all("PASS" in ln for ln in lines)
     # 64 x 8192 has 2^19 elements: cut to 2^18 // 8192 = 32 rows, as Case.cpu_cap does
@@ -183,7 +214,8 @@ def test_bench_without_gpu_default_run_checks_every_dtype(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert "ignored: --quick" in out
     assert "checking triton only: cuda, eager" in out
-    assert out.count("PASS") == len(bench.NO_GPU_SHAPES)  # --quick: bf16 only
+    # --quick: bf16 only, each op
+    assert out.count("PASS") == len(bench.NO_GPU_SHAPES) * len(bench.OPS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,15 +363,17 @@ def test_every_option_has_help(build):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["synthetic", "committed"])
+@pytest.fixture(params=["synthetic", "committed", "synthetic-fused-add"])
 def run_records(request, tmp_path):
+    """(records of one op, the op): each op's plots are held to the same layout."""
     if request.param == "committed":
         if not COMMITTED.exists():
             pytest.skip("no committed H200 records")
-        return analysis.load(COMMITTED)
+        return analysis.by_op(analysis.load(COMMITTED))[OPS["rms_norm"]], OPS["rms_norm"]
     path = tmp_path / "s.jsonl"
-    synthetic_records(path)
-    return analysis.load(path)
+    synthetic_records(path, fused=request.param.endswith("fused-add"))
+    op = OPS["fused_add_rms_norm" if request.param.endswith("fused-add") else "rms_norm"]
+    return analysis.by_op(analysis.load(path))[op], op
 
 
 @pytest.fixture
@@ -366,8 +400,8 @@ def _overlaps(boxes) -> list:
 
 
 def test_bandwidth_vs_n_labels_and_legend(run_records, figures, tmp_path):
-    plot.plot_bandwidth_vs_n(run_records, tmp_path)
-    fig = figures["bandwidth_vs_n.png"]
+    recs, op = run_records
+    fig = figures[plot.plot_bandwidth_vs_n(recs, tmp_path, op).name]
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         assert ax.get_legend() is None  # the legend is the figure's, under the panels
@@ -382,8 +416,8 @@ def test_bandwidth_vs_n_labels_and_legend(run_records, figures, tmp_path):
 
 
 def test_speedup_labels_and_limits(run_records, figures, tmp_path):
-    plot.plot_speedup(run_records, tmp_path)
-    fig = figures["speedup.png"]
+    recs, op = run_records
+    fig = figures[plot.plot_speedup(recs, tmp_path, op).name]
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         values = [t for t in ax.texts if t.get_text().endswith("x")]
@@ -403,8 +437,8 @@ def test_speedup_labels_and_limits(run_records, figures, tmp_path):
 
 
 def test_small_shapes_legend_covers_no_bar(run_records, figures, tmp_path):
-    plot.plot_small(run_records, tmp_path)
-    fig = figures["small_shapes.png"]
+    recs, op = run_records
+    fig = figures[plot.plot_small(recs, tmp_path, op).name]
     renderer = fig.canvas.get_renderer()
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
     legend = fig.legends[0].get_window_extent(renderer)

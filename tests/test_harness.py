@@ -1,11 +1,14 @@
-"""The benchmark harness's logic on CPU: the op description (input factory, bytes model),
-statistics, record schema (the op field, sweep records), plots and report from a small
-SYNTHETIC records file (written to a tmp dir, never under results/), CLI argument errors,
-and the no-GPU path of ``python -m harness.bench``.
+"""The benchmark harness's logic on CPU: the op descriptions (input factory, bytes model,
+both ops' registries and calling conventions), statistics, record schema (the op field,
+sweep records), analysis, plots and report from a small SYNTHETIC records file of one op
+or both (written to a tmp dir, never under results/), CLI argument errors, the run's
+schedule and budget across ops, and the no-GPU path of ``python -m harness.bench``.
 """
 
 import json
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -13,9 +16,17 @@ import torch
 from conftest import DEVICE, HAS_GPU, refusal
 from harness import analysis, bench, hardware, measure, plan, plot, records, timing
 from harness.cases import Case
-from harness.impls import BASELINES, OURS, registry, runnable
+from harness.impls import (
+    BASELINES,
+    FUSED_ADD_BASELINES,
+    FUSED_ADD_OURS,
+    OURS,
+    fused_add_registry,
+    registry,
+    runnable,
+)
 from harness.ops import FUSED_ADD_RMS_NORM, OPS, RMS_NORM, rms_norm_bytes
-from harness.reference import TOL, rms_norm_ref
+from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
 
 # ---------------------------------------------------------------------------------------
 # a synthetic run: made-up numbers, marked as such in env, plots and report
@@ -34,25 +45,42 @@ ENV = {
 }
 # made-up median microseconds for a 1 GiB-ish shape, per implementation
 SPEED = {"triton": 1.0, "cuda": 0.95, "eager": 4.0, "compile": 1.1, "native": 1.6, "liger": 1.3}
+# the fused add's, other numbers, so a table that mixed the two ops would show it
+FUSED_SPEED = {
+    "triton": 1.0,
+    "cuda": 1.02,
+    "eager": 6.0,
+    "compile": 1.25,
+    "native": 2.5,
+    "liger": 1.5,
+    "quack": 1.1,
+}
 
 
-def _timing(impl, dtype, m, n, us, sections, mode="cold"):
-    nbytes = rms_norm_bytes(m, n, records.DTYPE_BYTES[dtype], records.DTYPE_BYTES[dtype])
+def _op_bytes(op, dtype, m, n):
+    """The op's bytes model at a shape, every tensor in dtype."""
+    size = records.DTYPE_BYTES[dtype]
+    if op is RMS_NORM:
+        return rms_norm_bytes(m, n, size, size)
+    return 2 * m * n * 2 * size + n * size  # x, residual read; y, residual_out written
+
+
+def _timing(impl, dtype, m, n, us, sections, mode="cold", op=RMS_NORM):
+    nbytes = _op_bytes(op, dtype, m, n)
     samples = [us * f for f in (0.98, 1.0, 1.0, 1.02, 1.05, 0.99)]
     stats = timing.summarize(samples)
     small = nbytes < 50e6
     gb = records.gbps(nbytes, stats["median_us"] * 1e-6)
     pct = None if small or mode != "cold" else 100 * gb / ENV["copy_gbps"]
-    return records.make_record(
-        run_id="synthetic",
-        env=ENV,
-        kind="timing",
-        impl=impl,
-        dtype=dtype,
-        shape=[m, n],
-        sections=sections,
+    return _measured(
+        op,
+        impl,
+        dtype,
+        m,
+        n,
+        sections,
+        mode,
         shape_class=plan.shape_class(dtype, n, small),
-        mode=mode,
         small=small,
         bytes=nbytes,
         samples_us=samples,
@@ -69,8 +97,65 @@ def _timing(impl, dtype, m, n, us, sections, mode="cold"):
     )
 
 
-def synthetic_records(path):
-    """Write a small SYNTHETIC run to path: copy, grid, M sweep, decode, a FAIL, a SKIP."""
+def fused_records() -> list[dict]:
+    """The fused add's part of a SYNTHETIC run: a bf16 grid, an M sweep, decode shapes, a
+    FAIL (liger refusing a wide row) and a SKIP, all with op = fused_add_rms_norm."""
+    op = FUSED_ADD_RMS_NORM
+    recs = []
+    for n in (1024, 4096, 65536):
+        m = 2**27 // n
+        base_us = _op_bytes(op, "bf16", m, n) / 3.9e12 * 1e6
+        sections = ["grid", "msweep"] if n == 4096 else ["grid"]
+        recs += [
+            _timing(i, "bf16", m, n, base_us * f, sections, op=op) for i, f in FUSED_SPEED.items()
+        ]
+    for m in (1, 64):
+        us = 6.0 + _op_bytes(op, "bf16", m, 4096) / 3.9e12 * 1e6
+        recs += [
+            _timing(i, "bf16", m, 4096, us * f, ["msweep"], op=op) for i, f in FUSED_SPEED.items()
+        ]
+    for mode, us in (("graph", 4.0), ("host", 14.0)):
+        for impl, f in FUSED_SPEED.items():
+            recs.append(_timing(impl, "bf16", 8, 8192, us * f, ["decode"], mode=mode, op=op))
+    recs.append(_failed("liger", "ValueError: liger: no", op))
+    recs.append(_skipped("cuda", "cuda_impl has no fused_add_rms_norm", op))
+    return recs
+
+
+def _measured(op, impl, dtype, m, n, sections, mode, **fields):
+    """A synthetic timing record of op at (dtype, M, N): fields over the shared ones."""
+    return records.make_record(
+        run_id="synthetic",
+        env=ENV,
+        kind="timing",
+        op=op.name,
+        impl=impl,
+        dtype=dtype,
+        shape=[m, n],
+        sections=sections,
+        mode=mode,
+        **fields,
+    )
+
+
+def _failed(impl, error, op=RMS_NORM):
+    """A FAIL record of a bf16 1024 x 131072 grid shape."""
+    failed = {"max_abs": None, "max_rel": None, "passed": False, "error": error}
+    return _measured(
+        op, impl, "bf16", 1024, 131072, ["grid"], "cold", bytes=1, status="FAIL", correct=failed
+    )
+
+
+def _skipped(impl, note, op=RMS_NORM):
+    """The SKIP record of an implementation that could not run."""
+    return records.make_record(
+        run_id="synthetic", env=ENV, kind="skip", op=op.name, impl=impl, status="SKIP", notes=[note]
+    )
+
+
+def synthetic_records(path, fused=False):
+    """Write a small SYNTHETIC run to path: copy, grid, M sweep, decode, a FAIL, a SKIP; with
+    ``fused``, the fused add's records after rms_norm's (fused_records)."""
     recs = [
         records.make_record(
             run_id="synthetic",
@@ -102,36 +187,10 @@ def synthetic_records(path):
         for mode, us in (("graph", 3.0), ("host", 12.0)):
             for impl, f in SPEED.items():
                 recs.append(_timing(impl, "bf16", m, 8192, us * f, ["decode"], mode=mode))
-    recs.append(
-        records.make_record(
-            run_id="synthetic",
-            env=ENV,
-            kind="timing",
-            impl="liger",
-            dtype="bf16",
-            shape=[1024, 131072],
-            sections=["grid"],
-            mode="cold",
-            bytes=1,
-            status="FAIL",
-            correct={
-                "max_abs": None,
-                "max_rel": None,
-                "passed": False,
-                "error": "RuntimeError: Cannot launch Triton kernel since n = 131072",
-            },
-        )
-    )
-    recs.append(
-        records.make_record(
-            run_id="synthetic",
-            env=ENV,
-            kind="skip",
-            impl="quack",
-            status="SKIP",
-            notes=["quack not importable (No module named 'quack')"],
-        )
-    )
+    recs.append(_failed("liger", "RuntimeError: Cannot launch Triton kernel since n = 131072"))
+    recs.append(_skipped("quack", "quack not importable (No module named 'quack')"))
+    if fused:
+        recs += fused_records()
     with records.RecordWriter(path, append=False) as w:
         for r in recs:
             w.write(r)
@@ -565,8 +624,14 @@ def test_eager_baseline_is_the_reference():
 
     from harness import impls
 
-    assert registry(baselines=True)["eager"].fn is rms_norm_ref
-    assert "torch.compile(rms_norm_ref" in inspect.getsource(impls.compile_fresh)
+    for op in OPS.values():
+        full = op.registry(baselines=True)
+        assert full["eager"].fn is op.reference
+        assert full["compile"].prepare.func is impls.compile_fresh
+        assert full["compile"].prepare.args == (op.reference,)
+    assert "torch.compile(ref, dynamic=False, fullgraph=True)" in inspect.getsource(
+        impls.compile_fresh
+    )
     assert not hasattr(impls, "eager_rms_norm")
 
 
@@ -583,7 +648,7 @@ def test_bench_without_gpu(tmp_path, monkeypatch, capsys):
     assert bench.main(["--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("no CUDA GPU")
-    assert "FAIL" not in text and text.count("PASS") == 9
+    assert "FAIL" not in text and text.count("PASS") == 9 * len(OPS)  # 3 shapes x 3 dtypes
     assert (out / "bandwidth_vs_n.png").exists() and (out / "report.md").exists()
     # without: says so and still succeeds
     monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
@@ -651,3 +716,318 @@ def test_report_lists_registers_and_first_calls_of_our_kernels(tmp_path):
     assert "'kernel': 'fused'" in text
     assert "'row_threads': 128" in text and "| 32 |" in text and "| 40 |" in text
     assert "## First call at a new shape" in text and "| triton | 1.250 |" in text
+
+
+# ---------------------------------------------------------------------------------------
+# the fused add as a benchmarked op: registry, baselines, analysis and report per op, the
+# run's schedule across ops
+# ---------------------------------------------------------------------------------------
+
+
+def test_fused_add_bytes_model_of_its_inputs():
+    """read x + residual + weight, write y (x's size) + residual_out (residual's)."""
+    op = FUSED_ADD_RMS_NORM
+    same = Case("c", (8, 1000), torch.bfloat16)
+    assert op.bytes_moved(op.make_inputs(same, "cpu", 0)) == _op_bytes(op, "bf16", 8, 1000)
+    wide = Case("c", (8, 1000), torch.bfloat16, residual="fp32")
+    assert op.bytes_moved(op.make_inputs(wide, "cpu", 0)) == 2 * 8 * 1000 * (2 + 4) + 1000 * 2
+
+
+def test_fused_add_registry_names():
+    op = FUSED_ADD_RMS_NORM
+    assert FUSED_ADD_OURS == ("triton", "cuda") and op.ours == FUSED_ADD_OURS
+    assert op.baselines == FUSED_ADD_BASELINES == BASELINES  # the plain op's names, one each
+    assert set(op.registry()) == set(FUSED_ADD_OURS)
+    full = fused_add_registry(baselines=True)
+    assert list(full) == list(op.order)
+    for name in FUSED_ADD_OURS:
+        impl = full[name]
+        assert impl.ours and (impl.unavailable or impl.in_place is not None)
+    for name in FUSED_ADD_BASELINES:
+        impl = full[name]
+        assert not impl.ours and impl.in_place is None
+        assert runnable(impl, "cpu")  # CUDA-only, with a reason, never a crash
+    assert full["eager"].fn is fused_add_rms_norm_ref  # the eager baseline is the reference
+    assert full["compile"].prepare.args == (fused_add_rms_norm_ref,)
+    assert registry(baselines=True)["compile"].prepare.args == (rms_norm_ref,)
+
+
+@pytest.mark.parametrize("rdtype", [torch.bfloat16, torch.float32], ids=["same", "fp32"])
+@pytest.mark.parametrize("name", ["eager", "native"])
+def test_fused_add_torch_baselines_calling_convention(name, rdtype):
+    """fn(x, residual, weight, eps) -> (y in x's dtype, residual_out in residual's), the
+    reference's answer, the caller's tensors untouched (run on CPU: plain PyTorch ops)."""
+    case = Case(
+        "c", (16, 1000), torch.bfloat16, residual="fp32" if rdtype == torch.float32 else "same"
+    )
+    x, residual, weight, eps = FUSED_ADD_RMS_NORM.make_inputs(case, "cpu", 3)
+    assert residual.dtype == rdtype
+    before = x.clone(), residual.clone()
+    y, residual_out = fused_add_registry(baselines=True)[name].fn(x, residual, weight, eps)
+    want_y, want_r = fused_add_rms_norm_ref(x, residual, weight, eps)
+    assert y.dtype == x.dtype and residual_out.dtype == rdtype
+    torch.testing.assert_close(residual_out, want_r, **TOL[rdtype])
+    torch.testing.assert_close(y, want_y, **TOL[x.dtype])
+    assert torch.equal(x, before[0]) and torch.equal(residual, before[1])
+    y2, _ = fused_add_registry(baselines=True)[name].fn(x, residual, None, eps)  # no weight
+    torch.testing.assert_close(
+        y2, fused_add_rms_norm_ref(x, residual, None, eps)[0], **TOL[x.dtype]
+    )
+
+
+def test_compile_baseline_compiles_the_fused_reference():
+    """compile's prepare for the fused add: a fresh fullgraph compile of the reference, the
+    compile seconds returned apart; the lazy form recompiles when the inputs change."""
+    reg = fused_add_registry(baselines=True)
+    inputs = FUSED_ADD_RMS_NORM.make_inputs(Case("c", (4, 256), torch.float32), "cpu", 0)
+    fn, seconds = reg["compile"].prepare(*inputs)
+    assert seconds > 0
+    for got, want in zip(fn(*inputs), fused_add_rms_norm_ref(*inputs), strict=True):
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+    lazy = reg["compile"].fn
+    lazy(*inputs)
+    key = lazy._key
+    other = FUSED_ADD_RMS_NORM.make_inputs(Case("c", (4, 128), torch.float32), "cpu", 0)
+    torch.testing.assert_close(lazy(*other)[0], fused_add_rms_norm_ref(*other)[0])
+    assert lazy._key != key
+
+
+def _fake_module(monkeypatch, name: str, **attrs):
+    """Install a module under name (and its parents) in sys.modules for this test."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        sub = ".".join(parts[:i])
+        if sub not in sys.modules or i == len(parts):
+            monkeypatch.setitem(sys.modules, sub, types.ModuleType(sub))
+    mod = sys.modules[name]
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def test_fused_add_peers_missing_are_unavailable(monkeypatch):
+    for module in ("liger_kernel", "quack"):
+        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    reg = fused_add_registry(baselines=True)
+    assert "liger-kernel not importable" in reg["liger"].unavailable
+    assert "quack not importable" in reg["quack"].unavailable
+    assert reg["liger"].fn is None and runnable(reg["liger"], "cuda") == reg["liger"].unavailable
+
+
+def test_fused_add_liger_wrapper(monkeypatch):
+    """Liger's fused add is called in gemma mode with a weight always, and refuses an fp32
+    residual (its residual_out would come back in x's dtype) with an error naming it."""
+    calls = []
+
+    class Fn:
+        @staticmethod
+        def apply(*args):
+            calls.append(args)
+            return fused_add_rms_norm_ref(*args[:4])
+
+    _fake_module(
+        monkeypatch, "liger_kernel.ops.fused_add_rms_norm", LigerFusedAddRMSNormFunction=Fn
+    )
+    liger = fused_add_registry(baselines=True)["liger"]
+    assert liger.unavailable is None
+    x, r, w, eps = FUSED_ADD_RMS_NORM.make_inputs(Case("c", (4, 64), torch.bfloat16), "cpu", 0)
+    y, res = liger.fn(x, r, None, eps)
+    (args,) = calls
+    assert args[4:] == (0.0, "gemma", False) and torch.equal(args[2], torch.ones(64, dtype=x.dtype))
+    with pytest.raises(ValueError, match="residual is torch.float32 but x is torch.bfloat16"):
+        liger.fn(x, r.float(), w, eps)
+
+
+def test_fused_add_quack_wrapper(monkeypatch):
+    """QuACK's rmsnorm_fwd(residual=...) returns (y, residual_out, rstd): the wrapper gives
+    (y, residual_out) in x's shape; a version that returns no residual_out is an error."""
+    seen = {}
+
+    def rmsnorm_fwd(x, weight=None, residual=None, eps=1e-6):
+        seen.update(x=x.shape, residual=residual.shape, eps=eps)
+        y, res = fused_add_rms_norm_ref(x, residual, weight, eps)
+        return y, res, None
+
+    mod = _fake_module(monkeypatch, "quack.rmsnorm", rmsnorm_fwd=rmsnorm_fwd)
+    quack = fused_add_registry(baselines=True)["quack"]
+    x, r, w, eps = FUSED_ADD_RMS_NORM.make_inputs(Case("c", (2, 3, 64), torch.float16), "cpu", 0)
+    y, res = quack.fn(x, r, w, eps)
+    assert seen == {"x": (6, 64), "residual": (6, 64), "eps": eps}  # 2-D rows
+    assert y.shape == res.shape == x.shape
+    mod.rmsnorm_fwd = lambda x, weight=None, residual=None, eps=1e-6: x
+    quack = fused_add_registry(baselines=True)["quack"]
+    with pytest.raises(TypeError, match="no residual_out"):
+        quack.fn(x, r, w, eps)
+
+
+def test_our_kernels_register_what_the_package_has(monkeypatch):
+    """cuda_impl without the fused add (a build before it) is unavailable, saying so; with it
+    both forms are registered, and its fused_add_kernel_info where it has one."""
+    _fake_module(monkeypatch, "cuda_impl", rms_norm=lambda *a: None)
+    cuda = fused_add_registry()["cuda"]
+    assert cuda.fn is None and "cuda_impl has no fused_add_rms_norm" in cuda.unavailable
+    info = lambda x, residual, weight: {"n_regs": 1}
+    mod = _fake_module(
+        monkeypatch, "cuda_impl", fused_add_rms_norm=lambda *a: None, fused_add_rms_norm_=print
+    )
+    mod.ops = types.SimpleNamespace(fused_add_kernel_info=info)
+    cuda = fused_add_registry()["cuda"]
+    assert cuda.unavailable is None and cuda.in_place is print and cuda.resources is info
+    assert runnable(cuda, "cpu") == "needs a CUDA GPU"
+    del mod.ops
+    assert fused_add_registry()["cuda"].resources is None  # no kernel_info: none recorded
+
+
+@pytest.mark.parametrize(
+    "name, names, path",
+    [
+        ("native", ["void at::native::vectorized_layer_norm_kernel<c10::BFloat16>"], "fused"),
+        (
+            "native",
+            ["LayerNormForwardCUDAKernel<float>", "RowwiseMomentsCUDAKernel<float>"],
+            "composite",
+        ),
+        # the fused add's native: the add (and a cast) beside the one norm kernel
+        (
+            "native",
+            [
+                "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16>>",
+                "void at::native::vectorized_layer_norm_kernel<c10::BFloat16>",
+            ],
+            "fused",
+        ),
+        (
+            "native",
+            ["vectorized_elementwise_kernel<4, pow>", "reduce_kernel<512, mean>"],
+            "composite",
+        ),
+        ("compile", ["triton_per_fused_add_mean_mul_pow_rsqrt_0"], "inductor"),
+        ("compile", ["vectorized_elementwise_kernel<4, add>"], "NOT-COMPILED"),
+        ("triton", ["_rms_norm_fwd_fused"], None),
+    ],
+)
+def test_kernel_path(name, names, path):
+    assert measure.kernel_path(name, names) == path
+
+
+def test_analysis_per_op(tmp_path):
+    """Each op's numbers from its own records: its baselines, its best peer, its geomeans."""
+    path = tmp_path / "both.jsonl"
+    synthetic_records(path, fused=True)
+    groups = analysis.by_op(analysis.load(path))
+    assert list(groups) == [RMS_NORM, FUSED_ADD_RMS_NORM]
+    fused = groups[FUSED_ADD_RMS_NORM]
+    assert {r["op"] for r in fused} == {"fused_add_rms_norm"}
+    shapes = analysis.by_shape(analysis.passed(fused, "cold", "grid"))
+    # quack is the fused add's fastest peer (1.1); the plain op has no quack timings at all
+    assert analysis.best_baseline(shapes[("bf16", 2**15, 4096)], FUSED_ADD_RMS_NORM)[0] == "quack"
+    plain = {r["impl"]: r for r in analysis.summary(groups[RMS_NORM], "grid", RMS_NORM)}
+    rows = analysis.summary(fused, "grid", FUSED_ADD_RMS_NORM)
+    assert [(r["impl"], r["dtype"], r["shapes"]) for r in rows] == [
+        ("triton", "bf16", 3),
+        ("cuda", "bf16", 3),
+    ]
+    assert rows[0]["geo_ratio"] == pytest.approx(1.1)  # quack's time / triton's
+    assert rows[1]["geo_ratio"] == pytest.approx(1.1 / 1.02)
+    assert plain["triton"]["geo_ratio"] == pytest.approx(1.1)  # compile, the plain op's best
+    sp = analysis.speedups(fused, "grid", FUSED_ADD_RMS_NORM)
+    assert [s for _, s in sp[("triton", "eager", "bf16")]] == pytest.approx([6.0] * 3)
+    assert analysis.saturation_m(fused, ENV["copy_gbps"], FUSED_ADD_RMS_NORM)["eager"] is None
+    assert [f["impl"] for f in analysis.failures(fused)] == ["liger"]
+
+
+def test_report_and_plots_have_a_section_per_op(tmp_path):
+    path = tmp_path / "both.jsonl"
+    synthetic_records(path, fused=True)
+    out = tmp_path / "drawn"
+    written = {p.name for p in plot.redraw(path, out)}
+    assert written == set(analysis.PLOT_NAMES) | {
+        f"fused_add_rms_norm-{n}" for n in analysis.PLOT_NAMES
+    } | {"report.md"}
+    text = (out / "report.md").read_text()
+    plain_head = "# RMSNorm forward (rms_norm)"
+    fused_head = "# fused residual add + RMSNorm forward (fused_add_rms_norm)"
+    assert text.count(plain_head) == 1 and text.count(fused_head) == 1
+    plain, fused = text.split(fused_head)
+    assert plain_head in plain
+    for part in (plain, fused):
+        for heading in (
+            "## Summary: grid shapes, cold",
+            "## Grid shapes (M = 2^27 / N), cold",
+            "## Bandwidth against M at N = 4096",
+            "## Small shapes",
+            "## Failures",
+            "## Kernels each implementation ran",
+        ):
+            assert heading in part, heading
+    assert "(fused_add_rms_norm-speedup.png)" in fused and "(speedup.png)" in plain
+    assert "fused_add_rms_norm-" not in plain.split("## Environment")[1]
+    assert "ValueError: liger: no" in fused and "ValueError: liger: no" not in plain
+    assert "Cannot launch Triton kernel" in plain and "Cannot launch Triton kernel" not in fused
+    assert "quack GB/s" in fused  # its peers' columns
+    assert "read x + residual + weight, write y + residual_out" in text
+    # the plain op's page alone is what it was: no op headings
+    alone = tmp_path / "plain.jsonl"
+    synthetic_records(alone)
+    plot.redraw(alone, tmp_path / "plain")
+    assert "(rms_norm)" not in (tmp_path / "plain" / "report.md").read_text()
+
+
+def _fake_run(monkeypatch, tmp_path, step_s: float):
+    """bench.run_gpu on CPU: the start and each measurement faked, the clock advanced by
+    step_s a measurement. Returns the (op, shape) measurements made, in order."""
+    measured = []
+    clock = [0.0]
+
+    def start(path, *, append, seed, op):
+        w = records.RecordWriter(path, append=append)
+        return measure.Bench("synthetic", ENV, w, None, 0, seed, op=op, device="cpu")
+
+    def measure_shape(b, p, impls):
+        measured.append((b.op.name, p.m, p.n, [i.name for i in impls]))
+        clock[0] += step_s
+
+    monkeypatch.setattr(measure, "start", start)
+    monkeypatch.setattr(measure, "measure_shape", measure_shape)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    return measured
+
+
+def test_run_takes_the_ops_in_turn_shape_by_shape(tmp_path, monkeypatch, capsys):
+    """Both ops at every shape, one after the other, into one records file; an
+    implementation that cannot run gets a SKIP record of its op."""
+    measured = _fake_run(monkeypatch, tmp_path, 0.0)
+    args = bench.parse_args(["--quick", "--impls", "triton,eager,liger", "--out", str(tmp_path)])
+    args.budget_s = 100.0
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not installed, whatever is here
+    assert bench.run_gpu(args, args.impls, tmp_path) == 0
+    shapes = plan.plan(args.dtypes, quick=True)
+    assert [(op, m, n) for op, m, n, _ in measured] == [
+        (op, p.m, p.n) for p in shapes for op in ("rms_norm", "fused_add_rms_norm")
+    ]
+    assert all(impls == ["triton", "eager"] for *_, impls in measured)
+    recs = records.read_records(tmp_path / "records.jsonl")
+    skips = [(r["op"], r["impl"]) for r in recs if r["status"] == "SKIP"]
+    assert skips == [("rms_norm", "liger"), ("fused_add_rms_norm", "liger")]
+    assert "skip liger (fused_add_rms_norm): liger-kernel not importable" in capsys.readouterr().out
+
+
+def test_run_budget_skips_both_ops_tails(tmp_path, monkeypatch, capsys):
+    """A spent budget records every (op, shape) not run as skipped, under its op."""
+    measured = _fake_run(monkeypatch, tmp_path, 10.0)
+    args = bench.parse_args(["--quick", "--impls", "triton", "--out", str(tmp_path)])
+    args.budget_s = 25.0  # the 4th measurement starts at 30 s
+    bench.run_gpu(args, args.impls, tmp_path)
+    shapes = plan.plan(args.dtypes, quick=True)
+    first = shapes[0]
+    assert [(op, m, n) for op, m, n, _ in measured] == [
+        ("rms_norm", first.m, first.n),
+        ("fused_add_rms_norm", first.m, first.n),
+        ("rms_norm", shapes[1].m, shapes[1].n),
+    ]
+    recs = records.read_records(tmp_path / "records.jsonl")
+    skipped = [(r["op"], r["shape"]) for r in recs if r["kind"] == "skip"]
+    want = [(op, [p.m, p.n]) for p in shapes for op in ("rms_norm", "fused_add_rms_norm")][3:]
+    assert skipped == want
+    assert all("time budget spent" in r["notes"][0] for r in recs if r["kind"] == "skip")
+    assert f"{len(want)} (op, shape) measurements not run" in capsys.readouterr().out
