@@ -1,0 +1,416 @@
+"""harness.model and rmsnorm_api.swap: the tiny decoder block with each variant against the
+block in fp32, the swap helper, Amdahl's bound, the norm-share bookkeeping of the GPU run
+(run on CPU with the device parts stood in for), the command line, and the no-GPU path's
+committed table.
+"""
+
+import json
+import time
+
+import pytest
+import torch
+
+from conftest import DEVICE, HAS_GPU, refusal
+from harness import hardware, measure, model, records, timing
+from rmsnorm_api.swap import is_rms_norm, swap_rms_norm
+
+VARIANTS = model.variants()
+
+
+def _runnable(name: str):
+    why = model.why_not_on(VARIANTS[name], DEVICE)
+    if why:
+        pytest.skip(f"{name}: {why}")
+    return VARIANTS[name]
+
+
+# ---------------------------------------------------------------------------------------
+# the tiny block
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", model.SHAPE_NAMES)
+@pytest.mark.parametrize("variant", model.VARIANTS)
+def test_tiny_block_is_as_close_to_fp32_as_native(variant, shape):
+    _runnable(variant)
+    (row,) = model.check_blocks([shape], [variant], seed=3, device=DEVICE)
+    assert row["skipped"] is None
+    assert row["passed"], row
+
+
+def test_a_wrong_norm_fails_the_block_check():
+    """The check tells a correct norm from a wiring bug (the weight left out)."""
+    cfg, shape = model.TINY, model.CPU_SHAPES["prefill"]
+    w = model.make_weights(cfg, DEVICE, 0)
+    inputs = model.make_inputs(cfg, shape, DEVICE, 0)
+    truth = model.fp32_block(cfg, w, inputs.args())
+    native = model.block_fn(cfg, w, VARIANTS["native"].add_norm)(*inputs.args())
+    native_err = model.agreement(native, truth)["rel_err"]
+    no_weight = model.unfused(lambda x, weight, eps: model.llama_rms_norm(x, 1.0, eps))
+    broken = model.block_fn(cfg, w, no_weight)(*inputs.args())
+    got = model.agreement(broken, truth, native_err)
+    assert not got["passed"] and "from the fp32 block" in got["error"]
+
+
+def test_decode_writes_only_the_cache_slot_of_the_new_token():
+    cfg, shape = model.TINY, model.CPU_SHAPES["decode"]
+    w = model.make_weights(cfg, "cpu", 0)
+    inputs = model.make_inputs(cfg, shape, "cpu", 0)
+    before = inputs.k_cache.clone()
+    model.block_fn(cfg, w, VARIANTS["native"].add_norm)(*inputs.args())
+    assert torch.equal(inputs.k_cache[:, :, :-1], before[:, :, :-1])
+    assert not torch.equal(inputs.k_cache[:, :, -1], before[:, :, -1])
+
+
+# ---------------------------------------------------------------------------------------
+# swap_rms_norm
+# ---------------------------------------------------------------------------------------
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, as written there (for machines without transformers)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(LlamaRMSNorm):
+    """Shaped like LlamaRMSNorm, but scales by 1 + weight: must not be swapped."""
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) / self.weight * (1.0 + self.weight)
+
+
+def _llama_norm_classes():
+    classes = [pytest.param(LlamaRMSNorm, id="test-defined")]
+    tf, why = model._import("transformers")
+    marks = [] if tf else [pytest.mark.skip(reason=f"transformers: {why}")]
+    real = None
+    if tf:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm as real
+    classes.append(pytest.param(real, id="transformers", marks=marks))
+    return classes
+
+
+def _ours_module():
+    return _runnable("triton").module
+
+
+def _net(norm: torch.nn.Module) -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Sequential(norm))
+    with torch.no_grad():
+        norm.weight.copy_(1 + torch.randn(64) / 4)
+    return net.to(DEVICE, torch.bfloat16)
+
+
+def _x():
+    return torch.randn(5, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: torch.nn.RMSNorm(64, eps=1e-5)] + _llama_norm_classes(), ids=str
+)
+def test_swap_replaces_keeps_weight_and_output(make):
+    cls = _ours_module()
+    norm = make() if not isinstance(make, type) else make(64, eps=1e-5)
+    net = _net(norm)
+    want = net(_x())
+    weight = norm.weight.detach().clone()
+    assert is_rms_norm(norm)
+    assert swap_rms_norm(net, cls) == 1
+    new = net[1][0]
+    assert type(new) is cls and new.eps == 1e-5
+    assert new.weight.dtype == torch.bfloat16 and new.weight.device.type == DEVICE
+    assert torch.equal(new.weight.detach(), weight)
+    with torch.no_grad():
+        torch.testing.assert_close(net(_x()), want, atol=1e-2, rtol=2.0**-6)
+    assert swap_rms_norm(net, cls) == 0  # already ours: left alone
+
+
+def test_swap_to_native_and_without_weight():
+    net = torch.nn.Sequential(LlamaRMSNorm(32), torch.nn.RMSNorm(32, elementwise_affine=False))
+    assert swap_rms_norm(net, torch.nn.RMSNorm) == 1  # the nn.RMSNorm is one already
+    assert type(net[0]) is torch.nn.RMSNorm and net[0].eps == 1e-6
+    cls = _ours_module()
+    assert swap_rms_norm(net.to(DEVICE), cls) == 2
+    assert net[1].weight is None and net[1].eps is None
+
+
+def test_swap_keeps_a_shared_norm_shared():
+    norm = LlamaRMSNorm(16)
+    net = torch.nn.ModuleDict({"a": torch.nn.Sequential(norm), "b": torch.nn.Sequential(norm)})
+    assert swap_rms_norm(net, torch.nn.RMSNorm) == 1
+    assert net["a"][0] is net["b"][0]
+
+
+def test_swap_refuses_what_is_not_a_module():
+    with pytest.raises(TypeError, match="swap_rms_norm: model must be a torch.nn.Module"):
+        swap_rms_norm("model", torch.nn.RMSNorm)
+    with pytest.raises(TypeError, match="swap_rms_norm: module_cls must be"):
+        swap_rms_norm(torch.nn.Linear(2, 2), "RMSNorm")
+    with pytest.raises(TypeError, match="module_cls"):
+        swap_rms_norm(torch.nn.Linear(2, 2), int)
+    with pytest.raises(ValueError, match="model is itself a LlamaRMSNorm"):
+        swap_rms_norm(LlamaRMSNorm(8), torch.nn.RMSNorm)
+
+
+def test_swap_refuses_a_look_alike_that_computes_otherwise():
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), GemmaRMSNorm(8))
+    with torch.no_grad():
+        net[1].weight.fill_(0.5)
+    with pytest.raises(ValueError, match=r"1 \(GemmaRMSNorm\) not swapped for RMSNorm"):
+        swap_rms_norm(net, torch.nn.RMSNorm)
+    assert type(net[1]) is GemmaRMSNorm  # nothing swapped
+    assert swap_rms_norm(net, torch.nn.RMSNorm, verify=False) == 1
+
+
+def test_swapped_transformers_layer_agrees():
+    why, checks = model.check_layer(list(model.LAYER_VARIANTS), seed=0, device=DEVICE)
+    if why:
+        pytest.skip(f"transformers layer: {why}")
+    assert {"native", "eager"} <= set(checks)
+    for name, c in checks.items():
+        assert c["passed"], (name, c)
+    assert checks["native"]["against"] == "the block in fp32"
+
+
+# ---------------------------------------------------------------------------------------
+# Amdahl's law and the norm's share
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "f, s, bound",
+    [(0.0, 5.0, 1.0), (1.0, 2.0, 2.0), (0.5, 2.0, 4 / 3), (0.1, 1.0, 1.0), (0.2, 0.5, 1 / 1.2)],
+)
+def test_amdahl_bound_known_values(f, s, bound):
+    assert model.amdahl_bound(f, s) == pytest.approx(bound)
+
+
+@pytest.mark.parametrize("f, s", [(-0.1, 2.0), (1.5, 2.0), (0.5, 0.0), (0.5, float("nan"))])
+def test_amdahl_bound_refuses_nonsense(f, s):
+    with pytest.raises(ValueError, match="amdahl_bound"):
+        model.amdahl_bound(f, s)
+
+
+def test_exceeds_means_by_more_than_the_spread():
+    assert model.exceeds(1.10, 1.09, 1.11, 1.05)  # 0.05 above, spread 0.02
+    assert not model.exceeds(1.06, 1.04, 1.08, 1.05)  # 0.01 above, spread 0.04
+    assert not model.exceeds(0.99, 0.98, 1.0, 1.01)
+
+
+def _k(**kernels):
+    return {n: {"count": c, "us": us} for n, (c, us) in kernels.items()}
+
+
+def test_norm_share_by_name_and_alone():
+    ln = "void at::native::vectorized_layer_norm_kernel<c10::BFloat16, float, true>(int)"
+    block = {**_k(gemm=(4, 400.0), add=(2, 8.0)), ln: {"count": 2, "us": 12.0}}
+    got = model.norm_share(block, {ln: {"count": 1, "us": 5.0}})
+    assert got["method"] == "name" and got["us"] == 12.0 and list(got["kernels"]) == [ln]
+    # the composite's kernels are not norm kernels by name: twice the norm alone
+    composite = _k(mul=(3, 3.0), mean=(1, 2.0))
+    got = model.norm_share(block, composite)
+    assert got["method"] == "alone" and got["us"] == 10.0 and got["kernels"]["mul"]["count"] == 6
+    # norm kernels by name, but not as many as two norms: said, then alone
+    got = model.norm_share({ln: {"count": 3, "us": 9.0}}, {ln: {"count": 1, "us": 5.0}})
+    assert got["method"] == "alone" and "3 norm kernels a block" in got["note"]
+
+
+@pytest.mark.parametrize(
+    "name, norm",
+    [
+        ("_rms_norm_fwd_fused", True),
+        ("_fused_add_rms_norm_fwd_fused", True),
+        ("void cuda_impl::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16>(float)", True),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", True),
+        ("triton_poi_fused_add_cat_mul_3", False),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps>>", False),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", False),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", False),
+    ],
+)
+def test_is_norm_kernel(name, norm):
+    assert model.is_norm_kernel(name) is norm
+
+
+def test_short_kernel_names():
+    ln = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16>(int)"
+    assert model.short_kernel(ln) == "vectorized_layer_norm_kernel"
+    assert model.short_kernel("_rms_norm_fwd_fused") == "_rms_norm_fwd_fused"
+
+
+# ---------------------------------------------------------------------------------------
+# the GPU run's bookkeeping, on CPU: the device parts stood in for
+# ---------------------------------------------------------------------------------------
+
+#: Seconds a block of each variant "takes" in the stand-in timing.
+_BLOCK_S = {"native": 1.0e-3, "eager": 1.1e-3, "triton": 0.99e-3, "triton_fused": 0.95e-3}
+_NORM = "_rms_norm_fwd_fused"
+
+
+def _fake_kernels(call, calls=1):
+    call()
+    if getattr(getattr(call, "func", None), "__name__", "") == "run":  # a block
+        return _k(gemm=(4, 400.0), add=(2, 4.0), **{_NORM: (2, 20.0)})
+    return _k(**{_NORM: (1, 10.0)})  # a norm or step alone
+
+
+def _fake_blocks(b, fns):
+    def seconds(name):
+        return 10e-6 if name.startswith(("norm:", "step:")) else _BLOCK_S.get(name, 1e-3)
+
+    return {n: [[seconds(n)] * 5 for _ in range(3)] for n in fns}, None
+
+
+@pytest.fixture
+def dry_run(tmp_path, monkeypatch):
+    """A Run on CPU whose profiler, timing and graph replay are stood in for."""
+    monkeypatch.setattr(model, "kernel_times", _fake_kernels)
+    monkeypatch.setattr(measure, "time_blocks", _fake_blocks)
+    monkeypatch.setattr(timing, "warm_up", lambda fns, seconds=0: [f() for f in fns])
+    monkeypatch.setattr(timing, "graph_samples", lambda fn, *a, **k: [5e-6] * 10)
+    path = tmp_path / "records.jsonl"
+    writer = records.RecordWriter(path, append=False)
+    b = measure.Bench("t", hardware.environment(), writer, None, 50e6, 0)
+    vs = {n: v for n, v in model.variants().items() if model.why_not_on(v, "cpu") is None}
+    w = model.make_weights(model.TINY, "cpu", 0)
+    run = model.Run(b, model.TINY, w, vs, time.perf_counter(), 1e9, 0, device="cpu")
+    yield run, path
+    writer.close()
+
+
+def test_gpu_run_bookkeeping(dry_run):
+    run, path = dry_run
+    names = list(run.variants)
+    with torch.no_grad():
+        for shape in model.CPU_SHAPES.values():
+            model.run_job(run, shape, "eager", names)
+    run.b.writer.close()
+    recs = records.read_records(path)
+    blocks = [r for r in recs if r["kind"] == "model"]
+    assert len(blocks) == 2 * len(names) and all(r["status"] == "PASS" for r in blocks)
+    by = {(r["model"]["shape"], r["impl"]): r["model"] for r in blocks}
+    native = by[("prefill", "native")]
+    assert native["norm"]["method"] == "name" and native["norm"]["f"] == pytest.approx(20 / 424)
+    assert native["bound"] == pytest.approx(1.0) and native["speedup"]["median"] == 1.0
+    assert not native["flag"]
+    fused = by[("prefill", "triton_fused")]
+    assert fused["speedup"]["median"] == pytest.approx(1 / 0.95)
+    assert fused["s_cold"] == pytest.approx(1.0) and fused["flag"]  # above a bound of 1
+    assert "fusion of the add" in fused["why"][0]
+    assert not by[("prefill", "eager")]["flag"]  # slower: never above its bound
+    timed = [r for r in recs if r["kind"] == "timing"]
+    assert {r["op"] for r in timed} == {"rms_norm", "fused_add_rms_norm"}
+    assert {r["mode"] for r in timed} == {"cold", "graph"}
+    text = model.render(recs)
+    assert "### the block, prefill" in text and "### the block, decode" in text
+    assert "Above the bound, and why:" in text and "fusion of the add" in text
+    assert f"{_NORM} x2 20.0" in text
+    json.dumps(recs)  # what was written is plain JSON
+
+
+def test_a_variant_that_fails_is_recorded_and_the_rest_run(dry_run, monkeypatch):
+    run, path = dry_run
+
+    def broken(x, residual, weight, eps):
+        raise RuntimeError("boom")
+
+    run.variants["triton"] = model.Variant("triton", broken, None, cpu=True)
+    with torch.no_grad():
+        model.run_job(run, model.CPU_SHAPES["decode"], "eager", list(run.variants))
+    run.b.writer.close()
+    recs = [r for r in records.read_records(path) if r["kind"] == "model"]
+    status = {r["impl"]: r["status"] for r in recs}
+    assert status.pop("triton") == "FAIL" and set(status.values()) == {"PASS"}
+    assert run.failed == 1
+
+
+def test_plan_jobs_runs_the_compiles_last():
+    jobs = model.plan_jobs(["prefill", "decode"], list(model.MODES), layer=True)
+    assert jobs[:5] == [
+        ("prefill", "eager"),
+        ("prefill", "graph"),
+        ("decode", "eager"),
+        ("decode", "graph"),
+        ("layer", "eager"),
+    ]
+    assert all(m.startswith("compile") for _, m in jobs[5:]) and len(jobs) == 9
+    assert ("layer", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the command line and the no-GPU path
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shapes", "prefill,bogus"], "--shapes: unknown bogus; choose from prefill,decode"),
+        (["--shapes", ","], "--shapes: ',' names nothing"),
+        (["--modes", "eager,fast"], "--modes: unknown fast; choose from eager,graph"),
+        (["--modes", ""], "--modes: '' names nothing"),
+        (["--variants", "triton,liger"], "--variants: unknown liger; choose from native"),
+        (["--budget-s", "0"], "--budget-s is 0.0"),
+        (["--budget-s", "nan"], "--budget-s is nan"),
+        (["--budget-s", "x"], "--budget-s"),
+        (["--seed", "1.5"], "--seed"),
+    ],
+)
+def test_cli_refuses_bad_flags(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(model, "run_cpu", lambda args: pytest.fail("work started"))
+    monkeypatch.setattr(model, "run_gpu", lambda args, out: pytest.fail("work started"))
+    assert message in refusal(model.main, argv, capsys)
+
+
+def test_cli_refuses_a_bad_out(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert "--out" in refusal(model.main, ["--out", str(a_file)], capsys)
+
+
+def test_native_always_runs():
+    assert model.parse_args(["--variants", "triton_fused, triton"]).variants == [
+        "native",
+        "triton",
+        "triton_fused",
+    ]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_cpu_path_says_the_committed_table_is_absent(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
+    argv = ["--shapes", "decode", "--variants", "triton", "--no-layer", "--modes", "graph"]
+    assert model.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ignored: --modes" in out
+    assert "block decode   triton" in out and "PASS" in out
+    assert "no committed H200 model results yet" in out
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_cpu_path_prints_the_committed_table(dry_run, tmp_path, monkeypatch, capsys):
+    run, path = dry_run
+    with torch.no_grad():
+        model.run_job(run, model.CPU_SHAPES["decode"], "eager", list(run.variants))
+    run.b.writer.close()
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / model.RECORDS_NAME).write_text(path.read_text())
+    monkeypatch.setattr(model, "COMMITTED", committed)
+    monkeypatch.setattr(model, "check_blocks", lambda *a, **k: [])
+    assert model.main(["--no-layer"]) == 0
+    out = capsys.readouterr().out
+    assert f"the committed H200 run ({committed / model.RECORDS_NAME})" in out
+    assert "| eager | triton_fused |" in out
