@@ -906,9 +906,10 @@ def _bounds(f: Optional[float], base: Optional[Piece], mine: Optional[Piece]) ->
         for how in ("cold", "warm"):
             a, m = getattr(base, f"{how}_us"), getattr(mine, f"{how}_us")
             out[f"s_{how}"] = a / m if a and m else None
+    share = f is not None and 0.0 <= f <= 1.0  # above 1: the block's profile missed kernels
     for how in ("cold", "warm"):
         s = out[f"s_{how}"]
-        out[f"bound_{how}"] = amdahl_bound(f, s) if f is not None and s else None
+        out[f"bound_{how}"] = amdahl_bound(f, s) if share and s else None
     got = [b for b in (out["bound_cold"], out["bound_warm"]) if b is not None]
     out["bound"] = max(got) if got else None  # the more generous: a flag must survive both
     return out
@@ -929,6 +930,8 @@ def _finish(
             share = norm_share(row["kernels"], p.kernels) if p else None
             if share:
                 share["f"] = share["us"] / us if us else None
+                if share["f"] is not None and share["f"] > 1:
+                    share["note"] = "share above 1: the block's profile missed kernels; no bound"
             row[what] = share
     native = rows.get("native")
     for name, row in rows.items():
@@ -1479,7 +1482,12 @@ def _row(r: dict) -> str:
     norm, step, sp = m.get("norm") or {}, m.get("step") or {}, m.get("speedup")
     speed = f"{sp['median']:.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}]" if sp else "-"
     s = f"{_fmt(m.get('s_cold'))} / {_fmt(m.get('s_warm'))}"
-    flag = "ABOVE" if m.get("flag") else ""
+    # compile's results mean something only where Inductor's kernels ran (METHOD 7)
+    flag = " ".join(
+        t
+        for t, on in (("ABOVE", m.get("flag")), ("NOT-COMPILED", m.get("compiled") is False))
+        if on
+    )
     return (
         f"| {m['exec']} | {m['variant']} | {st['median_us']:.1f} ({st['p20_us']:.1f}-"
         f"{st['p80_us']:.1f}) | {100 * (r['spread'] or 0):.1f}% | {m['kernel_count']:g} | "
@@ -1517,7 +1525,8 @@ def render(recs: list[dict]) -> str:
         "same for the residual add and the norm. s: native's norm alone over this "
         "variant's at the in-block shape (a fused variant: its fused kernel), cold and "
         "warm. bound: 1 / ((1 - f) + f / s) with native's f and the better s. ABOVE: the "
-        "speedup exceeds the bound by more than its range (the reasons below).",
+        "speedup exceeds the bound by more than its range (the reasons below); NOT-COMPILED: "
+        "a compile mode's block ran none of Inductor's kernels.",
     ]
     for block, title in ((BLOCK_OP, "the block"), (LAYER_OP, "transformers' LlamaDecoderLayer")):
         for shape in SHAPE_NAMES:
