@@ -1,4 +1,6 @@
-"""Hand-written CUDA C++ RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)`` and ``RMSNorm``.
+"""Hand-written CUDA C++ RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)``, ``RMSNorm``, and the
+fused residual add ``fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out)``
+with its in-place form ``fused_add_rms_norm_``.
 
 Importing this package loads the compiled extension (``cuda_impl/_C*.so``); if it was
 never built, ImportError says how to build it. For kernel work: ``kernel_info(x)``,
@@ -8,13 +10,24 @@ never built, ImportError says how to build it. For kernel work: ``kernel_info(x)
 """
 
 from cuda_impl.configs import Config, compiled_configs, default_config, search_space
-from cuda_impl.ops import RMSNorm, kernel_info, rms_norm, rms_norm_with_config
+from cuda_impl.ops import (
+    RMSNorm,
+    fused_add_default_config,
+    fused_add_rms_norm,
+    fused_add_rms_norm_,
+    kernel_info,
+    rms_norm,
+    rms_norm_with_config,
+)
 
 __all__ = [
     "Config",
     "RMSNorm",
     "compiled_configs",
     "default_config",
+    "fused_add_default_config",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_",
     "kernel_info",
     "rms_norm",
     "rms_norm_with_config",

@@ -1,4 +1,5 @@
-"""Python face of the CUDA C++ RMSNorm: loads the extension, registers fakes, wraps the op.
+"""Python face of the CUDA C++ RMSNorm: loads the extension, registers fakes, wraps the ops
+(rms_norm and the fused residual add, fused_add_rms_norm / fused_add_rms_norm_).
 
 The library is whichever build is found: ``$CUDA_IMPL_LIBRARY`` if set (e.g. the CMake
 build's ``build/cmake/libcuda_impl_ops.so``), else ``cuda_impl/_C*.so`` from
@@ -15,9 +16,19 @@ from typing import Optional
 import torch
 
 from cuda_impl.configs import Config
-from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs, check_out
+from rmsnorm_api import (
+    DEFAULT_EPS,
+    RMSNormModule,
+    call_op,
+    check_fused_inputs,
+    check_in_place,
+    check_inputs,
+    check_out,
+)
 
 _IMPL = "cuda_impl.rms_norm"
+_FUSED = "cuda_impl.fused_add_rms_norm"
+_FUSED_ = "cuda_impl.fused_add_rms_norm_"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -57,6 +68,45 @@ def _rms_norm_out_fake(out, x, weight, eps):
     return None
 
 
+@torch.library.register_fake("cuda_impl::fused_add_rms_norm")
+def _fused_add_fake(x, residual, weight, eps):
+    check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return y, torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+
+
+@torch.library.register_fake("cuda_impl::fused_add_rms_norm_")
+def _fused_add_in_place_fake(x, residual, weight, eps):
+    check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
+    check_in_place(x, residual, weight, impl=_FUSED_)
+    return None
+
+
+def _forward_only(ctx, grad_y, grad_residual):
+    raise RuntimeError(
+        f"{_FUSED}: the kernels are forward-only for now (no backward yet); train with an"
+        " add and torch.nn.RMSNorm"
+    )
+
+
+# The fused op's autograd kernel: its forward runs under inputs that require grad, and the
+# backward raises instead of PyTorch's fallback, which only warns and leaves no gradient.
+torch.library.register_autograd(
+    "cuda_impl::fused_add_rms_norm", _forward_only, setup_context=lambda ctx, inputs, output: None
+)
+
+_FUSED_OP = torch.ops.cuda_impl.fused_add_rms_norm.default
+_FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default
+
+
+def _on_gpu(x, *others) -> bool:
+    """Whether a call may go straight to the op's CUDA kernel, whose C++ checks raise the
+    same errors as rmsnorm_api's (the Python checks cost host time on small calls)."""
+    return isinstance(x, torch.Tensor) and x.is_cuda and all(
+        t is None or (isinstance(t, torch.Tensor) and t.is_cuda) for t in others
+    )
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -69,18 +119,46 @@ def rms_norm(
     Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` and
     returns it. Raises TypeError/ValueError naming the argument for unsupported input.
     """
-    if (
-        out is None
-        and type(eps) is float
-        and isinstance(x, torch.Tensor)
-        and x.is_cuda
-        and (weight is None or (isinstance(weight, torch.Tensor) and weight.is_cuda))
-    ):
-        # CUDA tensors reach the op's CUDA kernel, whose C++ checks raise the same errors
-        # as rmsnorm_api's: skip the Python ones (host time is the cost of small calls)
+    if out is None and type(eps) is float and _on_gpu(x, weight):
         return _OP(x, weight, eps)
     ops = torch.ops.cuda_impl
     return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
+    residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
+    dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
+    if type(eps) is not float or not _on_gpu(x, residual, weight):
+        check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
+    return _FUSED_OP(x, residual, weight, float(eps))
+
+
+def fused_add_rms_norm_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> None:
+    """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op; captures in
+    CUDA graphs with no allocation. Raises TypeError/ValueError naming the argument (x and
+    residual must view as rows in place and not overlap)."""
+    if type(eps) is not float or not _on_gpu(x, residual, weight):
+        check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
+        check_in_place(x, residual, weight, impl=_FUSED_)
+    _FUSED_OP_(x, residual, weight, float(eps))
+
+
+def fused_add_default_config(n: int, element_size: int) -> Config:
+    """The config fused_add_rms_norm launches for rows of n elements of element_size bytes
+    (many rows; the cluster field the CTAs sharing a row)."""
+    rt, vpt, ranks, variant = torch.ops.cuda_impl.fused_add_default_config(n, element_size)
+    return Config(rt, vpt, ranks, variant)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
@@ -115,3 +193,4 @@ class RMSNorm(RMSNormModule):
     """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the CUDA C++ kernel."""
 
     _fn = staticmethod(rms_norm)
+    _fused_fn = staticmethod(fused_add_rms_norm)

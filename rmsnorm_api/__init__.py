@@ -56,6 +56,28 @@ def check_inputs(
     impl: str = "rms_norm",
 ) -> None:
     """Raise TypeError/ValueError naming the offending argument; return None if valid."""
+    _check_args(x, weight, eps, impl)
+    _check_device(x, allow_cpu, impl)
+
+
+def check_fused_inputs(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    *,
+    allow_cpu: bool = False,
+    impl: str = "fused_add_rms_norm",
+) -> None:
+    """check_inputs for the fused add, with residual's checks (check_residual) before x's
+    device. Raise TypeError/ValueError naming the offending argument."""
+    _check_args(x, weight, eps, impl)
+    check_residual(residual, x, impl=impl)
+    _check_device(x, allow_cpu, impl)
+
+
+def _check_args(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, impl: str) -> None:
+    """Everything check_inputs checks but x's device."""
     check_x(x, impl=impl)
     n = x.shape[-1]
     if n > MAX_N:
@@ -78,6 +100,9 @@ def check_inputs(
             )
         _check_beside_x(weight, "weight", x, impl)
     check_eps(eps, impl=impl)
+
+
+def _check_device(x: torch.Tensor, allow_cpu: bool, impl: str) -> None:
     # last, so that every other check also runs on a machine without a GPU
     if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
         hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
@@ -201,7 +226,7 @@ def check_residual(
 ) -> None:
     """The fused add's residual: x's shape and device, x's dtype or float32 (an fp32
     residual stream beside 16-bit activations), stride 1 in the last dimension, any row
-    stride (run after check_inputs)."""
+    stride (check_fused_inputs runs it)."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"{impl}: residual must be a torch.Tensor, got {_type_name(residual)}")
     _check_dense(residual, "residual", impl)
@@ -226,7 +251,7 @@ def check_in_place(
 ) -> None:
     """The in-place fused add writes y into x and residual_out into residual: both must be
     viewable as rows in place, apart from each other and from weight in memory, and not
-    require grad (run after check_inputs and check_residual)."""
+    require grad (run after check_fused_inputs)."""
     for name, t in (("x", x), ("residual", residual)):
         try:
             t.view(-1, t.shape[-1])
@@ -274,7 +299,10 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNormModule(torch.nn.Module):
-    """Drop-in for ``torch.nn.RMSNorm`` with a 1-D normalized_shape, backed by ``fn``.
+    """Drop-in for ``torch.nn.RMSNorm`` with a 1-D normalized_shape, backed by ``_fn``; with
+    a residual, ``module(x, residual)`` is the fused add (``_fused_fn``) and returns
+    ``(y, residual_out)``: residual_out = x + residual, y its RMSNorm, as a pre-norm
+    transformer's residual stream computes them.
 
     Same constructor and defaults as torch.nn.RMSNorm: eps=None means
     ``torch.finfo(x.dtype).eps`` at call time; elementwise_affine creates a weight of ones.
@@ -283,6 +311,7 @@ class RMSNormModule(torch.nn.Module):
     """
 
     _fn: Callable[..., torch.Tensor]
+    _fused_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def __init__(
         self,
@@ -342,7 +371,9 @@ class RMSNormModule(torch.nn.Module):
     def _impl_name(cls) -> str:
         return f"{cls.__module__.split('.')[0]}.{cls.__name__}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         impl = self._impl_name()
         check_x(x, impl=impl)
         if x.shape[-1] != self.normalized_shape[0]:
@@ -351,7 +382,9 @@ class RMSNormModule(torch.nn.Module):
                 f" {self.normalized_shape}"
             )
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return type(self)._fn(x, self.weight, eps)
+        if residual is None:
+            return type(self)._fn(x, self.weight, eps)
+        return type(self)._fused_fn(x, residual, self.weight, eps)
 
     def extra_repr(self) -> str:
         return (

@@ -1,8 +1,10 @@
-"""The fused residual add + RMSNorm: the numerics grid, the in-place form, invalid input,
+"""The fused residual add + RMSNorm, both kernels: the numerics grid, the in-place form,
+the modules' residual, invalid input (and the C++ op's words against the Python checks'),
 and the ops (opcheck, torch.compile, CUDA graphs).
 
 Inputs come from the op's factory (harness.ops.FUSED_ADD_RMS_NORM); without a GPU the
-Triton kernel runs under the interpreter with M capped (harness.cases.CPU_MAX_ELEMENTS).
+Triton kernel runs under the interpreter with M capped (harness.cases.CPU_MAX_ELEMENTS),
+and the CUDA op's argument checks run on CPU tensors (they come before its device check).
 """
 
 import math
@@ -15,10 +17,12 @@ from conftest import DEVICE, HAS_GPU
 from harness.cases import fused_add_cases
 from harness.impls import runnable
 from harness.ops import FUSED_ADD_RMS_NORM as OP
-from harness.reference import TOL, fused_add_rms_norm_ref
+from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
 from harness.validate import run_case
+from rmsnorm_api import check_fused_inputs, check_in_place
 
 IMPLS = OP.registry()
+BACKENDS = ["triton", "cuda"]
 CASES = [c.cpu_cap() for c in fused_add_cases()] if DEVICE == "cpu" else fused_add_cases()
 
 
@@ -28,6 +32,22 @@ def impl_here(name: str):
     if why:
         pytest.skip(f"{name}: {why}")
     return impl
+
+
+def backend(name: str):
+    """The package of a backend (triton_impl, cuda_impl), or a skip saying why not here."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{name}_impl")
+    except ImportError as e:
+        pytest.skip(f"{name}: {e}")
+
+
+def backend_here(name: str):
+    """For checks that come after the device check: the kernel must run on DEVICE."""
+    impl_here(name)
+    return backend(name)
 
 
 def inputs(m=4, n=64, dtype=torch.bfloat16, rdtype=None):
@@ -88,10 +108,11 @@ def test_inputs_from_the_factory():
 
 
 @pytest.mark.parametrize("n", [4097, 40000])
-def test_in_place_form_writes_both(n):
+@pytest.mark.parametrize("name", BACKENDS)
+def test_in_place_form_writes_both(name, n):
     """residual <- x + residual, x <- y, as the functional form computes them; nothing else
     is allocated for the outputs."""
-    impl = impl_here("triton")
+    impl = impl_here(name)
     x, r, w = inputs(3, n, torch.bfloat16, torch.float32)
     y, ro = fused_add_rms_norm_ref(x, r, w, 1e-6)
     assert impl.in_place(x, r, w, 1e-6) is None
@@ -99,8 +120,9 @@ def test_in_place_form_writes_both(n):
     torch.testing.assert_close(r, ro, **TOL[torch.float32])
 
 
-def test_empty_rows():
-    impl = impl_here("triton")
+@pytest.mark.parametrize("name", BACKENDS)
+def test_empty_rows(name):
+    impl = impl_here(name)
     x = torch.empty(0, 4096, device=DEVICE, dtype=torch.bfloat16)
     y, ro = impl.fn(x, torch.empty_like(x), None, 1e-6)
     assert y.shape == ro.shape == (0, 4096)
@@ -126,10 +148,10 @@ def test_empty_rows():
     ],
 )
 @pytest.mark.parametrize("form", ["functional", "in-place"])
-def test_residual_errors(make, err, what, form):
-    import triton_impl
-
-    fn = triton_impl.fused_add_rms_norm if form == "functional" else triton_impl.fused_add_rms_norm_
+@pytest.mark.parametrize("name", BACKENDS)
+def test_residual_errors(name, make, err, what, form):
+    pkg = backend(name)
+    fn = pkg.fused_add_rms_norm if form == "functional" else pkg.fused_add_rms_norm_
     x, r, w = inputs(dtype=torch.bfloat16)
     if DEVICE == "cpu" and "device" in what:
         pytest.skip("x is on the CPU here: the device mismatch needs x on a GPU")
@@ -138,11 +160,11 @@ def test_residual_errors(make, err, what, form):
 
 
 @pytest.mark.parametrize("form", ["functional", "in-place"])
-def test_x_weight_eps_errors(form):
+@pytest.mark.parametrize("name", BACKENDS)
+def test_x_weight_eps_errors(name, form):
     """x, weight and eps get the plain op's checks and words."""
-    import triton_impl
-
-    fn = triton_impl.fused_add_rms_norm if form == "functional" else triton_impl.fused_add_rms_norm_
+    pkg = backend(name)
+    fn = pkg.fused_add_rms_norm if form == "functional" else pkg.fused_add_rms_norm_
     x, r, w = inputs()
     with pytest.raises(TypeError, match=r"x has dtype torch.int32"):
         fn(x.int(), r, w, 1e-6)
@@ -153,10 +175,9 @@ def test_x_weight_eps_errors(form):
             fn(x, r, w, eps)
 
 
-def test_in_place_errors():
-    import triton_impl
-
-    fn = triton_impl.fused_add_rms_norm_
+@pytest.mark.parametrize("name", BACKENDS)
+def test_in_place_errors(name):
+    fn = backend_here(name).fused_add_rms_norm_
     x, r, w = inputs(4, 64, torch.float32)
     with pytest.raises(ValueError, match=r"x and residual overlap in memory"):
         fn(x, x, w, 1e-6)
@@ -175,10 +196,11 @@ def test_in_place_errors():
         fn(x, r, w, 1e-6)
 
 
-def test_backward_raises():
+@pytest.mark.parametrize("name", BACKENDS)
+def test_backward_raises(name):
     """Forward only, for now: the forward runs with inputs that require grad, backward
     raises a clear error rather than giving no gradient."""
-    impl = impl_here("triton")
+    impl = impl_here(name)
     x, r, w = inputs(4, 64, torch.float32)
     x.requires_grad_(True)
     y, ro = impl.fn(x, r, w, 1e-6)
@@ -187,23 +209,138 @@ def test_backward_raises():
         y.sum().backward()
 
 
-def test_direct_op_callers_are_checked():
-    ops = torch.ops.triton_impl
+@pytest.mark.parametrize("name", BACKENDS)
+def test_direct_op_callers_are_checked(name):
+    backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
     x, r, w = inputs()
     with pytest.raises(ValueError, match=r"residual has shape"):
         ops.fused_add_rms_norm(x, r[:, :32], w, 1e-6)
-    with pytest.raises(ValueError, match=r"x and residual overlap"):
-        ops.fused_add_rms_norm_(x, x, w, 1e-6)
     with pytest.raises(TypeError, match=r"x has dtype torch.int32"):
         ops.fused_add_rms_norm(torch.ones(4, 64, dtype=torch.int32, device="meta"), r, w, 1e-6)
+    if name == "cuda" and DEVICE == "cpu":
+        return  # the in-place checks come after the device check
+    with pytest.raises(ValueError, match=r"x and residual overlap"):
+        ops.fused_add_rms_norm_(x, x, w, 1e-6)
+
+
+# bad inputs on CPU tensors: the Python checks and the C++ op's must say the same thing
+def _cpu(n=64, dtype=torch.float32, rdtype=None):
+    return torch.ones(4, n, dtype=dtype), torch.ones(4, n, dtype=rdtype or dtype)
+
+
+FUSED_WORDING_CASES = {
+    "residual-none": lambda: (_cpu()[0], None, None, 1e-6),
+    "residual-shape": lambda: (_cpu()[0], torch.ones(4, 63), None, 1e-6),
+    "residual-dtype": lambda: (*_cpu(dtype=torch.bfloat16, rdtype=torch.float16), None, 1e-6),
+    "residual-int": lambda: (_cpu()[0], torch.ones(4, 64, dtype=torch.int32), None, 1e-6),
+    "residual-device": lambda: (_cpu()[0], torch.ones(4, 64, device="meta"), None, 1e-6),
+    "residual-strided": lambda: (_cpu()[0], torch.ones(4, 128)[:, ::2], None, 1e-6),
+    "residual-sparse": lambda: (_cpu()[0], torch.ones(4, 64).to_sparse(), None, 1e-6),
+    "x-int32": lambda: (torch.ones(4, 64, dtype=torch.int32), _cpu()[1], None, 1e-6),
+    "x-strided": lambda: (torch.ones(4, 128)[:, ::2], _cpu()[1], None, 1e-6),
+    "x-none": lambda: (None, _cpu()[1], None, 1e-6),
+    "w-shape": lambda: (*_cpu(), torch.ones(63), 1e-6),
+    "w-dtype": lambda: (*_cpu(dtype=torch.bfloat16), torch.ones(64).half(), 1e-6),
+    "eps-0": lambda: (*_cpu(), None, 0.0),
+    "eps-nan": lambda: (*_cpu(), None, math.nan),
+    "x-cpu": lambda: (*_cpu(dtype=torch.bfloat16, rdtype=torch.float32), None, 1e-6),
+}
+
+
+@pytest.mark.parametrize("form", ["functional", "in-place"])
+@pytest.mark.parametrize("case", FUSED_WORDING_CASES)
+def test_one_wording_for_both_sides(case, form):
+    backend("cuda")
+    args = FUSED_WORDING_CASES[case]()
+    impl = "cuda_impl.fused_add_rms_norm" + "_" * (form == "in-place")
+    op = torch.ops.cuda_impl.fused_add_rms_norm_ if form == "in-place" else None
+    op = op or torch.ops.cuda_impl.fused_add_rms_norm
+    with pytest.raises((TypeError, ValueError)) as py_err:
+        check_fused_inputs(*args, impl=impl)
+    with pytest.raises((TypeError, ValueError)) as cpp_err:
+        op(*args)
+    assert type(cpp_err.value) is type(py_err.value)
+    assert str(cpp_err.value).splitlines()[0] == str(py_err.value)
+
+
+IN_PLACE_CASES = {
+    "same": lambda x, r, w: (x, x, w),
+    "overlap": lambda x, r, w: (lambda b: (b[:4], b[1:], w))(torch.randn(5, 64, device=x.device)),
+    "weight-overlap": lambda x, r, w: (x, r, r[0]),
+    "not-rows": lambda x, r, w: (
+        torch.randn(5, 3, 64, device=x.device).transpose(0, 1),
+        torch.randn(3, 5, 64, device=x.device),
+        w,
+    ),
+    "grad": lambda x, r, w: (x, r, w.clone().requires_grad_(True)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", IN_PLACE_CASES)
+def test_in_place_wording_for_both_sides(case):
+    """The in-place form's own refusals (after the device check, so on a GPU), C++ against
+    Python."""
+    backend("cuda")
+    x, r, w = IN_PLACE_CASES[case](*inputs(4, 64, torch.float32))
+    impl = "cuda_impl.fused_add_rms_norm_"
+    with pytest.raises(ValueError) as py_err:
+        check_fused_inputs(x, r, w, 1e-6, impl=impl)
+        check_in_place(x, r, w, impl=impl)
+    with pytest.raises(ValueError) as cpp_err:
+        torch.ops.cuda_impl.fused_add_rms_norm_(x, r, w, 1e-6)
+    assert str(cpp_err.value).splitlines()[0] == str(py_err.value)
+
+
+def test_cuda_fakes_under_tracing():
+    """Under FakeTensorMode (what torch.compile traces with) the CUDA fused ops' fakes check
+    the arguments and give outputs of the right dtypes, with no GPU needed."""
+    backend("cuda")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = torch.ops.cuda_impl
+    with FakeTensorMode():
+        try:
+            x = torch.empty(4, 64, device="cuda", dtype=torch.bfloat16)
+        except (RuntimeError, AssertionError) as e:  # a torch without CUDA at all
+            pytest.skip(f"cannot make fake CUDA tensors here: {e}")
+        r = torch.empty(4, 64, device="cuda", dtype=torch.float32)
+        y, ro = ops.fused_add_rms_norm(x, r, None, 1e-6)
+        assert (y.dtype, ro.dtype, y.shape, ro.shape) == (x.dtype, r.dtype, x.shape, x.shape)
+        with pytest.raises(ValueError, match=r"residual has shape"):
+            ops.fused_add_rms_norm(x, r[:, :8], None, 1e-6)
+        with pytest.raises(ValueError, match=r"x and residual overlap"):
+            ops.fused_add_rms_norm_(r, r, None, 1e-6)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("rdtype", [None, torch.float32])
+def test_module_takes_a_residual(name, rdtype):
+    """RMSNorm(n)(x, residual) is the fused add: (y, residual_out); without it, the plain
+    op; eps=None is x's dtype's eps, as torch.nn.RMSNorm's."""
+    pkg = backend_here(name)
+    x, r, w = inputs(3, 1000, torch.bfloat16, rdtype)
+    m = pkg.RMSNorm(1000, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    y, ro = m(x, r)
+    want_y, want_r = fused_add_rms_norm_ref(x, r, w, torch.finfo(torch.bfloat16).eps)
+    torch.testing.assert_close(y, want_y, **TOL[torch.bfloat16])
+    torch.testing.assert_close(ro, want_r, **TOL[ro.dtype])
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(m(x), rms_norm_ref(x, w, eps), **TOL[torch.bfloat16])
+    with pytest.raises(ValueError, match=r"residual has shape"):
+        m(x, r[:, :10])
 
 
 # ---- the ops -------------------------------------------------------------------------------
 
 
-def test_opcheck():
-    impl_here("triton")
-    ops = torch.ops.triton_impl
+@pytest.mark.parametrize("name", BACKENDS)
+def test_opcheck(name):
+    impl_here(name)
+    ops = getattr(torch.ops, f"{name}_impl")
     # The interpreter computes on host copies, which fake tensors cannot follow: on CPU only
     # the schema and autograd-registration checks apply; on a GPU, all.
     kw = {} if HAS_GPU else {"test_utils": ("test_schema", "test_autograd_registration")}
@@ -217,11 +354,12 @@ def test_opcheck():
 
 
 @pytest.mark.gpu
-def test_compile_fullgraph():
-    import triton_impl
+@pytest.mark.parametrize("name", BACKENDS)
+def test_compile_fullgraph(name):
+    pkg = backend_here(name)
 
     def block(x, r, w):  # the op between ordinary ops, as in a pre-norm layer
-        y, r = triton_impl.fused_add_rms_norm(x * 2.0, r, w, 1e-6)
+        y, r = pkg.fused_add_rms_norm(x * 2.0, r, w, 1e-6)
         return y + 1.0, r
 
     torch._dynamo.reset()
@@ -238,19 +376,19 @@ def test_compile_fullgraph():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_in_place_allocates_no_output():
+@pytest.mark.parametrize("name", BACKENDS)
+def test_cuda_graph_in_place_allocates_no_output(name):
     """The in-place form captured in a CUDA graph (as vLLM runs it), replayed on new data;
     capturing it allocates no output (the H200 showed 1 KiB allocated during the capture,
     far below one output's bytes, its source not yet identified: docs/PERF_NOTES.md)."""
-    import triton_impl
-
+    pkg = backend_here(name)
     x, r, w = inputs(32, 4096, torch.bfloat16)
-    triton_impl.fused_add_rms_norm_(x, r, w, 1e-6)  # compile outside the capture
+    pkg.fused_add_rms_norm_(x, r, w, 1e-6)  # compile outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     before = torch.cuda.memory_allocated()
     with torch.cuda.graph(g):
-        triton_impl.fused_add_rms_norm_(x, r, w, 1e-6)
+        pkg.fused_add_rms_norm_(x, r, w, 1e-6)
     assert torch.cuda.memory_allocated() - before < x.nbytes // 8
     x0, r0 = torch.randn_like(x), torch.randn_like(r)
     x.copy_(x0)
@@ -260,3 +398,24 @@ def test_cuda_graph_in_place_allocates_no_output():
     want_y, want_r = fused_add_rms_norm_ref(x0, r0, w, 1e-6)
     torch.testing.assert_close(x, want_y, **TOL[torch.bfloat16])
     torch.testing.assert_close(r, want_r, **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_cuda_ops_that_write_bump_versions():
+    """The CUDA ops that write their arguments bump those tensors' versions, so autograd
+    refuses a tensor it saved and that was overwritten since (no stale gradients)."""
+    import cuda_impl
+
+    x, r, w = inputs(4, 64, torch.float32)
+    v = (x._version, r._version)
+    cuda_impl.fused_add_rms_norm_(x, r, w, 1e-6)
+    assert x._version > v[0] and r._version > v[1]
+    out = torch.empty_like(x)
+    v = out._version
+    cuda_impl.rms_norm(x, w, 1e-6, out=out)
+    assert out._version > v
+    a = torch.randn(4, 64, device=DEVICE, requires_grad=True)
+    loss = (a * x).sum()  # saves x for a's gradient
+    cuda_impl.fused_add_rms_norm_(x, r, w, 1e-6)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        loss.backward()

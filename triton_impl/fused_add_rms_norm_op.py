@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch.library import triton_op
 
-from rmsnorm_api import DEFAULT_EPS, check_in_place, check_inputs, check_residual
+from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan_fused_add
 
@@ -30,8 +30,7 @@ _IMPL_ = "triton_impl.fused_add_rms_norm_"
 
 
 def _check(x, residual, weight, eps, impl: str) -> None:
-    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
-    check_residual(residual, x, impl=impl)
+    check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
 
 
 @triton_op("triton_impl::fused_add_rms_norm", mutates_args=())

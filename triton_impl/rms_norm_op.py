@@ -19,6 +19,7 @@ from torch.library import triton_op
 from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs, check_out
 from triton_impl.configs import Config
 from triton_impl.eager import eager_ok, eager_rms_norm
+from triton_impl.fused_add_rms_norm_op import fused_add_rms_norm
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan
 
@@ -137,3 +138,4 @@ class RMSNorm(RMSNormModule):
     """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the Triton kernel."""
 
     _fn = staticmethod(rms_norm)
+    _fused_fn = staticmethod(fused_add_rms_norm)

@@ -1,6 +1,7 @@
-// Op schema and argument checks for cuda_impl::rms_norm / cuda_impl::rms_norm_out.
+// Op schemas and argument checks for cuda_impl::rms_norm / rms_norm_out and the fused add,
+// cuda_impl::fused_add_rms_norm / fused_add_rms_norm_.
 //
-// The schema lives here; the CUDA implementation is registered in rms_norm_kernel.cu.
+// The schemas live here; the CUDA implementations are registered in rms_norm_kernel.cu.
 // Every other input (CPU, sparse, nested, none at all) reaches a checking kernel, so it
 // gets the Python side's error naming the argument instead of the dispatcher's message.
 
@@ -11,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
@@ -21,8 +23,6 @@
 
 namespace cuda_impl {
 namespace {
-
-constexpr const char* kImpl = "cuda_impl.rms_norm";
 
 // A shape as Python prints a tuple: (4,) or (4, 64).
 std::string shape_str(at::IntArrayRef s) {
@@ -70,11 +70,11 @@ bool supported(at::ScalarType t) {
 }
 
 // Refuse what the kernels cannot address: None (an undefined tensor), nested, sparse.
-void check_dense(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.defined(), kImpl, ": ", name, " must be a torch.Tensor, got None");
-  TORCH_CHECK_TYPE(!t.is_nested(), kImpl, ": ", name,
+void check_dense(const at::Tensor& t, const char* name, const char* impl = kImpl) {
+  TORCH_CHECK_TYPE(t.defined(), impl, ": ", name, " must be a torch.Tensor, got None");
+  TORCH_CHECK_TYPE(!t.is_nested(), impl, ": ", name,
                    " is a nested tensor; expected a dense (strided) tensor");
-  TORCH_CHECK_TYPE(t.layout() == at::kStrided, kImpl, ": ", name, " has layout ",
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, impl, ": ", name, " has layout ",
                    layout_str(t.layout()), "; expected torch.strided (a dense tensor)");
 }
 
@@ -90,6 +90,28 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   const auto [a0, a1] = span(a);
   const auto [b0, b1] = span(b);
   return a0 < b1 && b0 < a1;
+}
+
+// A form that writes into given tensors has no autograd: refuse inputs that want it, naming
+// the first that requires grad (null entries are absent optionals).
+void refuse_grad(const char* form, const char* impl,
+                 std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  if (!at::GradMode::is_enabled()) return;
+  for (const auto& [name, t] : tensors) {
+    TORCH_CHECK_VALUE(t == nullptr || !t->requires_grad(), impl, ": ", form,
+                      " does not support autograd, but ", name,
+                      " requires grad (detach it, or call under torch.no_grad())");
+  }
+}
+
+// a tensor read beside x (weight, residual): x's dtype or float32, on x's device
+void check_beside_x(const at::Tensor& t, const char* name, const at::Tensor& x,
+                    const char* impl) {
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, impl,
+                   ": ", name, " has dtype ", dtype_str(t.scalar_type()), "; expected x's dtype (",
+                   dtype_str(x.scalar_type()), ") or float32");
+  TORCH_CHECK_VALUE(t.device() == x.device(), impl, ": ", name, " is on device '",
+                    t.device().str(), "' but x is on '", x.device().str(), "'");
 }
 
 }  // namespace
@@ -124,45 +146,94 @@ std::string py_float(double v) {
   return (neg ? "-" : "") + out;
 }
 
-void check_eps(double eps) {
+void check_eps(double eps, const char* impl) {
   // eps is added to an fp32 mean: outside float32's normal range it is 0, subnormal or inf
   constexpr double kMin = std::numeric_limits<float>::min();
   constexpr double kMax = std::numeric_limits<float>::max();
   char range[64];
   std::snprintf(range, sizeof(range), "[%.7g, %.7g]", kMin, kMax);
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= kMin && eps <= kMax, kImpl, ": eps is ",
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= kMin && eps <= kMax, impl, ": eps is ",
                     py_float(eps), "; expected a number in float32's normal range ", range);
 }
 
-void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  check_dense(x, "x");
-  TORCH_CHECK_TYPE(supported(x.scalar_type()), kImpl, ": x has dtype ",
+namespace {
+
+// Everything check_inputs checks but x's device, which comes last (after the fused add's
+// residual checks too), so every other check also runs on a machine without a GPU.
+void check_args(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                const char* impl) {
+  check_dense(x, "x", impl);
+  TORCH_CHECK_TYPE(supported(x.scalar_type()), impl, ": x has dtype ",
                    dtype_str(x.scalar_type()), "; expected one of float32, float16, bfloat16");
-  TORCH_CHECK_VALUE(x.dim() > 0, kImpl, ": x is 0-dimensional; expected at least 1 dimension");
+  TORCH_CHECK_VALUE(x.dim() > 0, impl, ": x is 0-dimensional; expected at least 1 dimension");
   const int64_t n = x.size(-1);
-  TORCH_CHECK_VALUE(n >= 1, kImpl, ": x's last dimension is ", num(n), "; expected N >= 1");
-  TORCH_CHECK_VALUE(n <= kMaxN, kImpl, ": x's last dimension is ", num(n),
+  TORCH_CHECK_VALUE(n >= 1, impl, ": x's last dimension is ", num(n), "; expected N >= 1");
+  TORCH_CHECK_VALUE(n <= kMaxN, impl, ": x's last dimension is ", num(n),
                     "; the supported maximum is N = ", num(kMaxN));
-  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, kImpl, ": x has stride ",
+  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, impl, ": x has stride ",
                     num(x.stride(-1)),
                     " in its last dimension; expected 1 (call x.contiguous() first; rows may "
                     "have any stride)");
   if (weight.has_value()) {
     const at::Tensor& w = *weight;
-    check_dense(w, "weight");
-    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, kImpl, ": weight has shape ",
+    check_dense(w, "weight", impl);
+    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, impl, ": weight has shape ",
                       shape_str(w.sizes()), " but x's last dimension is ", num(n),
                       "; expected (", num(n), ",)");
-    TORCH_CHECK_TYPE(w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kFloat, kImpl,
-                     ": weight has dtype ", dtype_str(w.scalar_type()), "; expected x's dtype (",
-                     dtype_str(x.scalar_type()), ") or float32");
-    TORCH_CHECK_VALUE(w.device() == x.device(), kImpl, ": weight is on device '",
-                      w.device().str(), "' but x is on '", x.device().str(), "'");
+    check_beside_x(w, "weight", x, impl);
   }
-  check_eps(eps);
-  // last, as on the Python side
-  TORCH_CHECK_VALUE(x.is_cuda(), kImpl, ": x is on device '", x.device().str(),
+  check_eps(eps, impl);
+}
+
+void check_device(const at::Tensor& x, const char* impl) {
+  TORCH_CHECK_VALUE(x.is_cuda(), impl, ": x is on device '", x.device().str(),
                     "'; expected a CUDA tensor");
+}
+
+}  // namespace
+
+void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                  const char* impl) {
+  check_args(x, weight, eps, impl);
+  check_device(x, impl);
+}
+
+void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
+                        const std::optional<at::Tensor>& weight, double eps, const char* impl) {
+  check_args(x, weight, eps, impl);
+  check_dense(residual, "residual", impl);
+  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), impl, ": residual has shape ",
+                    shape_str(residual.sizes()), " but x has shape ", shape_str(x.sizes()));
+  check_beside_x(residual, "residual", x, impl);
+  TORCH_CHECK_VALUE(residual.numel() == 0 || residual.stride(-1) == 1, impl,
+                    ": residual has stride ", num(residual.stride(-1)),
+                    " in its last dimension; expected 1 (call residual.contiguous() first; rows "
+                    "may have any stride)");
+  check_device(x, impl);
+}
+
+// The in-place form writes y into x and residual_out into residual (rmsnorm_api's
+// check_in_place, in its order).
+void check_in_place(const at::Tensor& x, const at::Tensor& residual,
+                    const std::optional<at::Tensor>& weight, const char* impl) {
+  const std::pair<const char*, const at::Tensor*> written[] = {{"x", &x}, {"residual", &residual}};
+  for (const auto& [name, t] : written) {
+    bool views = true;
+    try {
+      (void)t->view({-1, t->size(-1)});
+    } catch (const c10::Error&) {
+      views = false;
+    }
+    TORCH_CHECK_VALUE(views, impl, ": ", name,
+                      "'s leading dimensions cannot be viewed as rows in place (the in-place "
+                      "form writes into ", name, "); call ", name, ".contiguous() first");
+  }
+  TORCH_CHECK_VALUE(!overlaps(x, residual), impl,
+                    ": x and residual overlap in memory; both are written");
+  TORCH_CHECK_VALUE(!weight.has_value() || (!overlaps(x, *weight) && !overlaps(residual, *weight)),
+                    impl, ": weight overlaps x or residual in memory; both are written");
+  refuse_grad("the in-place form", impl,
+              {{"x", &x}, {"residual", &residual}, {"weight", weight ? &*weight : nullptr}});
 }
 
 void check_out(const at::Tensor& out, const at::Tensor& x,
@@ -182,15 +253,7 @@ void check_out(const at::Tensor& out, const at::Tensor& x,
                     "itself to normalise in place");
   TORCH_CHECK_VALUE(!weight.has_value() || !overlaps(out, *weight), kImpl,
                     ": out overlaps weight in memory; pass a separate tensor");
-  if (at::GradMode::is_enabled()) {
-    const std::pair<const char*, const at::Tensor*> args[] = {
-        {"x", &x}, {"weight", weight.has_value() ? &*weight : nullptr}, {"out", &out}};
-    for (const auto& [name, t] : args) {
-      TORCH_CHECK_VALUE(t == nullptr || !t->requires_grad(), kImpl,
-                        ": out= does not support autograd, but ", name,
-                        " requires grad (detach it, or call under torch.no_grad())");
-    }
-  }
+  refuse_grad("out=", kImpl, {{"x", &x}, {"weight", weight ? &*weight : nullptr}, {"out", &out}});
 }
 
 namespace {
@@ -226,6 +289,49 @@ std::vector<int64_t> rms_norm_kernel_info_checked(const at::Tensor& x,
                                                   const std::optional<at::Tensor>& weight) {
   check_inputs(x, weight, 1e-6);
   unreachable();
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_checked(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+  unreachable();
+}
+
+void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
+                                 const std::optional<at::Tensor>& weight, double eps) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
+  check_in_place(x, residual, weight, kFusedImplInPlace);
+  unreachable();
+}
+
+// The ops that write their arguments bump those tensors' versions (the ADInplaceOrView key),
+// so autograd notices when a tensor it saved was overwritten instead of using stale values.
+void rms_norm_out_versioned(at::Tensor& out, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight, double eps) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cuda_impl::rms_norm_out", "")
+          .typed<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.call(out, x, weight, eps);
+  }
+  torch::autograd::impl::bump_version(out);
+}
+
+void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
+                                   const std::optional<at::Tensor>& weight, double eps) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_", "")
+          .typed<void(at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.call(x, residual, weight, eps);
+  }
+  torch::autograd::impl::bump_version(x);
+  torch::autograd::impl::bump_version(residual);
 }
 
 // Forward only, for now: with inputs that require grad the forward runs and the result's
@@ -265,6 +371,12 @@ at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor
 TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
+  // The fused residual add: (y, residual_out), and in place (y into x, residual_out into
+  // residual).
+  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> "
+        "(Tensor, Tensor)");
+  m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
+  m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   // For sweeps: force one of the compiled launch configs; and list them.
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
         "int cluster, int variant=0) -> Tensor");
@@ -282,10 +394,16 @@ void register_checked(torch::Library& m) {
   m.impl("rms_norm_out", &rms_norm_out_checked);
   m.impl("rms_norm_with_config", &rms_norm_with_config_checked);
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info_checked);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm_checked);
+  m.impl("fused_add_rms_norm_", &fused_add_rms_norm__checked);
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }
 TORCH_LIBRARY_IMPL(cuda_impl, AutogradNestedTensor, m) { register_checked(m); }
 TORCH_LIBRARY_IMPL(cuda_impl, Autograd, m) { m.impl("rms_norm", &rms_norm_autograd); }
+TORCH_LIBRARY_IMPL(cuda_impl, ADInplaceOrView, m) {
+  m.impl("rms_norm_out", &rms_norm_out_versioned);
+  m.impl("fused_add_rms_norm_", &fused_add_rms_norm__versioned);
+}
 
 }  // namespace cuda_impl

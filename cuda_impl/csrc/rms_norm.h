@@ -1,4 +1,4 @@
-// Declarations shared by the op schema (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu).
+// Declarations shared by the op schemas (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace cuda_impl {
@@ -22,16 +23,33 @@ std::string py_float(double v);
 // Largest row width accepted; must equal rmsnorm_api.MAX_N on the Python side.
 constexpr int64_t kMaxN = 262144;
 
-// The argument checks of rmsnorm_api.check_inputs, repeated for direct torch.ops callers:
-// TypeError / ValueError in Python, with the same wording.
-void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
-void check_eps(double eps);
+// The names errors start with, as on the Python side.
+constexpr const char* kImpl = "cuda_impl.rms_norm";
+constexpr const char* kFusedImpl = "cuda_impl.fused_add_rms_norm";
+constexpr const char* kFusedImplInPlace = "cuda_impl.fused_add_rms_norm_";
+
+// The argument checks of rmsnorm_api (check_inputs, check_out, check_fused_inputs,
+// check_in_place), repeated for direct torch.ops callers: TypeError / ValueError in Python,
+// with the same wording.
+void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                  const char* impl = kImpl);
+void check_eps(double eps, const char* impl = kImpl);
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
+void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
+                        const std::optional<at::Tensor>& weight, double eps, const char* impl);
+void check_in_place(const at::Tensor& x, const at::Tensor& residual,
+                    const std::optional<at::Tensor>& weight, const char* impl);
 
 at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
                   double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      double eps);
+void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
+                         const std::optional<at::Tensor>& weight, double eps);
 
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).
@@ -39,5 +57,7 @@ std::vector<int64_t> rms_norm_configs();
 // The (row_threads, vpt, cluster, variant) rms_norm picks for rows of n elements of
 // element_size bytes.
 std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size);
+// ... and fused_add_rms_norm's.
+std::vector<int64_t> fused_add_default_config(int64_t n, int64_t element_size);
 
 }  // namespace cuda_impl

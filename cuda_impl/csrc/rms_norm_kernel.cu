@@ -1,4 +1,6 @@
-// Fused RMSNorm forward in CUDA C++: y = x / sqrt(mean(x^2) + eps) * weight.
+// Fused RMSNorm forward in CUDA C++: y = x / sqrt(mean(x^2) + eps) * weight, and the fused
+// residual add: residual_out = x + residual (rounded once to residual's dtype), y = RMSNorm
+// of residual_out; one kernel serves both (R = void for the plain op), x and residual read once.
 //
 // Parallelisation: a "row group" of ROW_THREADS threads owns one row. For small N a block
 // holds several row groups (8..64 threads a row, 128 threads a block); for large N a block
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,6 +71,23 @@ union Pack {
   uint4 raw;
   T e[kVec<T>];
 };
+
+// One of x's 16-byte vectors as the values a thread holds through the reduction: x's own
+// (Pack<T>) for the plain op and for a fused add whose residual has x's dtype; fp32 sums,
+// two 16-byte registers' worth, for an fp32 residual stream beside 16-bit x.
+template <typename T>
+union Wide {
+  uint4 raw[2];
+  float e[kVec<T>];
+};
+template <typename T, typename H>
+using Lanes = std::conditional_t<sizeof(H) == sizeof(T), Pack<T>, Wide<T>>;
+
+// The q-th 16-byte register of a held vector.
+template <typename T>
+__device__ __forceinline__ uint4& lane_raw(Pack<T>& p, int) { return p.raw; }
+template <typename T>
+__device__ __forceinline__ uint4& lane_raw(Wide<T>& p, int q) { return p.raw[q]; }
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
@@ -175,13 +195,14 @@ __device__ __forceinline__ RowSplit split_row(const T* xr, int N) {
 }
 
 // This thread's sum of squares in fp32 (zero-filled lanes add nothing).
-template <typename T, int VPT>
-__device__ __forceinline__ float sum_squares(const Pack<T> (&v)[VPT], float xh, float xt) {
+template <typename L, int VPT>
+__device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float xt) {
+  constexpr int kElems = sizeof(v[0].e) / sizeof(v[0].e[0]);
   float ss = xh * xh + xt * xt;
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
-    for (int i = 0; i < kVec<T>; ++i) {
+    for (int i = 0; i < kElems; ++i) {
       const float f = to_float(v[k].e[i]);
       ss = fmaf(f, f, ss);
     }
@@ -265,8 +286,8 @@ __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const
 // (VPT of them at most), then head element g and tail element g; fp32 math, one cast.
 // wv: this thread's weight vectors when load_weight_early loaded them (w_early), else
 // the weight is read here.
-template <typename T, typename W, int VPT>
-__device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, float xt,
+template <typename T, typename W, typename L, int VPT>
+__device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float xt,
                                             const RowSplit& sp, int g, int G, float rstd,
                                             const W* __restrict__ w, T* yr,
                                             const Pack<W> (&wv)[VPT], bool w_early) {
@@ -310,7 +331,7 @@ __device__ __forceinline__ void scale_store(const Pack<T> (&v)[VPT], float xh, f
   }
 }
 
-// ---- the kernel ----------------------------------------------------------------------
+// ---- the kernels -----------------------------------------------------------------------
 // A launch config: ROW_THREADS threads a row, VPT 16-byte vectors a thread, or (cluster) a
 // cluster of CTAs of ROW_THREADS threads sharing one row; VARIANT: kPlainLoads / kLeanRegs
 // bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads in a sweep build).
@@ -321,15 +342,81 @@ struct Config {
   int variant = 0;
 };
 
-// T: x / y element; W: weight element (T or float); then a Config's fields, spelled out
-// (not the struct: nvcc's host stubs take no class-type template arguments), which also
-// makes a kernel's name in a profile or an ncu report say its config.
-template <typename T, typename W, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
+// x + residual for this thread's slice, rounded once to R, stored to residual_out and kept
+// in v for the reduction and the scale (fused add only). The residual's vectors follow x's
+// 16-byte split; where the residual's or residual_out's row does not share that alignment
+// (a row stride or offset that breaks it) its elements go one by one.
+template <typename T, typename R, int VPT, int VARIANT>
+__device__ __forceinline__ void add_residual(const Pack<T> (&xv)[VPT], const R* __restrict__ rr,
+                                             R* __restrict__ ro, const RowSplit& sp, int g,
+                                             int G, bool row_ok, Lanes<T, R> (&v)[VPT]) {
+  constexpr int VEC = kVec<T>;
+  constexpr int NR = sizeof(R) / sizeof(T);  // residual vectors per x vector
+  const bool r_vec = aligned16(rr + sp.head), ro_vec = aligned16(ro + sp.head);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = g + k * G;
+    const bool in = row_ok && j < sp.nvec;
+    const int e0 = sp.head + j * VEC;
+    if (r_vec) {
+      const uint4* rp = reinterpret_cast<const uint4*>(rr + e0);
+#pragma unroll
+      for (int q = 0; q < NR; ++q)
+        lane_raw<T>(v[k], q) = in ? load_stream<VARIANT>(rp + q) : make_uint4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[k].e[i] = in ? rr[e0 + i] : from_float<R>(0.f);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = g + k * G;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      v[k].e[i] = from_float<R>(to_float(xv[k].e[i]) + to_float(v[k].e[i]));
+    if (!row_ok || j >= sp.nvec) continue;
+    const int e0 = sp.head + j * VEC;
+    if (ro_vec) {
+#pragma unroll
+      for (int q = 0; q < NR; ++q) reinterpret_cast<uint4*>(ro + e0)[q] = lane_raw<T>(v[k], q);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ro[e0 + i] = v[k].e[i];
+    }
+  }
+}
+
+// One scalar of the head or tail: x's value, or for the fused add x + residual rounded to R
+// (stored to residual_out), as the float the reduction and the scale use.
+template <typename T, typename R>
+__device__ __forceinline__ float edge_value(const T* xr, const R* rr, R* ro, int e, bool in) {
+  if constexpr (std::is_void_v<R>) {
+    return in ? to_float(xr[e]) : 0.f;
+  } else {
+    if (!in) return 0.f;
+    const R s = from_float<R>(to_float(xr[e]) + to_float(rr[e]));
+    ro[e] = s;
+    return to_float(s);
+  }
+}
+
+// The one kernel of both ops: rows of x (R = void: rms_norm), or of x + residual (the fused
+// add, R the residual's type), normalised into y. T: x / y element; W: weight element (T or
+// float); then a Config's fields, spelled out (nvcc's host stubs take no class-type template
+// arguments), which also makes a kernel's name in a profile or an ncu report say its op and
+// config. The fused add's in-place form passes y = x and residual_out = residual: each
+// element is read whole before the same thread writes it, and no thread touches another's.
+template <typename T, typename W, typename R, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS))
-    rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                    int64_t stride_x,  // elements between rows of x
-                    int64_t stride_y,  // elements between rows of y
+    rms_norm_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
+                    T* __restrict__ y, R* __restrict__ res_out,
+                    int64_t stride_x,   // elements between rows of x
+                    int64_t stride_r,   // ... of residual (fused add)
+                    int64_t stride_y,   // ... of y
+                    int64_t stride_ro,  // ... of residual_out (fused add)
                     int64_t M, int N, float eps) {
+  constexpr bool kFused = !std::is_void_v<R>;
+  using H = std::conditional_t<kFused, R, T>;  // what a thread holds a row's values as
   constexpr int VEC = kVec<T>;
   constexpr int BLOCK = block_threads(ROW_THREADS);
   constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
@@ -353,8 +440,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   const bool row_ok = row < M;
 
   // split the row at x's 16-byte boundaries: scalar head, vector body, scalar tail
-  const T* xr = x + (row_ok ? row : 0) * stride_x;
-  T* yr = y + (row_ok ? row : 0) * stride_y;
+  const int64_t r0 = row_ok ? row : 0;
+  const T* xr = x + r0 * stride_x;
+  T* yr = y + r0 * stride_y;
   const RowSplit sp = split_row(xr, N);
 
   // A CTA may write into a peer's shared memory only once the peer runs: announce that
@@ -362,12 +450,26 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
-  Pack<T> v[VPT];
-  const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
+  Lanes<T, H> v[VPT];
+  const uint4* xp = reinterpret_cast<const uint4*>(xr + sp.head);
+  const R* rr = nullptr;
+  R* ro = nullptr;
+  if constexpr (kFused) {
+    rr = res + r0 * stride_r;
+    ro = res_out + r0 * stride_ro;
+    Pack<T> xv[VPT];
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = g + k * G;
-    v[k].raw = (row_ok && j < sp.nvec) ? load_stream<VARIANT>(xv + j) : make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < VPT; ++k) {
+      const int j = g + k * G;
+      xv[k].raw = (row_ok && j < sp.nvec) ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
+    }
+    add_residual<T, R, VPT, VARIANT>(xv, rr, ro, sp, g, G, row_ok, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = g + k * G;
+      v[k].raw = (row_ok && j < sp.nvec) ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
+    }
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
@@ -380,9 +482,10 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     }
   }
   Pack<W> wv[VPT];
-  const bool w_early = load_weight_early<T, W, BLOCK, VPT>(w, sp, g, G, row_ok, wv);
-  const float xh = (row_ok && g < sp.head) ? to_float(xr[g]) : 0.f;
-  const float xt = (row_ok && g < sp.tail) ? to_float(xr[sp.tail0 + g]) : 0.f;
+  const bool w_early =
+      sizeof(H) == sizeof(T) && load_weight_early<T, W, BLOCK, VPT>(w, sp, g, G, row_ok, wv);
+  const float xh = edge_value<T, R>(xr, rr, ro, g, row_ok && g < sp.head);
+  const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
 
   // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
   float ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
@@ -392,21 +495,25 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if constexpr ((VARIANT & kLeanRegs) != 0) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)  // opaque to the compiler: the raw bits "change" here
-      asm volatile("" : "+r"(v[k].raw.x), "+r"(v[k].raw.y), "+r"(v[k].raw.z), "+r"(v[k].raw.w));
+#pragma unroll
+      for (int q = 0; q < static_cast<int>(sizeof(H) / sizeof(T)); ++q) {
+        uint4& r = lane_raw<T>(v[k], q);
+        asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+      }
   }
   if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
 // ---- launch configuration --------------------------------------------------------------
-// One table of rungs: a ladder is the rungs of one kind in order, and a row of at most
-// max_vecs 16-byte vectors takes the first rung of its ladder that holds it. The default
-// build compiles exactly the configs the rungs name (kShipped, derived below), each for
-// every dtype pair; a sweep build (RMSNORM_SWEEP_CONFIGS, see setup.py) adds the candidates
-// harness.sweep times, reached only by rms_norm_with_config. Why each rung has its config:
-// docs/PERF_NOTES.md.
+// One table of rungs an op: a ladder is the rungs of one kind in order, and a row of at most
+// max_vecs 16-byte vectors of x takes the first rung of its ladder that holds it. The
+// default build compiles exactly the configs an op's rungs name (derived below), each for
+// every dtype combination; a sweep build (RMSNORM_SWEEP_CONFIGS, see setup.py) adds the
+// plain op's candidates harness.sweep times, reached only by rms_norm_with_config. Why each
+// rung has its config: docs/PERF_NOTES.md.
 enum class Ladder {
-  kMany16,     // 16-bit x, many rows: ~64 bytes a thread
-  kMany32,     // fp32 x, many rows: ~32 bytes a thread
+  kMany16,     // 16-bit x, many rows
+  kMany32,     // fp32 x, many rows
   kFew,        // fewer row groups than SMs (decode-sized calls): 1-2 vectors a thread
   kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
   kCluster32,  // ... (fp32)
@@ -419,63 +526,108 @@ struct Rung {
 constexpr int kPlain = kPlainLoads;
 constexpr int kLean = kLeanRegs;
 constexpr int kPlainLean = kPlainLoads | kLeanRegs;
-// Plain loads wherever CTAs share an SM, read-only ones for a 1024-thread CTA alone on its
-// SM; lean registers for the 16-bit rungs of 8 vectors a thread; CTAs of at most 512
-// threads until a row needs more.
-constexpr Rung kRungs[] = {
-    {Ladder::kMany16, 8, {8, 1, false, kPlain}},
-    {Ladder::kMany16, 16, {8, 2, false, kPlain}},
-    {Ladder::kMany16, 64, {32, 2, false, kPlain}},
-    {Ladder::kMany16, 128, {32, 4, false, kPlain}},
-    {Ladder::kMany16, 256, {64, 4, false, kPlain}},
-    {Ladder::kMany16, 512, {128, 4, false, kPlain}},
-    {Ladder::kMany16, 1024, {128, 8, false, kPlainLean}},
-    {Ladder::kMany16, 2048, {256, 8, false, kPlainLean}},
-    {Ladder::kMany16, 4096, {512, 8, false, kPlainLean}},
-    {Ladder::kMany16, 8192, {1024, 8, false}},
-    {Ladder::kMany32, 8, {8, 1, false, kPlain}},
-    {Ladder::kMany32, 32, {16, 2, false, kPlain}},
-    {Ladder::kMany32, 128, {64, 4, false, kPlain}},
-    {Ladder::kMany32, 512, {128, 4, false, kPlain}},
-    {Ladder::kMany32, 1024, {256, 8, false, kPlain}},
-    {Ladder::kMany32, 1536, {512, 4, false, kPlain}},
-    {Ladder::kMany32, 4096, {512, 8, false, kPlain}},
-    {Ladder::kMany32, 8192, {1024, 8, false}},
-    {Ladder::kFew, 8, {8, 1, false, kPlain}},
-    {Ladder::kFew, 16, {16, 1, false, kPlain}},
-    {Ladder::kFew, 32, {32, 1, false, kPlain}},
-    {Ladder::kFew, 64, {32, 2, false, kPlain}},
-    {Ladder::kFew, 256, {128, 4, false, kPlain}},
-    {Ladder::kFew, 1024, {512, 4, false, kPlain}},
-    {Ladder::kFew, 2048, {1024, 4, false}},
-    // 16-bit: lean registers, two CTAs an SM; then 1024 x 8 past what 8 of those hold
-    {Ladder::kCluster16, 8 * 4096, {512, 8, true, kLean}},
-    {Ladder::kCluster16, 8 * 8192, {1024, 8, true}},
-    {Ladder::kCluster32, 8 * 4096, {512, 8, true}},
-    {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
-};
-constexpr int kNumRungs = sizeof(kRungs) / sizeof(kRungs[0]);
 
+// rms_norm. Plain loads wherever CTAs share an SM, read-only ones for a 1024-thread CTA
+// alone on its SM; lean registers for the 16-bit rungs of 8 vectors a thread; CTAs of at
+// most 512 threads until a row needs more. Many rows: ~64 bytes of x a thread (16-bit),
+// ~32 (fp32).
+struct PlainTable {
+  static constexpr Rung kRungs[] = {
+      {Ladder::kMany16, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany16, 16, {8, 2, false, kPlain}},
+      {Ladder::kMany16, 64, {32, 2, false, kPlain}},
+      {Ladder::kMany16, 128, {32, 4, false, kPlain}},
+      {Ladder::kMany16, 256, {64, 4, false, kPlain}},
+      {Ladder::kMany16, 512, {128, 4, false, kPlain}},
+      {Ladder::kMany16, 1024, {128, 8, false, kPlainLean}},
+      {Ladder::kMany16, 2048, {256, 8, false, kPlainLean}},
+      {Ladder::kMany16, 4096, {512, 8, false, kPlainLean}},
+      {Ladder::kMany16, 8192, {1024, 8, false}},
+      {Ladder::kMany32, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany32, 32, {16, 2, false, kPlain}},
+      {Ladder::kMany32, 128, {64, 4, false, kPlain}},
+      {Ladder::kMany32, 512, {128, 4, false, kPlain}},
+      {Ladder::kMany32, 1024, {256, 8, false, kPlain}},
+      {Ladder::kMany32, 1536, {512, 4, false, kPlain}},
+      {Ladder::kMany32, 4096, {512, 8, false, kPlain}},
+      {Ladder::kMany32, 8192, {1024, 8, false}},
+      {Ladder::kFew, 8, {8, 1, false, kPlain}},
+      {Ladder::kFew, 16, {16, 1, false, kPlain}},
+      {Ladder::kFew, 32, {32, 1, false, kPlain}},
+      {Ladder::kFew, 64, {32, 2, false, kPlain}},
+      {Ladder::kFew, 256, {128, 4, false, kPlain}},
+      {Ladder::kFew, 1024, {512, 4, false, kPlain}},
+      {Ladder::kFew, 2048, {1024, 4, false}},
+      // 16-bit: lean registers, two CTAs an SM; then 1024 x 8 past what 8 of those hold
+      {Ladder::kCluster16, 8 * 4096, {512, 8, true, kLean}},
+      {Ladder::kCluster16, 8 * 8192, {1024, 8, true}},
+      {Ladder::kCluster32, 8 * 4096, {512, 8, true}},
+      {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
+  };
 #ifdef RMSNORM_SWEEP_CONFIGS
-constexpr Config kSweepOnly[] = {
-    // read-only loads
-    {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
-    {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
-    {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
-    {512, 8, false},  {512, 16, false},
-    // plain loads; lean registers
-    {128, 8, false, kPlain},  {256, 4, false, kPlain},  {1024, 4, false, kPlain},
-    {1024, 8, false, kPlain}, {128, 8, false, kLean},   {256, 8, false, kLean},
-    {256, 16, false, kLean},  {512, 8, false, kLean},   {256, 8, true, kLean},
-    {1024, 8, true, kLean},
-    // half of the read-only, non-allocating load each
-    {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
-    {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
-constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
+  static constexpr Config kSweepOnly[] = {
+      // read-only loads
+      {8, 1, false},    {8, 2, false},    {16, 1, false},   {16, 2, false},   {32, 1, false},
+      {32, 2, false},   {32, 4, false},   {64, 4, false},   {128, 4, false},  {128, 8, false},
+      {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
+      {512, 8, false},  {512, 16, false},
+      // plain loads; lean registers
+      {128, 8, false, kPlain},  {256, 4, false, kPlain},  {1024, 4, false, kPlain},
+      {1024, 8, false, kPlain}, {128, 8, false, kLean},   {256, 8, false, kLean},
+      {256, 16, false, kLean},  {512, 8, false, kLean},   {256, 8, true, kLean},
+      {1024, 8, true, kLean},
+      // half of the read-only, non-allocating load each
+      {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
+      {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
+  static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
-constexpr Config kSweepOnly[1] = {};
-constexpr int kNumSweepOnly = 0;
+  static constexpr Config kSweepOnly[1] = {};
+  static constexpr int kNumSweepOnly = 0;
 #endif
+};
+
+// fused_add_rms_norm. A residual vector rides with each of x's (two when the residual is
+// fp32 beside 16-bit x), so the rungs hold half the vectors a thread the plain op's do, in
+// twice the threads: the bytes in flight a thread stay what the plain op found best. One
+// ladder for both element sizes; clusters as the plain op's, at 4 vectors a thread.
+struct FusedTable {
+  static constexpr Rung kRungs[] = {
+      {Ladder::kMany16, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany16, 32, {32, 1, false, kPlain}},
+      {Ladder::kMany16, 64, {32, 2, false, kPlain}},
+      {Ladder::kMany16, 128, {64, 2, false, kPlain}},
+      {Ladder::kMany16, 256, {128, 2, false, kPlain}},
+      {Ladder::kMany16, 512, {128, 4, false, kPlain}},
+      {Ladder::kMany16, 1024, {256, 4, false, kPlain}},
+      {Ladder::kMany16, 2048, {512, 4, false, kPlain}},
+      {Ladder::kMany32, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany32, 32, {32, 1, false, kPlain}},
+      {Ladder::kMany32, 64, {32, 2, false, kPlain}},
+      {Ladder::kMany32, 128, {64, 2, false, kPlain}},
+      {Ladder::kMany32, 256, {128, 2, false, kPlain}},
+      {Ladder::kMany32, 512, {128, 4, false, kPlain}},
+      {Ladder::kMany32, 1024, {256, 4, false, kPlain}},
+      {Ladder::kMany32, 2048, {512, 4, false, kPlain}},
+      {Ladder::kMany32, 4096, {1024, 4, false}},
+      {Ladder::kFew, 8, {8, 1, false, kPlain}},
+      {Ladder::kFew, 16, {16, 1, false, kPlain}},
+      {Ladder::kFew, 32, {32, 1, false, kPlain}},
+      {Ladder::kFew, 64, {32, 2, false, kPlain}},
+      {Ladder::kFew, 256, {128, 2, false, kPlain}},
+      {Ladder::kFew, 1024, {512, 2, false, kPlain}},
+      {Ladder::kFew, 2048, {512, 4, false, kPlain}},
+      {Ladder::kCluster16, 8 * 2048, {512, 4, true}},
+      {Ladder::kCluster16, 8 * 4096, {1024, 4, true}},
+      {Ladder::kCluster32, 8 * 2048, {512, 4, true}},
+      {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
+      {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
+  };
+  static constexpr Config kSweepOnly[1] = {};
+  static constexpr int kNumSweepOnly = 0;
+};
+
+template <typename Tb>
+constexpr int kNumRungs = sizeof(Tb::kRungs) / sizeof(Rung);
 
 constexpr bool same(const Config& a, const Config& b) {
   return a.row_threads == b.row_threads && a.vpt == b.vpt && a.cluster == b.cluster &&
@@ -483,60 +635,71 @@ constexpr bool same(const Config& a, const Config& b) {
 }
 
 // Whether rung i is the first to name its config.
+template <typename Tb>
 constexpr bool first_use(int i) {
   for (int j = 0; j < i; ++j)
-    if (same(kRungs[j].config, kRungs[i].config)) return false;
+    if (same(Tb::kRungs[j].config, Tb::kRungs[i].config)) return false;
   return true;
 }
 
+template <typename Tb>
 constexpr int count_shipped() {
   int n = 0;
-  for (int i = 0; i < kNumRungs; ++i) n += first_use(i);
+  for (int i = 0; i < kNumRungs<Tb>; ++i) n += first_use<Tb>(i);
   return n;
 }
-constexpr int kNumShipped = count_shipped();
-constexpr int kNumConfigs = kNumShipped + kNumSweepOnly;
+template <typename Tb>
+constexpr int kNumShipped = count_shipped<Tb>();
+template <typename Tb>
+constexpr int kNumConfigs = kNumShipped<Tb> + Tb::kNumSweepOnly;
 
 // Every compiled config: the rungs' own (in rung order), then the sweep-only ones.
-constexpr std::array<Config, kNumConfigs> all_configs() {
-  std::array<Config, kNumConfigs> all{};
+template <typename Tb>
+constexpr std::array<Config, kNumConfigs<Tb>> all_configs() {
+  std::array<Config, kNumConfigs<Tb>> all{};
   int n = 0;
-  for (int i = 0; i < kNumRungs; ++i)
-    if (first_use(i)) all[n++] = kRungs[i].config;
-  for (int i = 0; i < kNumSweepOnly; ++i) all[n++] = kSweepOnly[i];
+  for (int i = 0; i < kNumRungs<Tb>; ++i)
+    if (first_use<Tb>(i)) all[n++] = Tb::kRungs[i].config;
+  for (int i = 0; i < Tb::kNumSweepOnly; ++i) all[n++] = Tb::kSweepOnly[i];
   return all;
 }
-constexpr std::array<Config, kNumConfigs> kConfigs = all_configs();
+template <typename Tb>
+constexpr std::array<Config, kNumConfigs<Tb>> kConfigs = all_configs<Tb>();
 
 // Index of a compiled config, or -1.
+template <typename Tb>
 constexpr int find_config(const Config& c) {
-  for (int i = 0; i < kNumConfigs; ++i)
-    if (same(kConfigs[i], c)) return i;
+  for (int i = 0; i < kNumConfigs<Tb>; ++i)
+    if (same(kConfigs<Tb>[i], c)) return i;
   return -1;
 }
 
 // Each rung's index into kConfigs, resolved at compile time.
-constexpr std::array<int, kNumRungs> rung_configs() {
-  std::array<int, kNumRungs> idx{};
-  for (int i = 0; i < kNumRungs; ++i) idx[i] = find_config(kRungs[i].config);
+template <typename Tb>
+constexpr std::array<int, kNumRungs<Tb>> rung_configs() {
+  std::array<int, kNumRungs<Tb>> idx{};
+  for (int i = 0; i < kNumRungs<Tb>; ++i) idx[i] = find_config<Tb>(Tb::kRungs[i].config);
   return idx;
 }
-constexpr std::array<int, kNumRungs> kRungConfig = rung_configs();
+template <typename Tb>
+constexpr std::array<int, kNumRungs<Tb>> kRungConfig = rung_configs<Tb>();
 
+template <typename Tb>
 constexpr bool valid_table() {
-  for (int i = 0; i < kNumConfigs; ++i)  // compiled once each
+  for (int i = 0; i < kNumConfigs<Tb>; ++i)  // compiled once each
     for (int j = 0; j < i; ++j)
-      if (same(kConfigs[i], kConfigs[j])) return false;
-  for (int i = 0; i < kNumRungs; ++i) {
-    const Rung& r = kRungs[i];
+      if (same(kConfigs<Tb>[i], kConfigs<Tb>[j])) return false;
+  for (int i = 0; i < kNumRungs<Tb>; ++i) {
+    const Rung& r = Tb::kRungs[i];
     const int ranks = r.config.cluster ? kMaxClusterRanks : 1;
     if (r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;  // holds it
     for (int j = 0; j < i; ++j)  // a ladder's rungs grow
-      if (kRungs[j].ladder == r.ladder && kRungs[j].max_vecs >= r.max_vecs) return false;
+      if (Tb::kRungs[j].ladder == r.ladder && Tb::kRungs[j].max_vecs >= r.max_vecs) return false;
   }
   return true;
 }
-static_assert(valid_table(), "each config compiled once; every rung holds its rows, in order");
+static_assert(valid_table<PlainTable>(), "each config compiled once; rungs hold their rows, in order");
+static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold their rows, in order");
 
 // SMs of a device, asked once per device (a benign race: every writer writes the same).
 int sm_count(int device) {
@@ -550,69 +713,108 @@ int sm_count(int device) {
   return cache[device];
 }
 
-// Which config, and how many CTAs share a row (1 unless the config is a cluster).
+// Which config of a table, and how many CTAs share a row (1 unless the config is a cluster).
 struct Plan {
   int config;
   int ranks;
 };
 
+template <typename Tb>
 int capacity(const Plan& p) {
-  return kConfigs[p.config].row_threads * kConfigs[p.config].vpt * p.ranks;
+  return kConfigs<Tb>[p.config].row_threads * kConfigs<Tb>[p.config].vpt * p.ranks;
 }
 
 // The config of the first rung of `ladder` that takes rows of `vecs` vectors, or -1.
+template <typename Tb>
 int climb(Ladder ladder, int vecs) {
-  for (int i = 0; i < kNumRungs; ++i) {
-    if (kRungs[i].ladder == ladder && vecs <= kRungs[i].max_vecs) return kRungConfig[i];
+  for (int i = 0; i < kNumRungs<Tb>; ++i) {
+    if (Tb::kRungs[i].ladder == ladder && vecs <= Tb::kRungs[i].max_vecs)
+      return kRungConfig<Tb>[i];
   }
   return -1;
 }
 
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
 // GPU of `sms` SMs (rows = 0: many).
+template <typename Tb>
 Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
-  int config = climb(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
+  int config = climb<Tb>(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
   if (config >= 0 && rows > 0) {
-    const Config c = kConfigs[config];
+    const Config c = kConfigs<Tb>[config];
     const int per_block = block_threads(c.row_threads) / c.row_threads;
     const int64_t groups = (rows + per_block - 1) / per_block;
-    const int few = climb(Ladder::kFew, vecs);
+    const int few = climb<Tb>(Ladder::kFew, vecs);
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
   // the fewest CTAs (2, 4 or 8) of the cluster rung's config that hold the row
-  const int cluster = climb(elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16, vecs);
-  const int per_cta = kConfigs[cluster].row_threads * kConfigs[cluster].vpt;
+  const int cluster = climb<Tb>(elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16, vecs);
+  const int per_cta = kConfigs<Tb>[cluster].row_threads * kConfigs<Tb>[cluster].vpt;
   int ranks = 2;
   while (ranks * per_cta < vecs) ranks *= 2;
   return {cluster, ranks};
 }
 
-// ---- dispatch: one table of kernels a dtype pair, indexed like kConfigs -------------------
-template <typename T, typename W>
-using KernelFn = void (*)(const T*, const W*, T*, int64_t, int64_t, int64_t, int, float);
+// ---- dispatch: one table of kernels a dtype combination, indexed like the op's configs ----
+template <typename T, typename W, typename R>
+using KernelFn = void (*)(const T*, const R*, const W*, T*, R*, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, int, float);
 
-template <typename T, typename W, size_t... I>
-std::array<KernelFn<T, W>, kNumConfigs> make_kernels(std::index_sequence<I...>) {
-  return {&rms_norm_kernel<T, W, kConfigs[I].row_threads, kConfigs[I].vpt, kConfigs[I].cluster,
-                          kConfigs[I].variant>...};
+template <typename R>
+using TableOf = std::conditional_t<std::is_void_v<R>, PlainTable, FusedTable>;
+
+// Whether config i of table Tb is named by a rung of a ladder that rows of elem-byte
+// elements climb (the fused add compiles each config only for the dtypes that reach it).
+template <typename Tb>
+constexpr bool used_by(int i, int elem) {
+  const Ladder many = elem == 4 ? Ladder::kMany32 : Ladder::kMany16;
+  const Ladder cluster = elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16;
+  for (int r = 0; r < kNumRungs<Tb>; ++r) {
+    const Ladder l = Tb::kRungs[r].ladder;
+    if ((l == many || l == cluster || l == Ladder::kFew) &&
+        same(Tb::kRungs[r].config, kConfigs<Tb>[i]))
+      return true;
+  }
+  return false;
 }
 
-template <typename T, typename W>
-const std::array<KernelFn<T, W>, kNumConfigs>& kernels() {
-  static const auto table = make_kernels<T, W>(std::make_index_sequence<kNumConfigs>{});
-  return table;
+// Config I's kernel for this dtype combination: rms_norm compiles every config of its table
+// for every dtype pair (rms_norm_with_config reaches any of them), the fused add only those
+// its dtype's ladders name (null otherwise).
+template <typename T, typename W, typename R, size_t I>
+constexpr KernelFn<T, W, R> kernel_of() {
+  using C = TableOf<R>;
+  if constexpr (std::is_void_v<R> || used_by<C>(I, sizeof(T))) {
+    return &rms_norm_kernel<T, W, R, kConfigs<C>[I].row_threads, kConfigs<C>[I].vpt,
+                            kConfigs<C>[I].cluster, kConfigs<C>[I].variant>;
+  } else {
+    return nullptr;
+  }
 }
 
-template <typename T, typename W>
-void launch_plan(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, int64_t sy,
-                 int64_t M, int N, float eps, cudaStream_t stream) {
-  const Config& c = kConfigs[plan.config];
+template <typename T, typename W, typename R, size_t... I>
+std::array<KernelFn<T, W, R>, sizeof...(I)> make_kernels(std::index_sequence<I...>) {
+  return {kernel_of<T, W, R, I>()...};
+}
+
+// The kernel of config i for this dtype combination: R = void for rms_norm, else the fused
+// add's residual type.
+template <typename T, typename W, typename R>
+KernelFn<T, W, R> kernel_at(int i) {
+  static const auto table =
+      make_kernels<T, W, R>(std::make_index_sequence<kNumConfigs<TableOf<R>>>{});
+  return table[i];
+}
+
+// Launch `kernel` (a kernel of config c) over M rows, as a cluster launch when c is one.
+template <typename Kernel, typename... Args>
+void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kernel kernel,
+                   Args... args) {
   const int block = block_threads(c.row_threads), rows = block / c.row_threads;
-  const int64_t blocks = c.cluster ? M * plan.ranks : (M + rows - 1) / rows;
-  TORCH_CHECK_VALUE(blocks <= INT32_MAX, "cuda_impl.rms_norm: x has ", num(M),
+  const int64_t blocks = c.cluster ? M * ranks : (M + rows - 1) / rows;
+  TORCH_CHECK_VALUE(blocks <= INT32_MAX, impl, ": x has ", num(M),
                     " rows, more than one launch can cover");
-  const KernelFn<T, W> kernel = kernels<T, W>()[plan.config];
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (c.cluster) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -620,54 +822,83 @@ void launch_plan(const Plan& plan, const T* x, const W* w, T* y, int64_t sx, int
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = plan.ranks;
+    attr[0].val.clusterDim.x = ranks;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, x, w, y, sx, sy, M, N, eps));
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   } else {
-    kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(x, w, y, sx, sy, M, N, eps);
+    kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(args...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// What rms_norm launches for x2's dtype and width: the forced plan or the default one.
-template <typename T>
-Plan plan_for(const at::Tensor& x2, const std::optional<Plan>& forced) {
+// What an op launches for x2's dtype and width: the forced plan or the default one; a
+// cluster plan only on a GPU that has clusters.
+template <typename T, typename Tb>
+Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>& forced) {
   const int N = static_cast<int>(x2.size(1));
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
   const int sms = sm_count(x2.device().index());
   const Plan plan =
-      forced.has_value() ? *forced : default_plan(vecs, sizeof(T), x2.size(0), sms);
-  TORCH_CHECK_VALUE(vecs <= capacity(plan), "cuda_impl.rms_norm: config (",
-                    num(kConfigs[plan.config].row_threads), ", ", num(kConfigs[plan.config].vpt),
-                    ", cluster ", num(plan.ranks), ") holds ", num(capacity(plan) * kVec<T>),
-                    " elements a row; N is ", num(N));
+      forced.has_value() ? *forced : default_plan<Tb>(vecs, sizeof(T), x2.size(0), sms);
+  const Config& c = kConfigs<Tb>[plan.config];
+  TORCH_CHECK_VALUE(vecs <= capacity<Tb>(plan), impl, ": config (", num(c.row_threads), ", ",
+                    num(c.vpt), ", cluster ", num(plan.ranks), ") holds ",
+                    num(capacity<Tb>(plan) * kVec<T>), " elements a row; N is ", num(N));
   return plan;
+}
+
+template <typename Tb>
+void check_clusters(const char* impl, const Plan& plan, int N) {
+  if (!kConfigs<Tb>[plan.config].cluster) return;
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                        c10::cuda::current_device()));
+  TORCH_CHECK_VALUE(major >= 9, impl, ": N = ", num(N),
+                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", num(major),
+                    "x");
 }
 
 template <typename T, typename W>
 void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps,
             const std::optional<Plan>& forced) {
+  constexpr const char* kImpl = "cuda_impl.rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T>(x2, forced);
-  if (kConfigs[plan.config].cluster) {
-    int major = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                          c10::cuda::current_device()));
-    TORCH_CHECK_VALUE(major >= 9, "cuda_impl.rms_norm: N = ", num(N),
-                      " needs thread-block clusters (sm_90 or newer); this GPU is sm_",
-                      num(major), "x");
-  }
-  launch_plan<T, W>(plan, reinterpret_cast<const T*>(x2.const_data_ptr()), w,
-                    reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), M, N,
-                    eps, c10::cuda::getCurrentCUDAStream());
+  const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced);
+  check_clusters<PlainTable>(kImpl, plan, N);
+  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M,
+                kernel_at<T, W, void>(plan.config),
+                reinterpret_cast<const T*>(x2.const_data_ptr()), nullptr, w,
+                reinterpret_cast<T*>(y2.mutable_data_ptr()), nullptr, x2.stride(0), int64_t{0},
+                y2.stride(0), int64_t{0}, M, N, eps);
 }
 
-// The two things done per (x dtype, weight dtype): launching, and describing the launch.
+template <typename T, typename W, typename R>
+void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& weight,
+                  at::Tensor& y2, at::Tensor& ro2, float eps) {
+  constexpr const char* kImpl = "cuda_impl.fused_add_rms_norm";
+  const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
+  const int64_t M = x2.size(0);
+  const int N = static_cast<int>(x2.size(1));
+  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, std::nullopt);
+  check_clusters<FusedTable>(kImpl, plan, N);
+  const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
+  TORCH_CHECK(kernel != nullptr, kImpl, ": internal error: config ", num(plan.config),
+              " is not compiled for this dtype");
+  launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M, kernel,
+                reinterpret_cast<const T*>(x2.const_data_ptr()),
+                reinterpret_cast<const R*>(r2.const_data_ptr()), w,
+                reinterpret_cast<T*>(y2.mutable_data_ptr()),
+                reinterpret_cast<R*>(ro2.mutable_data_ptr()), x2.stride(0), r2.stride(0),
+                y2.stride(0), ro2.stride(0), M, N, eps);
+}
+
+// The things done per (x dtype, weight dtype[, residual dtype]): launching either op, and
+// describing rms_norm's launch.
 struct Launch {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, float eps,
@@ -676,15 +907,24 @@ struct Launch {
   }
 };
 
+struct LaunchFused {
+  template <typename T, typename W>
+  static void apply(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& w,
+                    at::Tensor& y2, at::Tensor& ro2, float eps) {
+    if (r2.scalar_type() == at::kFloat) return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps);
+    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps);
+  }
+};
+
 struct Describe {
   // out: row_threads, vpt, ranks, variant, registers, local bytes, static shared bytes,
   // max threads
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, std::vector<int64_t>& out) {
-    const Plan plan = plan_for<T>(x2, std::nullopt);
+    const Plan plan = plan_for<T, PlainTable>("cuda_impl.rms_norm", x2, std::nullopt);
     cudaFuncAttributes attr = {};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernels<T, W>()[plan.config]));
-    const Config& c = kConfigs[plan.config];
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_at<T, W, void>(plan.config)));
+    const Config& c = kConfigs<PlainTable>[plan.config];
     out = {c.row_threads,
            c.vpt,
            plan.ranks,
@@ -710,7 +950,7 @@ void dispatch(at::ScalarType x_type, const at::Tensor& w, Args&&... args) {
       if (w_fp32) return F::template apply<__nv_bfloat16, float>(std::forward<Args>(args)...);
       return F::template apply<__nv_bfloat16, __nv_bfloat16>(std::forward<Args>(args)...);
     default:
-      TORCH_CHECK_TYPE(false, "cuda_impl.rms_norm: unsupported dtype ", x_type);
+      TORCH_CHECK_TYPE(false, "cuda_impl: unsupported dtype ", x_type);
   }
 }
 
@@ -723,6 +963,20 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
   at::Tensor y2 = y.view({-1, x.size(-1)});
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
   dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan);
+}
+
+// The fused add into y and residual_out (x and residual themselves for the in-place form,
+// whose checks made sure they view as rows).
+void run_fused(const at::Tensor& x, const at::Tensor& residual,
+               const std::optional<at::Tensor>& weight, double eps, at::Tensor& y,
+               at::Tensor& residual_out) {
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, n}), r2 = residual.reshape({-1, n});
+  at::Tensor y2 = y.view({-1, n}), ro2 = residual_out.view({-1, n});
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps));
 }
 
 }  // namespace
@@ -741,6 +995,25 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::
   run(x, weight, eps, out);
 }
 
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      double eps) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+  const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor y = at::empty(x.sizes(), contiguous);
+  at::Tensor residual_out = at::empty(x.sizes(), contiguous.dtype(residual.scalar_type()));
+  run_fused(x, residual, weight, eps, y, residual_out);
+  return {y, residual_out};
+}
+
+void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
+                         const std::optional<at::Tensor>& weight, double eps) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
+  check_in_place(x, residual, weight, kFusedImplInPlace);
+  run_fused(x, residual, weight, eps, x, residual);
+}
+
 at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                 double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
                                 int64_t variant) {
@@ -749,9 +1022,10 @@ at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Ten
   // fields compared as the table's ints only once they fit them
   const bool fits = row_threads > 0 && row_threads <= 1024 && vpt > 0 && vpt <= 64 &&
                     variant >= 0 && variant <= 255;
-  const int found = fits ? find_config({static_cast<int>(row_threads), static_cast<int>(vpt),
-                                        ranks > 1, static_cast<int>(variant)})
-                         : -1;
+  const int found =
+      fits ? find_config<PlainTable>({static_cast<int>(row_threads), static_cast<int>(vpt),
+                                      ranks > 1, static_cast<int>(variant)})
+           : -1;
   TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
                     num(row_threads), ", ", num(vpt), ", cluster ", num(ranks), ", variant ",
                     num(variant), "); see cuda_impl.compiled_configs()");
@@ -776,6 +1050,8 @@ std::vector<int64_t> rms_norm_kernel_info(const at::Tensor& x,
 TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rms_norm_out", &rms_norm_out);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
   m.impl("rms_norm_with_config", &rms_norm_with_config);
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info);
 }
@@ -783,24 +1059,35 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
 // The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, variant)
 // tuples.
 std::vector<int64_t> rms_norm_configs() {
+  using C = PlainTable;
   std::vector<int64_t> out;
-  for (int i = 0; i < kNumConfigs; ++i) {
-    out.insert(out.end(), {kConfigs[i].row_threads, kConfigs[i].vpt, kConfigs[i].cluster,
-                           i < kNumShipped, kConfigs[i].variant});
+  for (int i = 0; i < kNumConfigs<C>; ++i) {
+    out.insert(out.end(), {kConfigs<C>[i].row_threads, kConfigs<C>[i].vpt,
+                           kConfigs<C>[i].cluster, i < kNumShipped<C>, kConfigs<C>[i].variant});
   }
   return out;
 }
 
-std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
-  TORCH_CHECK_VALUE(element_size == 2 || element_size == 4,
-                    "cuda_impl.rms_norm_default_config: element_size is ", num(element_size),
-                    "; expected 2 or 4");
-  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxN, "cuda_impl.rms_norm_default_config: n is ", num(n),
-                    "; expected an int in [1, ", num(kMaxN), "]");
-  const Plan p = default_plan(static_cast<int>(n * element_size / 16),
-                              static_cast<int>(element_size));
-  const Config& c = kConfigs[p.config];
+namespace {
+template <typename Tb>
+std::vector<int64_t> default_config_of(const char* fn, int64_t n, int64_t element_size) {
+  TORCH_CHECK_VALUE(element_size == 2 || element_size == 4, fn, ": element_size is ",
+                    num(element_size), "; expected 2 or 4");
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxN, fn, ": n is ", num(n), "; expected an int in [1, ",
+                    num(kMaxN), "]");
+  const Plan p =
+      default_plan<Tb>(static_cast<int>(n * element_size / 16), static_cast<int>(element_size));
+  const Config& c = kConfigs<Tb>[p.config];
   return {c.row_threads, c.vpt, p.ranks, c.variant};
+}
+}  // namespace
+
+std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size) {
+  return default_config_of<PlainTable>("cuda_impl.rms_norm_default_config", n, element_size);
+}
+
+std::vector<int64_t> fused_add_default_config(int64_t n, int64_t element_size) {
+  return default_config_of<FusedTable>("cuda_impl.fused_add_default_config", n, element_size);
 }
 
 }  // namespace cuda_impl
