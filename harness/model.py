@@ -442,10 +442,11 @@ def kernel_times(call: Callable[[], object], calls: int = 1) -> dict[str, dict]:
 
 
 #: Names of a norm's kernels in this block: ours (rms_norm), PyTorch's fused F.rms_norm
-#: (its layer-norm kernel in RMS mode; the block has no LayerNorm), and Inductor's
+#: (its layer-norm kernels in RMS mode, the vectorized one or the row-moments and forward
+#: pair; the block has no LayerNorm), and Inductor's
 #: generated kernels that compute the norm's rsqrt or mean (nothing else in the block
 #: does; such a kernel is counted whole, with whatever Inductor fused into it).
-_NORM_NAME = re.compile(r"rms_?norm|layer_?norm", re.IGNORECASE)
+_NORM_NAME = re.compile(r"rms_?norm|layer_?norm|RowwiseMoments", re.IGNORECASE)
 _INDUCTOR_NORM = re.compile(r"^triton_\w*(rsqrt|mean)")
 
 
@@ -762,14 +763,23 @@ def _repeat(call: Callable[[], object], k: int) -> Callable[[], None]:
 
 
 def _profile(r: Ready, k: int) -> tuple[dict, str]:
-    """A block's kernels (kernel_times per block) and how they were seen: in the graph's
-    replay where the profiler sees into graphs, else from the same block uncaptured."""
-    found = kernel_times(r.call, calls=k)
-    if found or r.call is r.uncaptured:
-        return found, "as timed"
-    return kernel_times(
-        r.uncaptured, calls=k
-    ), "uncaptured calls (the profiler saw no kernels in the graph replay)"
+    """A block's kernels (kernel_times per block) and where they were seen: in the graph's
+    replay where the profiler sees into graphs, else from the same block uncaptured. A
+    profiler that fails leaves no kernels (so no share), never a failed variant."""
+    why = None
+    try:
+        found = kernel_times(r.call, calls=k)
+        if found or r.call is r.uncaptured:
+            return found, "as timed"
+        why = "the profiler saw no kernels in the graph replay"
+    except Exception as e:
+        why = f"profiling failed: {measure.first_line(e)}"
+        if r.call is r.uncaptured:
+            return {}, why
+    try:
+        return kernel_times(r.uncaptured, calls=k), f"uncaptured calls ({why})"
+    except Exception as e:
+        return {}, f"{why}; uncaptured too: {measure.first_line(e)}"
 
 
 def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
@@ -973,7 +983,7 @@ def _amdahl(st: ShapeState, family: str, name: str, row: dict, native: Optional[
         "calls_per_sample": st.shape.calls,
         "kernel_us": row["kernel_us"],
         "kernel_count": row["kernel_count"],
-        "device_busy": row["kernel_us"] / row["median_us"] if row["median_us"] else None,
+        "device_busy": row["kernel_us"] / row["median_us"] if row["kernel_us"] else None,
         "norm": row["norm"],
         "step": row["step"],
         "rel_err": row["correct"]["rel_err"],
@@ -1026,7 +1036,7 @@ def why_above(name: str, row: dict, native: dict, sp: dict, step: dict) -> list[
             f"fewer launches: {row['kernel_count']:g} kernels a block against native's "
             f"{native['kernel_count']:g}"
         )
-    busy = native["kernel_us"] / native["median_us"] if native["median_us"] else 1.0
+    busy = native["kernel_us"] / native["median_us"] if native["kernel_us"] else 1.0
     if busy < HOST_BOUND_BUSY:
         why.append(
             f"native's block is host-bound (its kernels fill {busy:.0%} of its time): launch "
@@ -1036,7 +1046,7 @@ def why_above(name: str, row: dict, native: dict, sp: dict, step: dict) -> list[
     norm_n = (native.get("norm") or {}).get("us") or 0.0
     rest_v, rest_n = row["kernel_us"] - norm_v, native["kernel_us"] - norm_n
     spread = sp["hi"] - sp["lo"]
-    if rest_n > 0 and (rest_n - rest_v) / rest_n > spread:
+    if rest_n > 0 and rest_v > 0 and (rest_n - rest_v) / rest_n > spread:
         why.append(
             f"the rest of the block's kernels took {1 - rest_v / rest_n:.1%} less device time "
             f"than native's ({rest_v:.0f} against {rest_n:.0f} us a block)"
@@ -1109,6 +1119,12 @@ def hf_layer(tf, cfg: BlockConfig, w: Weights, max_positions: int, device) -> tu
         "mlp.down_proj.weight": w.down,
     }
     params = dict(layer.named_parameters())
+    missing = [n for n in copies if n not in params]
+    if missing:
+        raise RuntimeError(
+            f"transformers {tf.__version__}: LlamaDecoderLayer has no {', '.join(missing)}"
+            f" (its parameters: {', '.join(sorted(params))})"
+        )
     with torch.no_grad():
         for name, value in copies.items():
             params[name].copy_(value)
@@ -1267,7 +1283,7 @@ def run_gpu(args, out: Path) -> int:
 
     t0 = time.perf_counter()
     path = out / RECORDS_NAME
-    b = measure.start(path, append=False, seed=args.seed)
+    b = measure.start(path, append=args.append, seed=args.seed)
     b.env["transformers"] = _version("transformers")
     vs = variants()
     run = Run(
@@ -1515,7 +1531,8 @@ def render(recs: list[dict]) -> str:
         "## The whole model: RMSNorm in a Llama-3-8B-shaped decoder block",
         "",
         f"{env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
-        f"transformers {env.get('transformers')}, git {sha}, run {recs[0]['run_id']}.",
+        f"transformers {env.get('transformers')}, git {sha}, "
+        f"run {', '.join(sorted({r['run_id'] for r in recs}))}.",
         "",
         "Block time: the median (p20-p80) of samples of back-to-back blocks, L2 flushed "
         "before each sample, variants interleaved in three blocks; spread: of the block "
@@ -1578,6 +1595,7 @@ GPU_ONLY = {
     "--modes": "only the eager block runs without a GPU",
     "--budget-s": "the CPU check is not budgeted",
     "--out": "nothing is written without a GPU",
+    "--append": "nothing is written without a GPU",
 }
 
 EPILOG = f"""\
@@ -1628,6 +1646,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"start no new job after this many seconds (default {DEFAULT_BUDGET_S:.0f}; GPU only)",
     )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help=f"append to --out's {RECORDS_NAME}, not replace it (a run split over several "
+        "calls, e.g. the compile modes in a second one; the report keeps the last record of "
+        "each shape, mode and variant; GPU only)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     p.add_argument(
         "--no-layer", action="store_true", help="leave out transformers' LlamaDecoderLayer"
@@ -1658,7 +1683,8 @@ def parse_args(
 def _given(args, flag: str) -> bool:
     if flag == "--modes":
         return args.modes_given
-    return getattr(args, flag.lstrip("-").replace("-", "_")) is not None
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    return value is not None and value is not False
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -234,6 +234,8 @@ def test_norm_share_by_name_and_alone():
         ("_fused_add_rms_norm_fwd_fused", True),
         ("void cuda_impl::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16>(float)", True),
         ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", True),
+        ("void at::native::RowwiseMomentsCUDAKernel<c10::BFloat16, float, true>(long)", True),
+        ("void at::native::LayerNormForwardCUDAKernel<c10::BFloat16, float>(long)", True),
         ("triton_poi_fused_add_cat_mul_3", False),
         ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps>>", False),
         ("sm90_xmma_gemm_bf16bf16_bf16f32", False),
@@ -392,9 +394,9 @@ def test_native_always_runs():
 def test_cpu_path_says_the_committed_table_is_absent(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
     argv = ["--shapes", "decode", "--variants", "triton", "--no-layer", "--modes", "graph"]
-    assert model.main(argv) == 0
+    assert model.main(argv + ["--append"]) == 0
     out = capsys.readouterr().out
-    assert "ignored: --modes" in out
+    assert "ignored: --modes" in out and "--append" in out and "--budget-s" not in out
     assert "block decode   triton" in out and "PASS" in out
     assert "no committed H200 model results yet" in out
 
