@@ -4,7 +4,8 @@ with each RMSNorm variant, and Amdahl's law measured.
     python -m harness.model [--out DIR] [--shapes prefill,decode]
                             [--modes eager,graph,compile,compile_graph]
                             [--variants native,eager,triton,cuda,triton_fused,cuda_fused]
-                            [--budget-s 360] [--seed 0] [--no-layer] [--require-gpu]
+                            [--budget-s 360] [--append] [--seed 0] [--no-layer]
+                            [--require-gpu]
 
 The block, bf16 with seeded random weights: hidden 4096, 32 query and 8 key/value heads of
 128, rotary embeddings, SDPA with GQA, a SwiGLU MLP of 14336, a pre-norm residual stream;
@@ -23,7 +24,10 @@ cuda_fused (our fused add). Modes: eager; graph (CUDA-graph replay of the eager 
 compile (torch.compile fullgraph, dynamic=False, dynamo reset per shape); compile_graph
 (the compiled block captured in a CUDA graph).
 
-Each (shape, mode, variant) record carries:
+Every (shape, mode, variant) is first checked: its outputs against the block computed in
+fp32 from the same bf16 weights and inputs, as close to it as native's eager block within
+TRUTH_FACTOR; a failure (or a crash, in any step) is recorded with its reason and not
+timed, and the run goes on. Each record then carries:
 - block time: samples of K back-to-back blocks (K per shape), L2 flushed before each
   sample, variants interleaved in three blocks (harness.timing); a host-bound eager block
   so shows its launch cost, as in a model, instead of a GPU that caught up once;
@@ -48,9 +52,9 @@ A second client: transformers' LlamaDecoderLayer (the same sizes, attn_implement
 eager), swapped to torch.nn.RMSNorm (native) and to ours (rmsnorm_api.swap).
 
 Without a GPU: a tiny config runs each variant that runs on CPU (eager, native, and
-triton, triton_fused under the Triton interpreter) and checks its block outputs against
-native's, and the transformers layer swapped where transformers imports; then prints the
-committed H200 table.
+triton, triton_fused under the Triton interpreter) through the same check, and the
+transformers layer swapped where transformers imports; then prints the committed H200
+table (results/h200/model/).
 """
 
 from __future__ import annotations
@@ -1602,13 +1606,15 @@ EPILOG = f"""\
 native always runs: it is the baseline every speedup and bound is against.
 
 without a GPU:
-  A tiny block ({_describe(TINY)}; prefill {CPU_SHAPES["prefill"].tokens} tokens, decode
-  {CPU_SHAPES["decode"].batch} x 1 over {CPU_SHAPES["decode"].kv_len}) runs each of --variants
-  that runs on CPU (native, eager, and triton, triton_fused under the Triton interpreter) in
-  each of --shapes, and its outputs are checked against native's; transformers'
-  LlamaDecoderLayer of the same sizes is checked swapped (when transformers imports; not
-  with --no-layer). Then the committed H200 table ({COMMITTED.relative_to(REPO)}) is printed.
-  Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}. --require-gpu exits 1.
+  A tiny block ({_describe(TINY)};
+  prefill {CPU_SHAPES["prefill"].tokens} tokens, decode {CPU_SHAPES["decode"].batch} x 1 over \
+{CPU_SHAPES["decode"].kv_len}) runs each of --variants that runs on CPU
+  (native, eager, and triton, triton_fused under the Triton interpreter) in each of
+  --shapes, its outputs checked against the block in fp32; transformers'
+  LlamaDecoderLayer of the same sizes is checked swapped (when transformers imports;
+  not with --no-layer). Then the committed H200 table ({COMMITTED.relative_to(REPO)})
+  is printed. Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
+  --require-gpu exits 1 instead.
 """
 
 
