@@ -243,7 +243,7 @@ def _version(dist: str) -> Optional[str]:
 
 
 def software() -> dict:
-    """Versions of Python, torch, triton, CUDA and the optional baselines."""
+    """Versions of Python, torch, triton, CUDA, the optional baselines and transformers."""
     import triton
 
     return {
@@ -253,6 +253,7 @@ def software() -> dict:
         "cuda": torch.version.cuda,
         "liger_kernel": _version("liger-kernel") or _version("liger_kernel"),
         "quack": _version("quack-kernels"),
+        "transformers": _version("transformers"),  # harness.model's second client
     }
 
 

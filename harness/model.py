@@ -64,7 +64,6 @@ import copy
 import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import math
 import os
@@ -844,6 +843,7 @@ def _time_blocks(
             timing.warm_up([_repeat(r.call, k)], timing.WARMUP_S / len(ready))
             fns[name] = _repeat(r.call, k)
         except Exception as e:
+            run.failed += 1
             err = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
             _write_block(
                 run,
@@ -1288,7 +1288,6 @@ def run_gpu(args, out: Path) -> int:
     t0 = time.perf_counter()
     path = out / RECORDS_NAME
     b = measure.start(path, append=args.append, seed=args.seed)
-    b.env["transformers"] = _version("transformers")
     vs = variants()
     run = Run(
         b,
@@ -1349,13 +1348,6 @@ def run_gpu(args, out: Path) -> int:
     print(text)
     run.say(f"{b.writer.count} records -> {path}; report -> {out / REPORT_NAME}")
     return 1 if run.failed else 0
-
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # ---------------------------------------------------------------------------------------
