@@ -102,8 +102,10 @@ _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default
 def _on_gpu(x, *others) -> bool:
     """Whether a call may go straight to the op's CUDA kernel, whose C++ checks raise the
     same errors as rmsnorm_api's (the Python checks cost host time on small calls)."""
-    return isinstance(x, torch.Tensor) and x.is_cuda and all(
-        t is None or (isinstance(t, torch.Tensor) and t.is_cuda) for t in others
+    return (
+        isinstance(x, torch.Tensor)
+        and x.is_cuda
+        and all(t is None or (isinstance(t, torch.Tensor) and t.is_cuda) for t in others)
     )
 
 

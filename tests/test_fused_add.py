@@ -140,7 +140,7 @@ def test_empty_rows(name):
         (lambda x, r: r.half(), TypeError, r"residual has dtype torch.float16; expected x's"),
         (lambda x, r: r.to("meta"), ValueError, r"residual is on device 'meta' but x is on"),
         (
-            lambda x, r: torch.randn(4, 128).to(r.dtype)[:, ::2],
+            lambda x, r: torch.randn(4, 128, device=x.device).to(r.dtype)[:, ::2],
             ValueError,
             r"residual has stride 2 in its last dimension",
         ),  # fmt: skip
