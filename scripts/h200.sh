@@ -8,7 +8,8 @@
 # ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
 #      named in NCU_IMPLS (default triton,cuda,quack), one launch each; NCU_SECTIONS (e.g.
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
-#      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs).
+#      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs);
+#      NCU_OP (default rms_norm) names the op.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -124,7 +125,7 @@ if [[ "$MODE" == ncu ]]; then
   for sec in ${NCU_SECTIONS:-}; do sections+=(--section "$sec"); done
   for case in ${NCU_CASES:-bf16:32768x4096}; do
     ncu --clock-control none --profile-from-start off --metrics "$metrics" ${sections[@]+"${sections[@]}"} \
-      $PY scripts/ncu_one.py --impls "${NCU_IMPLS:-triton,cuda,quack}" ${NCU_ARGS:-} \
+      $PY scripts/ncu_one.py --op "${NCU_OP:-rms_norm}" --impls "${NCU_IMPLS:-triton,cuda,quack}" ${NCU_ARGS:-} \
       --dtype "${case%%:*}" --shape "${case#*:}" 2>&1 | grep -v "^==PROF==" || status=1
   done
 fi

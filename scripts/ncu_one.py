@@ -2,11 +2,12 @@
 
     ncu --clock-control none --profile-from-start off --metrics ... \
         python3 scripts/ncu_one.py --impls triton,cuda --dtype bf16 --shape 2048x65536
+        ... scripts/ncu_one.py --op fused_add_rms_norm --impls triton,cuda,liger,quack ...
 
 The inputs come from the op's factory (harness.ops, seed 0). Each implementation is
 warmed up first (JIT compilation, allocator), then called once between
 cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel. Forced configs are
-profiled after the implementations, the same way:
+profiled after the implementations, the same way (rms_norm only):
 
     --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
     --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
@@ -17,12 +18,13 @@ import sys
 
 import torch
 
-from harness.ops import RMS_NORM
+from harness.ops import OPS
 from harness.plan import DTYPES, Planned, parse_shapes
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--op", default="rms_norm", choices=sorted(OPS))
     p.add_argument("--impls", default="triton,cuda")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--shape", default="32768x4096")
@@ -30,8 +32,9 @@ def main() -> int:
     p.add_argument("--triton-fused", default="", help="BLOCK_MxWARPS/...")
     args = p.parse_args()
     m, n = parse_shapes(args.shape)[0]
-    impls = RMS_NORM.registry(baselines=True)
-    x, w, eps = RMS_NORM.make_inputs(Planned(args.dtype, m, n), "cuda", 0)
+    op = OPS[args.op]
+    impls = op.registry(baselines=True)
+    inputs = op.make_inputs(Planned(args.dtype, m, n), "cuda", 0)
     runs = [(name, impls[name].fn) for name in args.impls.split(",") if name]
     for spec in filter(None, args.cuda_configs.split("/")):
         import cuda_impl
@@ -46,15 +49,17 @@ def main() -> int:
         cfg = triton_impl.Config("fused", 1 << (n - 1).bit_length(), warps, block_m=block_m)
         runs.append((f"triton[fused {spec}]", lambda x, w, e, c=cfg:
                      triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
+    if (args.cuda_configs or args.triton_fused) and op.name != "rms_norm":
+        p.error("--cuda-configs and --triton-fused force configs of rms_norm only")
     for name, fn in runs:
         for _ in range(3):
-            fn(x, w, eps)
+            fn(*inputs)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        fn(x, w, eps)
+        fn(*inputs)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-        print(f"profiled {name} {args.dtype} {m}x{n}", flush=True)
+        print(f"profiled {name} {op.name} {args.dtype} {m}x{n}", flush=True)
     return 0
 
 

@@ -593,6 +593,7 @@ struct PlainTable {
 struct FusedTable {
   static constexpr Rung kRungs[] = {
       {Ladder::kMany16, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany16, 16, {16, 1, false, kPlain}},
       {Ladder::kMany16, 32, {32, 1, false, kPlain}},
       {Ladder::kMany16, 64, {32, 2, false, kPlain}},
       {Ladder::kMany16, 128, {64, 2, false, kPlain}},
@@ -601,6 +602,7 @@ struct FusedTable {
       {Ladder::kMany16, 1024, {256, 4, false, kPlain}},
       {Ladder::kMany16, 2048, {512, 4, false, kPlain}},
       {Ladder::kMany32, 8, {8, 1, false, kPlain}},
+      {Ladder::kMany32, 16, {16, 1, false, kPlain}},
       {Ladder::kMany32, 32, {32, 1, false, kPlain}},
       {Ladder::kMany32, 64, {32, 2, false, kPlain}},
       {Ladder::kMany32, 128, {64, 2, false, kPlain}},
