@@ -55,8 +55,10 @@ def _rms_norm_fwd_fused(
     # load: masked lanes read 0 and add nothing to the sum
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
-    # accumulate in fp32, divide by the true width
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    # accumulate in fp32, divide by the true width. eps is cast here (and in every kernel)
+    # because torch.compile passes it as fp64, which would make rstd, and every product
+    # with it, fp64
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + tl.cast(eps, tl.float32))
     y = x * rstd[:, None]
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -96,7 +98,7 @@ def _rms_norm_fwd_chunked(
             x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
             x = x.to(tl.float32)
             acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
         # sweep 2: re-read (L2-resident), scale, cast, store
         for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             c = start + cols
@@ -127,7 +129,7 @@ def _rms_norm_fwd_persistent(
     first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     for row in tl.range(first, M, tl.num_programs(0), num_stages=STAGES):
         x = tl.load(x_ptr + row * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + tl.cast(eps, tl.float32))
         y = x * rstd
         if HAS_WEIGHT:
             y = y * w
@@ -168,7 +170,7 @@ def _rms_norm_fwd_split(
     xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
     xe = tl.load(x_row + e_col, mask=e_ok, other=0.0).to(tl.float32)
     # accumulate in fp32, divide by the true width
-    rstd = tl.rsqrt((tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)) / N + eps)
+    rstd = tl.rsqrt((tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)) / N + tl.cast(eps, tl.float32))
     yb = xb * rstd
     ye = xe * rstd
     if HAS_WEIGHT:
@@ -227,7 +229,7 @@ def _fused_add_rms_norm_fwd_fused(
     s = _round_to(x.to(tl.float32) + r.to(tl.float32), ro_ptr.dtype.element_ty, ROUND_BY_HAND)
     tl.store(ro_ptr + rows[:, None] * stride_ro + cols[None, :], s, mask=mask)
     s = s.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + tl.cast(eps, tl.float32))
     y = s * rstd[:, None]
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -260,7 +262,7 @@ def _fused_add_rms_norm_fwd_chunked(
         tl.store(ro_ptr + row * stride_ro + c, s, mask=ok)
         s = s.to(tl.float32)
         acc += s * s
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
     # every thread's residual_out stores are visible to the block before sweep 2 reads them
     tl.debug_barrier()
     for start in range(0, N, BLOCK_N):
