@@ -4,7 +4,8 @@
 
 A pure function of the records (like the plots): the numbers come from harness.analysis,
 which harness.plot shares; this module only renders them, one function a section. Each
-op in the records gets its own sections (with one op, the page has no op headings).
+op in the records gets its own sections (with one op, the page has no op headings); a
+model/model.md beside it (python -m harness.model's table) is included after them.
 """
 
 from __future__ import annotations
@@ -370,6 +371,22 @@ def _caveats() -> list[str]:
     ]
 
 
+def _model(out: Path) -> list[str]:
+    """The whole-model answer, when python -m harness.model wrote its table beside the
+    benchmark's (out/model/model.md): included as it is, its records named."""
+    table = out / "model" / "model.md"
+    if not table.is_file():
+        return []
+    return [
+        "# The whole model (python -m harness.model)",
+        "",
+        "Records: model/records.jsonl; the table as harness.model wrote it:",
+        "",
+        table.read_text(encoding="utf-8").rstrip(),
+        "",
+    ]
+
+
 def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = ()) -> Path:
     """Write out/report.md from records (already deduplicated); return its path. Each op
     gets its sections, with the plots of its names (analysis.plot_names)."""
@@ -384,7 +401,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
             lines += [f"# {op.title} ({op.name})", ""]
         mine = [p for p in plots if p.name in analysis.plot_names(op)]
         lines += _op_sections(op_recs, op, env, mine)
-    lines += _clocks(recs) + _caveats()
+    lines += _model(out) + _clocks(recs) + _caveats()
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -1031,3 +1031,15 @@ def test_run_budget_skips_both_ops_tails(tmp_path, monkeypatch, capsys):
     assert skipped == want
     assert all("time budget spent" in r["notes"][0] for r in recs if r["kind"] == "skip")
     assert f"{len(want)} (op, shape) measurements not run" in capsys.readouterr().out
+
+
+def test_report_includes_the_model_table(tmp_path):
+    """report.md carries harness.model's table when one was written beside it, and says
+    nothing of a model when none was."""
+    from harness import report
+
+    assert report._model(tmp_path) == []
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.md").write_text("## The whole model\n\n| a |\n")
+    lines = report._model(tmp_path)
+    assert lines[0].startswith("# The whole model") and "| a |" in "\n".join(lines)
