@@ -23,7 +23,9 @@ The kernels are forward-only for now: a result computed from inputs that require
 raises when its backward runs.
 
 This module imports neither Triton nor the CUDA extension, so both kernels (and callers
-that have only one of them) share one vocabulary of errors.
+that have only one of them) share one vocabulary of errors. ``swap_rms_norm(model,
+module_cls)`` (rmsnorm_api.swap) puts either backend's module in place of a model's
+RMSNorm modules.
 """
 
 from __future__ import annotations
@@ -390,3 +392,7 @@ class RMSNormModule(torch.nn.Module):
         return (
             f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
         )
+
+
+# the swap helper is user-facing: one import with the rest of the contract
+from rmsnorm_api.swap import swap_rms_norm as swap_rms_norm  # noqa: E402

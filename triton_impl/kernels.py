@@ -170,7 +170,8 @@ def _rms_norm_fwd_split(
     xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
     xe = tl.load(x_row + e_col, mask=e_ok, other=0.0).to(tl.float32)
     # accumulate in fp32, divide by the true width
-    rstd = tl.rsqrt((tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)) / N + tl.cast(eps, tl.float32))
+    ss = tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)
+    rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
     yb = xb * rstd
     ye = xe * rstd
     if HAS_WEIGHT:
