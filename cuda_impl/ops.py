@@ -24,6 +24,7 @@ from rmsnorm_api import (
     check_in_place,
     check_inputs,
     check_out,
+    register_forward_only,
 )
 
 _IMPL = "cuda_impl.rms_norm"
@@ -82,18 +83,7 @@ def _fused_add_in_place_fake(x, residual, weight, eps):
     return None
 
 
-def _forward_only(ctx, grad_y, grad_residual):
-    raise RuntimeError(
-        f"{_FUSED}: the kernels are forward-only for now (no backward yet); train with an"
-        " add and torch.nn.RMSNorm"
-    )
-
-
-# The fused op's autograd kernel: its forward runs under inputs that require grad, and the
-# backward raises instead of PyTorch's fallback, which only warns and leaves no gradient.
-torch.library.register_autograd(
-    "cuda_impl::fused_add_rms_norm", _forward_only, setup_context=lambda ctx, inputs, output: None
-)
+register_forward_only("cuda_impl::fused_add_rms_norm", impl=_FUSED)
 
 _FUSED_OP = torch.ops.cuda_impl.fused_add_rms_norm.default
 _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default

@@ -269,6 +269,20 @@ def check_in_place(
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
+def register_forward_only(op: str, *, impl: str) -> None:
+    """The autograd kernel of a forward-only op with two outputs (the fused add): its
+    forward runs under inputs that require grad, and backward raises, instead of PyTorch's
+    fallback, which only warns and leaves the inputs without gradients."""
+
+    def backward(ctx, grad_y, grad_residual):
+        raise RuntimeError(
+            f"{impl}: the kernels are forward-only for now (no backward yet); train with an"
+            " add and torch.nn.RMSNorm"
+        )
+
+    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
+
+
 def call_op(
     op: Callable[..., torch.Tensor],
     op_out: Callable[..., None],

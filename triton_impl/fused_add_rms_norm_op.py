@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch.library import triton_op
 
-from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place
+from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place, register_forward_only
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan_fused_add
 
@@ -55,18 +55,7 @@ def _fused_add_in_place_op(
         launch(plan_fused_add(x, residual, weight, eps, x, residual))
 
 
-def _forward_only(ctx, grad_y, grad_residual):
-    raise RuntimeError(
-        f"{_IMPL}: the kernels are forward-only for now (no backward yet); train with an"
-        " add and torch.nn.RMSNorm"
-    )
-
-
-torch.library.register_autograd(
-    "triton_impl::fused_add_rms_norm",
-    _forward_only,
-    setup_context=lambda ctx, inputs, output: None,
-)
+register_forward_only("triton_impl::fused_add_rms_norm", impl=_IMPL)
 
 
 def fused_add_rms_norm(
