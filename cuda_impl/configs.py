@@ -6,9 +6,10 @@ Here it is read back, typed:
 
 - ``Config``: one launch (threads a row, 16-byte vectors a thread, CTAs a cluster sharing a
   row, kernel variant bits), frozen;
-- ``compiled_configs()``: every compiled config, and whether it ships (is on a ladder);
+- ``compiled_configs(op)``: every compiled config of an op (rms_norm, fused_add_rms_norm),
+  and whether it ships (is on a ladder);
 - ``default_config(n, element_size)``: the C++ ladder's own choice for many rows;
-- ``search_space(n, element_size)``: the candidates ``python -m harness.sweep`` times.
+- ``search_space(n, element_size, op)``: the candidates ``python -m harness.sweep`` times.
 Why each rung is what it is, with the measurements: docs/PERF_NOTES.md.
 """
 
@@ -27,6 +28,9 @@ VARIANT_LEAN_REGS = 2
 #: non-allocating load.
 VARIANT_HINT_ONLY_LOADS = 4
 VARIANT_NC_ONLY_LOADS = 8
+#: Sweep-only, the fused add: the weight read after the reduction even where rms_norm reads
+#: it early (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
+VARIANT_LATE_WEIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,17 @@ class Compiled:
     shipped: bool
 
 
-def compiled_configs() -> list[Compiled]:
-    """Every compiled config, the shipped ones first."""
-    flat = torch.ops.cuda_impl.rms_norm_configs()
+#: The ops with a rung table of their own, and the C++ function listing its configs.
+OPS = {"rms_norm": "rms_norm_configs", "fused_add_rms_norm": "fused_add_configs"}
+
+
+def compiled_configs(op: str = "rms_norm") -> list[Compiled]:
+    """Every compiled config of op, the shipped ones first. The fused add compiles a shipped
+    config only for the dtypes whose ladders name it (its with-config entry point says so
+    for the others); sweep-only configs are compiled for every dtype."""
+    if op not in OPS:
+        raise ValueError(f"cuda_impl.compiled_configs: op is {op!r}; expected one of {sorted(OPS)}")
+    flat = getattr(torch.ops.cuda_impl, OPS[op])()
     rows = (flat[i : i + 5] for i in range(0, len(flat), 5))
     return [Compiled(rt, vpt, bool(cl), var, bool(shipped)) for rt, vpt, cl, shipped, var in rows]
 
@@ -80,12 +92,12 @@ def default_config(n: int, element_size: int) -> Config:
     return Config(rt, vpt, ranks, variant)
 
 
-def search_space(n: int, element_size: int) -> list[Config]:
-    """Compiled configs that hold the row with at most 4x spare capacity (clusters: the
-    fewest CTAs that hold it, and twice that), the sweep-only ones included when built."""
+def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
+    """Compiled configs of op that hold the row with at most 4x spare capacity (clusters:
+    the fewest CTAs that hold it, and twice that), the sweep-only ones included when built."""
     vecs = max(1, n * element_size // 16)
     out = []
-    for c in compiled_configs():
+    for c in compiled_configs(op):
         per_cta = c.row_threads * c.vpt
         if c.cluster:
             ranks = 2

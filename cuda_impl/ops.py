@@ -146,6 +146,27 @@ def fused_add_rms_norm_(
     _FUSED_OP_(x, residual, weight, float(eps))
 
 
+def fused_add_rms_norm_with_config(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    cfg: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm with a forced launch config, for sweeps and profiles; same result.
+    cfg: one of cuda_impl.compiled_configs('fused_add_rms_norm'), its cluster the CTAs
+    sharing a row."""
+    check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
+    if not isinstance(cfg, Config):
+        raise ValueError(
+            "fused_add_rms_norm_with_config: cfg must be a cuda_impl.configs.Config, got"
+            f" {type(cfg).__name__}"
+        )
+    return torch.ops.cuda_impl.fused_add_rms_norm_with_config(
+        x, residual, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
+    )
+
+
 def fused_add_default_config(n: int, element_size: int) -> Config:
     """The config fused_add_rms_norm launches for rows of n elements of element_size bytes
     (many rows; the cluster field the CTAs sharing a row)."""

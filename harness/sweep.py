@@ -1,6 +1,6 @@
 """Time every candidate launch config of our kernels, per shape: the data for heuristics.
 
-    python -m harness.sweep [--kernels triton,cuda] [--dtypes bf16,fp16,fp32]
+    python -m harness.sweep [--op rms_norm] [--kernels triton,cuda] [--dtypes bf16,fp16,fp32]
                             [--shapes 32768x4096,...] [--out sweep.jsonl] [--budget-s 420]
 
 For each shape (default: the benchmark's large grid, harness.plan.grid: M = 2^27 / N) the
@@ -13,7 +13,9 @@ copy record first, then one ``kind="sweep"`` record per candidate, its launch co
 whether it is the one the kernel picks today in ``config``, GB/s by the op's bytes model,
 % of the copy ceiling. The table printed last gives, per shape, today's config and the
 best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
-cuda_impl.configs), the default its default_config.
+cuda_impl.configs), the default its default_config. --op fused_add_rms_norm sweeps the
+CUDA fused add's table (the Triton fused add has no forced-config entry point yet: named as
+skipped).
 """
 
 from __future__ import annotations
@@ -29,37 +31,49 @@ import torch
 
 from harness import measure, timing
 from harness.impls import Impl
-from harness.ops import RMS_NORM
+from harness.ops import OPS, RMS_NORM
 from harness.plan import DTYPES, EPS, Planned, grid, names_arg, parse_shapes
 from harness.records import DTYPE_BYTES
 
 KERNELS = ("triton", "cuda")
 
 
-def candidates(kernel: str, n: int, elem: int) -> list:
+#: The (op, kernel) pairs that have forced configs to sweep.
+SWEEPABLE = {("rms_norm", "triton"), ("rms_norm", "cuda"), ("fused_add_rms_norm", "cuda")}
+
+
+def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
     """The backend's own search space (triton_impl.configs, cuda_impl.configs)."""
     if kernel == "triton":
         from triton_impl import search_space
-    else:
-        from cuda_impl import search_space
-    return search_space(n, elem)
+
+        return search_space(n, elem)
+    from cuda_impl import search_space
+
+    return search_space(n, elem, op=op)
 
 
-def runner(kernel: str, cfg) -> Callable:
-    """(x, w[, eps]) -> y with the config forced."""
+def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
+    """The op's inputs -> its outputs with the config forced."""
     if kernel == "triton":
         from triton_impl import rms_norm_with_config
-    else:
+    elif op == RMS_NORM.name:
         from cuda_impl import rms_norm_with_config
+    else:
+        from cuda_impl import fused_add_rms_norm_with_config
+
+        return lambda x, r, w, eps=EPS: fused_add_rms_norm_with_config(x, r, w, eps, cfg)
     return lambda x, w, eps=EPS: rms_norm_with_config(x, w, eps, cfg)
 
 
-def default_config(kernel: str, n: int, elem: int):
+def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows (the backend's default rule)."""
     if kernel == "triton":
         from triton_impl import default_config as rule
-    else:
+    elif op == RMS_NORM.name:
         from cuda_impl import default_config as rule
+    else:
+        from cuda_impl import fused_add_default_config as rule
     return rule(n, elem)
 
 
@@ -71,12 +85,12 @@ def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:
     base = measure.shape_fields(b, p, inputs)
     ref = op.reference(*inputs)
     elem = DTYPE_BYTES[p.dtype]
-    default = default_config(kernel, p.n, elem)
+    default = default_config(kernel, p.n, elem, op.name)
     # candidate index -> (the fields its record shares, whatever its status; its call)
     ready: dict[str, tuple[dict, Callable]] = {}
     written = []
-    for i, cfg in enumerate(candidates(kernel, p.n, elem)):
-        impl = Impl(kernel, runner(kernel, cfg))
+    for i, cfg in enumerate(candidates(kernel, p.n, elem, op.name)):
+        impl = Impl(kernel, runner(kernel, cfg, op.name))
         fn, compile_s, correct = measure.validate_impl(impl, inputs, ref, op)
         fields = dict(
             kind="sweep",
@@ -107,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness.sweep",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--op",
+        default=RMS_NORM.name,
+        choices=sorted(OPS),
+        help="the op whose configs are swept (default rms_norm)",
     )
     p.add_argument(
         "--kernels", default="triton,cuda", help="comma-separated from triton,cuda (default: both)"
@@ -143,7 +163,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("harness.sweep needs a CUDA GPU")
         return 1
 
-    b = measure.start(Path(args.out), append=False, seed=0, op=RMS_NORM)
+    skipped = [k for k in kernels if (args.op, k) not in SWEEPABLE]
+    for k in skipped:
+        print(f"skip {k}: no forced configs of {args.op} to sweep")
+    kernels = [k for k in kernels if k not in skipped]
+    b = measure.start(Path(args.out), append=False, seed=0, op=OPS[args.op])
     print(f"writing {args.out}")
     start, recs = time.perf_counter(), []
     for dtype in dtypes:

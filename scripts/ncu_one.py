@@ -7,7 +7,7 @@
 The inputs come from the op's factory (harness.ops, seed 0). Each implementation is
 warmed up first (JIT compilation, allocator), then called once between
 cudaProfilerStart/Stop, so ncu sees exactly one launch of each kernel. Forced configs are
-profiled after the implementations, the same way (rms_norm only):
+profiled after the implementations, the same way (--triton-fused: rms_norm only):
 
     --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
     --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
@@ -40,8 +40,9 @@ def main() -> int:
         import cuda_impl
 
         cfg = cuda_impl.Config(*map(int, spec.split("x")))
-        runs.append((f"cuda[{spec}]", lambda x, w, e, c=cfg:
-                     cuda_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
+        forced = (cuda_impl.rms_norm_with_config if op.name == "rms_norm"
+                  else cuda_impl.fused_add_rms_norm_with_config)  # fmt: skip
+        runs.append((f"cuda[{spec}]", lambda *a, c=cfg, f=forced: f(*a, c)))
     for spec in filter(None, args.triton_fused.split("/")):
         import triton_impl
 
@@ -49,8 +50,8 @@ def main() -> int:
         cfg = triton_impl.Config("fused", 1 << (n - 1).bit_length(), warps, block_m=block_m)
         runs.append((f"triton[fused {spec}]", lambda x, w, e, c=cfg:
                      triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
-    if (args.cuda_configs or args.triton_fused) and op.name != "rms_norm":
-        p.error("--cuda-configs and --triton-fused force configs of rms_norm only")
+    if args.triton_fused and op.name != "rms_norm":
+        p.error("--triton-fused forces configs of rms_norm only")
     for name, fn in runs:
         for _ in range(3):
             fn(*inputs)

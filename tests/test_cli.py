@@ -273,6 +273,7 @@ def test_sweep_refuses_bad_arguments_on_any_machine(capsys):
         ("--shapes", "4096by4096", "shape '4096by4096' is not MxN"),
     ):
         assert f"{flag}: {message}" in refusal(sweep.main, [flag, value], capsys)
+    assert "--op: invalid choice: 'backward'" in refusal(sweep.main, ["--op", "backward"], capsys)
 
 
 # ---------------------------------------------------------------------------------------

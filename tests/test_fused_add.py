@@ -419,3 +419,50 @@ def test_cuda_ops_that_write_bump_versions():
     cuda_impl.fused_add_rms_norm_(x, r, w, 1e-6)
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
         loss.backward()
+
+
+# ---- the CUDA fused add's configs ---------------------------------------------------------
+
+
+def test_cuda_fused_configs_listed():
+    """The fused add's own rung table read back: its shipped configs, the default rule's
+    choice among them, and a clear error for an op without a table."""
+    backend("cuda")
+    from cuda_impl import configs as C
+
+    table = C.compiled_configs("fused_add_rms_norm")
+    shipped = {(c.row_threads, c.vpt, c.cluster, c.variant) for c in table if c.shipped}
+    assert len(shipped) == len(table) - sum(not c.shipped for c in table) >= 10
+    for n, elem in ((128, 2), (4096, 2), (5120, 4), (32768, 2), (262144, 4)):
+        cfg = backend("cuda").fused_add_default_config(n, elem)
+        assert (cfg.row_threads, cfg.vpt, cfg.cluster > 1, cfg.variant) in shipped
+        assert cfg.holds(n, elem)
+    assert C.search_space(4096, 2, op="fused_add_rms_norm")
+    with pytest.raises(ValueError, match=r"op is 'backward'"):
+        C.compiled_configs("backward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_fused_every_config_matches_reference(dtype):
+    """Every compiled fused config, forced, at an odd width it holds: both outputs against
+    the reference; a shipped config not compiled for x's dtype is refused by name."""
+    import cuda_impl
+    from cuda_impl import configs as C
+
+    elem = torch.finfo(dtype).bits // 8
+    for c in C.compiled_configs("fused_add_rms_norm"):
+        ranks = 2 if c.cluster else 1
+        cfg = C.Config(c.row_threads, c.vpt, ranks, c.variant)
+        n = max(1, c.row_threads * c.vpt * ranks * 16 // elem - 3)
+        x, r, w = inputs(6, n, dtype)
+        try:
+            y, ro = cuda_impl.fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
+        except ValueError as e:
+            assert c.shipped and "compiled only for the dtypes" in str(e), (cfg, e)
+            continue
+        want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+        torch.testing.assert_close(y, want_y, **TOL[dtype], msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+        torch.testing.assert_close(ro, want_r, **TOL[dtype])
+    with pytest.raises(ValueError, match=r"no compiled config \(3, 1"):
+        cuda_impl.fused_add_rms_norm_with_config(x, r, w, 1e-6, C.Config(3, 1))

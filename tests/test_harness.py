@@ -432,7 +432,9 @@ def test_sweep_writes_validated_records(tmp_path, monkeypatch, capsys):
 
     n = 1000
     good = sweep.candidates("triton", n, 2)[:2]
-    monkeypatch.setattr(sweep, "candidates", lambda k, n, e: good + [Config("fused", 512, 4)])
+    monkeypatch.setattr(
+        sweep, "candidates", lambda k, n, e, op="rms_norm": good + [Config("fused", 512, 4)]
+    )
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     fake = [[20e-6, 21e-6], [20e-6, 22e-6], [19e-6, 20e-6]]
     monkeypatch.setattr(measure, "time_blocks", lambda b, fns: ({k: fake for k in fns}, None))
@@ -678,6 +680,8 @@ def test_sweep_candidates_include_todays_config(n, elem):
     except ImportError as e:
         pytest.skip(f"cuda extension not built: {e}")
     assert sweep.default_config("cuda", n, elem) in sweep.candidates("cuda", n, elem)
+    op = "fused_add_rms_norm"
+    assert sweep.default_config("cuda", n, elem, op) in sweep.candidates("cuda", n, elem, op)
 
 
 def test_forced_configs_compute_the_same_function():

@@ -298,6 +298,13 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_checked(
   unreachable();
 }
 
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with_config_checked(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, int64_t, int64_t, int64_t, int64_t) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+  unreachable();
+}
+
 void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
                                  const std::optional<at::Tensor>& weight, double eps) {
   check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
@@ -377,6 +384,9 @@ TORCH_LIBRARY(cuda_impl, m) {
         "(Tensor, Tensor)");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
+  m.def("fused_add_configs() -> int[]", &fused_add_configs);
+  m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "
+        "int row_threads, int vpt, int cluster, int variant=0) -> (Tensor, Tensor)");
   // For sweeps: force one of the compiled launch configs; and list them.
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
         "int cluster, int variant=0) -> Tensor");
@@ -396,6 +406,7 @@ void register_checked(torch::Library& m) {
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info_checked);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_checked);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__checked);
+  m.impl("fused_add_rms_norm_with_config", &fused_add_rms_norm_with_config_checked);
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }

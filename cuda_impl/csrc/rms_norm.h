@@ -54,6 +54,7 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).
 std::vector<int64_t> rms_norm_configs();
+std::vector<int64_t> fused_add_configs();
 // The (row_threads, vpt, cluster, variant) rms_norm picks for rows of n elements of
 // element_size bytes.
 std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size);

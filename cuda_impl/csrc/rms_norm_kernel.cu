@@ -134,6 +134,10 @@ constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 constexpr int kHintOnlyLoads = 4;
 constexpr int kNcOnlyLoads = 8;
+// - kLateWeight (sweep-only, fused add): no early weight vectors; the weight is read after
+//   the reduction, as for wider rows (its 16 registers a thread beside the residual's
+//   vectors cost occupancy).
+constexpr int kLateWeight = 16;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
 #define RMS_NORM_LD_V4(OP) \
@@ -265,11 +269,12 @@ __device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, i
 // than 4 vectors a thread they halve occupancy or spill, so not there. Not for 1024-thread
 // CTAs (64 registers a thread at most; they prefetch into L1 instead) nor fp32 (near the
 // copy ceiling without it). Figures: docs/PERF_NOTES.md.
-template <typename T, typename W, int BLOCK, int VPT>
+template <typename T, typename W, int BLOCK, int VPT, int VARIANT>
 __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const RowSplit& sp,
                                                   int g, int G, bool row_ok,
                                                   Pack<W> (&wv)[VPT]) {
-  if constexpr (sizeof(T) == 2 && sizeof(W) == 2 && BLOCK < 1024 && VPT <= 4) {
+  if constexpr (sizeof(T) == 2 && sizeof(W) == 2 && BLOCK < 1024 && VPT <= 4 &&
+                (VARIANT & kLateWeight) == 0) {
     if (w == nullptr || !row_ok || !aligned16(w + sp.head)) return false;
     const uint4* wp = reinterpret_cast<const uint4*>(w + sp.head);
 #pragma unroll
@@ -334,7 +339,7 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 // ---- the kernels -----------------------------------------------------------------------
 // A launch config: ROW_THREADS threads a row, VPT 16-byte vectors a thread, or (cluster) a
 // cluster of CTAs of ROW_THREADS threads sharing one row; VARIANT: kPlainLoads / kLeanRegs
-// bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads in a sweep build).
+// bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads / kLateWeight in a sweep build).
 struct Config {
   int row_threads = 0;
   int vpt = 0;
@@ -483,7 +488,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   }
   Pack<W> wv[VPT];
   const bool w_early =
-      sizeof(H) == sizeof(T) && load_weight_early<T, W, BLOCK, VPT>(w, sp, g, G, row_ok, wv);
+      sizeof(H) == sizeof(T) && load_weight_early<T, W, BLOCK, VPT, VARIANT>(w, sp, g, G, row_ok, wv);
   const float xh = edge_value<T, R>(xr, rr, ro, g, row_ok && g < sp.head);
   const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
 
@@ -526,6 +531,7 @@ struct Rung {
 constexpr int kPlain = kPlainLoads;
 constexpr int kLean = kLeanRegs;
 constexpr int kPlainLean = kPlainLoads | kLeanRegs;
+constexpr int kPlainLate = kPlainLoads | kLateWeight;
 
 // rms_norm. Plain loads wherever CTAs share an SM, read-only ones for a 1024-thread CTA
 // alone on its SM; lean registers for the 16-bit rungs of 8 vectors a thread; CTAs of at
@@ -624,8 +630,24 @@ struct FusedTable {
       {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
   };
+#ifdef RMSNORM_SWEEP_CONFIGS
+  // Candidates against the register pressure the ncu profiles found (x's and the
+  // residual's vectors both in flight): lean registers, the weight read late, one
+  // 1024-thread CTA a row, wider vectors a thread in fewer threads.
+  static constexpr Config kSweepOnly[] = {
+      {128, 4, false, kPlainLean},  {256, 4, false, kPlainLean},
+      {512, 4, false, kPlainLean},  {256, 8, false, kPlainLean},
+      {512, 8, false, kPlainLean},  {1024, 4, false, kPlain},
+      {1024, 8, false},             {512, 4, true, kLean},
+      {1024, 4, true, kLean},       {512, 8, true, kLean},
+      {128, 4, false, kPlainLate},  {256, 4, false, kPlainLate},
+      {512, 4, false, kPlainLate},  {512, 4, true, kLateWeight},
+      {256, 4, true, kPlainLate},   {128, 2, false, kPlainLate}};
+  static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
+#else
   static constexpr Config kSweepOnly[1] = {};
   static constexpr int kNumSweepOnly = 0;
+#endif
 };
 
 template <typename Tb>
@@ -781,12 +803,14 @@ constexpr bool used_by(int i, int elem) {
 }
 
 // Config I's kernel for this dtype combination: rms_norm compiles every config of its table
-// for every dtype pair (rms_norm_with_config reaches any of them), the fused add only those
-// its dtype's ladders name (null otherwise).
+// for every dtype pair, the fused add its shipped configs only for the dtypes whose ladders
+// name them (null otherwise) and its sweep-only ones for all; the *_with_config entry
+// points reach any compiled one.
 template <typename T, typename W, typename R, size_t I>
 constexpr KernelFn<T, W, R> kernel_of() {
   using C = TableOf<R>;
-  if constexpr (std::is_void_v<R> || used_by<C>(I, sizeof(T))) {
+  if constexpr (std::is_void_v<R> || I >= static_cast<size_t>(kNumShipped<C>) ||
+                used_by<C>(I, sizeof(T))) {
     return &rms_norm_kernel<T, W, R, kConfigs<C>[I].row_threads, kConfigs<C>[I].vpt,
                             kConfigs<C>[I].cluster, kConfigs<C>[I].variant>;
   } else {
@@ -881,16 +905,20 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
 
 template <typename T, typename W, typename R>
 void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& weight,
-                  at::Tensor& y2, at::Tensor& ro2, float eps) {
+                  at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& forced) {
   constexpr const char* kImpl = "cuda_impl.fused_add_rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, std::nullopt);
+  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced);
   check_clusters<FusedTable>(kImpl, plan, N);
   const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
-  TORCH_CHECK(kernel != nullptr, kImpl, ": internal error: config ", num(plan.config),
-              " is not compiled for this dtype");
+  // only a forced config can be one the default build leaves out for this dtype
+  TORCH_CHECK_VALUE(kernel != nullptr, "cuda_impl.fused_add_rms_norm_with_config: config (",
+                    num(kConfigs<FusedTable>[plan.config].row_threads), ", ",
+                    num(kConfigs<FusedTable>[plan.config].vpt),
+                    ") is compiled only for the dtypes whose ladders name it, not for x's; see "
+                    "cuda_impl.compiled_configs('fused_add_rms_norm')");
   launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M, kernel,
                 reinterpret_cast<const T*>(x2.const_data_ptr()),
                 reinterpret_cast<const R*>(r2.const_data_ptr()), w,
@@ -912,9 +940,10 @@ struct Launch {
 struct LaunchFused {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& w,
-                    at::Tensor& y2, at::Tensor& ro2, float eps) {
-    if (r2.scalar_type() == at::kFloat) return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps);
-    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps);
+                    at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& plan) {
+    if (r2.scalar_type() == at::kFloat)
+      return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps, plan);
+    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps, plan);
   }
 };
 
@@ -971,14 +1000,14 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
 // whose checks made sure they view as rows).
 void run_fused(const at::Tensor& x, const at::Tensor& residual,
                const std::optional<at::Tensor>& weight, double eps, at::Tensor& y,
-               at::Tensor& residual_out) {
+               at::Tensor& residual_out, const std::optional<Plan>& plan = std::nullopt) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n}), r2 = residual.reshape({-1, n});
   at::Tensor y2 = y.view({-1, n}), ro2 = residual_out.view({-1, n});
   const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
-  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps));
+  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps), plan);
 }
 
 }  // namespace
@@ -1016,27 +1045,50 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
   run_fused(x, residual, weight, eps, x, residual);
 }
 
-at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
-                                int64_t variant) {
-  check_inputs(x, weight, eps);
+namespace {
+// A forced config's plan: the compiled config of table Tb with these fields, or a
+// ValueError naming what was asked.
+template <typename Tb>
+Plan forced_plan(const char* fn, int64_t row_threads, int64_t vpt, int64_t cluster,
+                 int64_t variant) {
   const int ranks = static_cast<int>(std::max<int64_t>(cluster, 1));
   // fields compared as the table's ints only once they fit them
   const bool fits = row_threads > 0 && row_threads <= 1024 && vpt > 0 && vpt <= 64 &&
                     variant >= 0 && variant <= 255;
-  const int found =
-      fits ? find_config<PlainTable>({static_cast<int>(row_threads), static_cast<int>(vpt),
-                                      ranks > 1, static_cast<int>(variant)})
-           : -1;
-  TORCH_CHECK_VALUE(found >= 0, "cuda_impl.rms_norm_with_config: no compiled config (",
-                    num(row_threads), ", ", num(vpt), ", cluster ", num(ranks), ", variant ",
-                    num(variant), "); see cuda_impl.compiled_configs()");
-  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0),
-                    "cuda_impl.rms_norm_with_config: cluster is ", num(ranks),
-                    "; expected 1, 2, 4 or 8");
+  const int found = fits ? find_config<Tb>({static_cast<int>(row_threads), static_cast<int>(vpt),
+                                            ranks > 1, static_cast<int>(variant)})
+                         : -1;
+  TORCH_CHECK_VALUE(found >= 0, fn, ": no compiled config (", num(row_threads), ", ", num(vpt),
+                    ", cluster ", num(ranks), ", variant ", num(variant),
+                    "); see cuda_impl.compiled_configs()");
+  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0), fn,
+                    ": cluster is ", num(ranks), "; expected 1, 2, 4 or 8");
+  return Plan{found, ranks};
+}
+}  // namespace
+
+at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
+                                int64_t variant) {
+  check_inputs(x, weight, eps);
+  const Plan plan = forced_plan<PlainTable>("cuda_impl.rms_norm_with_config", row_threads, vpt,
+                                            cluster, variant);
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  run(x, weight, eps, y, Plan{found, ranks});
+  run(x, weight, eps, y, plan);
   return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with_config(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, int64_t row_threads, int64_t vpt, int64_t cluster, int64_t variant) {
+  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+  const Plan plan = forced_plan<FusedTable>("cuda_impl.fused_add_rms_norm_with_config",
+                                            row_threads, vpt, cluster, variant);
+  const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor y = at::empty(x.sizes(), contiguous);
+  at::Tensor residual_out = at::empty(x.sizes(), contiguous.dtype(residual.scalar_type()));
+  run_fused(x, residual, weight, eps, y, residual_out, plan);
+  return {y, residual_out};
 }
 
 std::vector<int64_t> rms_norm_kernel_info(const at::Tensor& x,
@@ -1055,20 +1107,26 @@ TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
   m.impl("rms_norm_with_config", &rms_norm_with_config);
+  m.impl("fused_add_rms_norm_with_config", &fused_add_rms_norm_with_config);
   m.impl("rms_norm_kernel_info", &rms_norm_kernel_info);
 }
 
-// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, variant)
-// tuples.
-std::vector<int64_t> rms_norm_configs() {
-  using C = PlainTable;
+namespace {
+template <typename Tb>
+std::vector<int64_t> configs_of() {
   std::vector<int64_t> out;
-  for (int i = 0; i < kNumConfigs<C>; ++i) {
-    out.insert(out.end(), {kConfigs<C>[i].row_threads, kConfigs<C>[i].vpt,
-                           kConfigs<C>[i].cluster, i < kNumShipped<C>, kConfigs<C>[i].variant});
+  for (int i = 0; i < kNumConfigs<Tb>; ++i) {
+    out.insert(out.end(), {kConfigs<Tb>[i].row_threads, kConfigs<Tb>[i].vpt,
+                           kConfigs<Tb>[i].cluster, i < kNumShipped<Tb>, kConfigs<Tb>[i].variant});
   }
   return out;
 }
+}  // namespace
+
+// The compiled configs as flat (row_threads, vpt, cluster, in_default_ladder, variant)
+// tuples, of each op.
+std::vector<int64_t> rms_norm_configs() { return configs_of<PlainTable>(); }
+std::vector<int64_t> fused_add_configs() { return configs_of<FusedTable>(); }
 
 namespace {
 template <typename Tb>
