@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -37,20 +38,31 @@ from harness.validate import check
 # ---------------------------------------------------------------------------------------
 
 
-def kernels_of(call, name: str) -> dict:
-    """The device kernels one call launches: {names, count, path} (path: kernel_path)."""
+def kernel_times(call: Callable[[], object], calls: int = 1) -> dict[str, dict]:
+    """The device kernels of ``calls`` calls under torch.profiler, per call:
+    {name: {"count": launches, "us": summed device microseconds}}."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
+        for _ in range(calls):
+            call()
         torch.cuda.synchronize()
-    names = [
-        e.name
-        for e in prof.events()
-        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
-    ]
-    return {"names": sorted(set(names)), "count": len(names), "path": kernel_path(name, names)}
+    found: dict[str, dict] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        k = found.setdefault(e.name, {"count": 0, "us": 0.0})
+        k["count"] += 1
+        k["us"] += e.time_range.elapsed_us()
+    return {n: {"count": k["count"] / calls, "us": k["us"] / calls} for n, k in found.items()}
+
+
+def kernels_of(call, name: str) -> dict:
+    """The device kernels one call launches: {names, count, path} (path: kernel_path)."""
+    times = kernel_times(call)
+    names = [n for n, k in times.items() for _ in range(round(k["count"]))]
+    return {"names": sorted(times), "count": len(names), "path": kernel_path(name, names)}
 
 
 def kernel_path(name: str, names: list[str]) -> Optional[str]:

@@ -81,6 +81,7 @@ import torch.nn.functional as F
 # harness.impls first: without a GPU it sets TRITON_INTERPRET=1 before Triton is imported
 from harness import impls  # isort: skip
 from harness import hardware, measure, records, timing
+from harness.measure import kernel_times
 from harness.ops import FUSED_ADD_RMS_NORM, RMS_NORM
 from harness.plan import Planned, names_arg
 from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
@@ -422,26 +423,6 @@ def amdahl_bound(f: float, s: float) -> float:
 def exceeds(measured: float, lo: float, hi: float, bound: float) -> bool:
     """Whether a measured speedup is above its bound by more than its spread (hi - lo)."""
     return measured - bound > hi - lo
-
-
-def kernel_times(call: Callable[[], object], calls: int = 1) -> dict[str, dict]:
-    """The device kernels of ``calls`` calls under torch.profiler, per call:
-    {name: {"count": launches, "us": summed device microseconds}}."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    found: dict[str, dict] = {}
-    for e in prof.events():
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        k = found.setdefault(e.name, {"count": 0, "us": 0.0})
-        k["count"] += 1
-        k["us"] += e.time_range.elapsed_us()
-    return {n: {"count": k["count"] / calls, "us": k["us"] / calls} for n, k in found.items()}
 
 
 #: Names of a norm's kernels in this block: ours (rms_norm), PyTorch's fused F.rms_norm

@@ -14,24 +14,17 @@ import sys
 
 import torch
 
+from harness.measure import kernel_times
 from harness.plan import DTYPES, parse_shapes
 
 
 def kernel_us(fn, *args, calls: int = 20) -> dict[str, float]:
+    """Mean device microseconds a launch of each of our kernels (names with rms_norm) over
+    ``calls`` calls of fn, after three warm-up calls."""
     for _ in range(3):
         fn(*args)
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(calls):
-            fn(*args)
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        if "rms_norm" in e.key:
-            total = getattr(e, "device_time_total", None) or e.cuda_time_total
-            out[e.key[:90]] = total / max(e.count, 1)
-    return out
+    times = kernel_times(lambda: fn(*args), calls=calls)
+    return {n[:90]: k["us"] / k["count"] for n, k in times.items() if "rms_norm" in n}
 
 
 def main() -> int:
