@@ -4,15 +4,15 @@ with its in-place form ``fused_add_rms_norm_``.
 
 Importing this package loads the compiled extension (``cuda_impl/_C*.so``); if it was
 never built, ImportError says how to build it. For kernel work: ``kernel_info(x)``,
-``compiled_configs()``, ``default_config(n, element_size)``,
-``search_space(n, element_size)`` and ``rms_norm_with_config(x, weight, eps, cfg)``, with
-``Config`` from cuda_impl.configs.
+``compiled_configs(op)``, ``default_config(n, element_size, op)``,
+``search_space(n, element_size, op)``, ``rms_norm_with_config(x, weight, eps, cfg)`` and
+``fused_add_rms_norm_with_config(x, residual, weight, eps, cfg)``, with ``Config`` from
+cuda_impl.configs (op: "rms_norm", the default, or "fused_add_rms_norm").
 """
 
 from cuda_impl.configs import Config, compiled_configs, default_config, search_space
 from cuda_impl.ops import (
     RMSNorm,
-    fused_add_default_config,
     fused_add_rms_norm,
     fused_add_rms_norm_,
     fused_add_rms_norm_with_config,
@@ -26,7 +26,6 @@ __all__ = [
     "RMSNorm",
     "compiled_configs",
     "default_config",
-    "fused_add_default_config",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
     "fused_add_rms_norm_with_config",

@@ -8,7 +8,7 @@ Here it is read back, typed:
   row, kernel variant bits), frozen;
 - ``compiled_configs(op)``: every compiled config of an op (rms_norm, fused_add_rms_norm),
   and whether it ships (is on a ladder);
-- ``default_config(n, element_size)``: the C++ ladder's own choice for many rows;
+- ``default_config(n, element_size, op)``: the C++ ladder's own choice for many rows;
 - ``search_space(n, element_size, op)``: the candidates ``python -m harness.sweep`` times.
 Why each rung is what it is, with the measurements: docs/PERF_NOTES.md.
 """
@@ -64,17 +64,25 @@ class Compiled:
     shipped: bool
 
 
-#: The ops with a rung table of their own, and the C++ function listing its configs.
-OPS = {"rms_norm": "rms_norm_configs", "fused_add_rms_norm": "fused_add_configs"}
+#: The ops with a rung table of their own: the C++ functions listing its configs and
+#: giving its default rule's choice.
+OPS = {
+    "rms_norm": ("rms_norm_configs", "rms_norm_default_config"),
+    "fused_add_rms_norm": ("fused_add_configs", "fused_add_default_config"),
+}
+
+
+def _table_fn(op: str, which: int, caller: str):
+    if op not in OPS:
+        raise ValueError(f"cuda_impl.{caller}: op is {op!r}; expected one of {sorted(OPS)}")
+    return getattr(torch.ops.cuda_impl, OPS[op][which])
 
 
 def compiled_configs(op: str = "rms_norm") -> list[Compiled]:
     """Every compiled config of op, the shipped ones first. The fused add compiles a shipped
     config only for the dtypes whose ladders name it (its with-config entry point says so
     for the others); sweep-only configs are compiled for every dtype."""
-    if op not in OPS:
-        raise ValueError(f"cuda_impl.compiled_configs: op is {op!r}; expected one of {sorted(OPS)}")
-    flat = getattr(torch.ops.cuda_impl, OPS[op])()
+    flat = _table_fn(op, 0, "compiled_configs")()
     rows = (flat[i : i + 5] for i in range(0, len(flat), 5))
     return [Compiled(rt, vpt, bool(cl), var, bool(shipped)) for rt, vpt, cl, shipped, var in rows]
 
@@ -84,11 +92,11 @@ def sweep_build() -> bool:
     return not all(c.shipped for c in compiled_configs())
 
 
-def default_config(n: int, element_size: int) -> Config:
-    """The config rms_norm picks for many rows of n elements of element_size bytes (the C++
+def default_config(n: int, element_size: int, op: str = "rms_norm") -> Config:
+    """The config op picks for many rows of n elements of element_size bytes (the C++
     ladder itself, so sweeps compare against exactly what runs; ValueError for a width or
     element size no kernel takes)."""
-    rt, vpt, ranks, variant = torch.ops.cuda_impl.rms_norm_default_config(n, element_size)
+    rt, vpt, ranks, variant = _table_fn(op, 1, "default_config")(n, element_size)
     return Config(rt, vpt, ranks, variant)
 
 

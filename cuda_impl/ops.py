@@ -157,21 +157,10 @@ def fused_add_rms_norm_with_config(
     cfg: one of cuda_impl.compiled_configs('fused_add_rms_norm'), its cluster the CTAs
     sharing a row."""
     check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
-    if not isinstance(cfg, Config):
-        raise ValueError(
-            "fused_add_rms_norm_with_config: cfg must be a cuda_impl.configs.Config, got"
-            f" {type(cfg).__name__}"
-        )
+    _check_cfg(cfg, "fused_add_rms_norm_with_config")
     return torch.ops.cuda_impl.fused_add_rms_norm_with_config(
         x, residual, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
     )
-
-
-def fused_add_default_config(n: int, element_size: int) -> Config:
-    """The config fused_add_rms_norm launches for rows of n elements of element_size bytes
-    (many rows; the cluster field the CTAs sharing a row)."""
-    rt, vpt, ranks, variant = torch.ops.cuda_impl.fused_add_default_config(n, element_size)
-    return Config(rt, vpt, ranks, variant)
 
 
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
@@ -186,17 +175,19 @@ def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     )
 
 
+def _check_cfg(cfg, fn: str) -> None:
+    """A forced config must be a Config (its fields become the C++ op's ints)."""
+    if not isinstance(cfg, Config):
+        raise ValueError(f"{fn}: cfg must be a cuda_impl.configs.Config, got {type(cfg).__name__}")
+
+
 def rms_norm_with_config(
     x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Config
 ) -> torch.Tensor:
     """rms_norm with a forced launch config, for sweeps; same result. cfg: a compiled one
     (cuda_impl.compiled_configs()), its cluster the CTAs sharing a row."""
     check_inputs(x, weight, eps, impl=_IMPL)
-    if not isinstance(cfg, Config):
-        raise ValueError(
-            "rms_norm_with_config: cfg must be a cuda_impl.configs.Config, got"
-            f" {type(cfg).__name__}"
-        )
+    _check_cfg(cfg, "rms_norm_with_config")
     return torch.ops.cuda_impl.rms_norm_with_config(
         x, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
     )

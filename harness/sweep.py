@@ -69,12 +69,12 @@ def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
 def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows (the backend's default rule)."""
     if kernel == "triton":
-        from triton_impl import default_config as rule
-    elif op == RMS_NORM.name:
-        from cuda_impl import default_config as rule
-    else:
-        from cuda_impl import fused_add_default_config as rule
-    return rule(n, elem)
+        from triton_impl import default_config
+
+        return default_config(n, elem)
+    from cuda_impl import default_config
+
+    return default_config(n, elem, op=op)
 
 
 def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:

@@ -434,12 +434,14 @@ def test_cuda_fused_configs_listed():
     shipped = {(c.row_threads, c.vpt, c.cluster, c.variant) for c in table if c.shipped}
     assert len(shipped) == len(table) - sum(not c.shipped for c in table) >= 10
     for n, elem in ((128, 2), (4096, 2), (5120, 4), (32768, 2), (262144, 4)):
-        cfg = backend("cuda").fused_add_default_config(n, elem)
+        cfg = C.default_config(n, elem, op="fused_add_rms_norm")
         assert (cfg.row_threads, cfg.vpt, cfg.cluster > 1, cfg.variant) in shipped
         assert cfg.holds(n, elem)
     assert C.search_space(4096, 2, op="fused_add_rms_norm")
     with pytest.raises(ValueError, match=r"op is 'backward'"):
         C.compiled_configs("backward")
+    with pytest.raises(ValueError, match=r"default_config: op is 'backward'"):
+        C.default_config(4096, 2, op="backward")
 
 
 @pytest.mark.gpu
