@@ -23,9 +23,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def impl_or_skip(name: str, device: str = DEVICE):
-    """The named implementation, or a skip that says why it cannot run here."""
-    impl = IMPLS[name]
+def impl_or_skip(name: str, device: str = DEVICE, impls: dict = IMPLS):
+    """The named implementation (of rms_norm, or of the op whose registry ``impls`` is), or
+    a skip that says why it cannot run here."""
+    impl = impls[name]
     why = runnable(impl, device)
     if why:
         pytest.skip(f"{name}: {why}")

@@ -13,9 +13,8 @@ import warnings
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE, HAS_GPU, impl_or_skip
 from harness.cases import fused_add_cases
-from harness.impls import runnable
 from harness.ops import FUSED_ADD_RMS_NORM as OP
 from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
 from harness.validate import run_case
@@ -27,11 +26,7 @@ CASES = [c.cpu_cap() for c in fused_add_cases()] if DEVICE == "cpu" else fused_a
 
 
 def impl_here(name: str):
-    impl = IMPLS[name]
-    why = runnable(impl, DEVICE)
-    if why:
-        pytest.skip(f"{name}: {why}")
-    return impl
+    return impl_or_skip(name, impls=IMPLS)
 
 
 def backend(name: str):
