@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|stage]     (default all)
+#   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
+# Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
@@ -10,6 +11,8 @@
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
 #      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs);
 #      NCU_OP (default rms_norm) names the op.
+# probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
+#        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, 4 plots, report).
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
@@ -17,6 +20,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
+# mode NAME: whether this call runs NAME (all runs test and bench)
+mode() { [[ ",$MODE," == *",$1,"* ]]; }
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -35,7 +40,7 @@ step() { echo; echo "=== $* ($(date +%T))"; }
 #   (`bash scripts/h200.sh stage`, to a warm machine); .qk2 holds the rest.
 mkdir -p /tmp/qk
 [[ -d .qk1 ]] && cp .qk1/* /tmp/qk/
-[[ "$MODE" == stage ]] && { ls -la /tmp/qk; exit 0; }
+mode stage && { ls -la /tmp/qk; exit 0; }
 [[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
 for part in /tmp/qk/*.whl.part-aa; do
   [[ -e "$part" ]] && cat "${part%.part-aa}".part-* >"${part%.part-aa}" && rm "${part%.part-aa}".part-*
@@ -51,7 +56,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 echo "commit: ${RMSNORM_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 
-[[ "$MODE" == sweep ]] && export RMSNORM_SWEEP_CONFIGS=1
+mode sweep && export RMSNORM_SWEEP_CONFIGS=1
 # A warm machine keeps the last call's build: rebuild only when the sources or the build
 # switches changed (the hash of what the extension is compiled from), not because the
 # working tree was copied anew.
@@ -68,7 +73,7 @@ else
   mkdir -p build && echo "$src_hash" >build/.src-hash
 fi
 
-if [[ "$MODE" == all || "$MODE" == test ]]; then
+if mode all || mode test; then
   step "pytest (GPU)"
   # The CMake build (95 s of device time) is CI's to check; DEVICE_CMAKE=1 runs it here too.
   skip=(--deselect tests/test_build.py::test_cmake_build_loads)
@@ -100,22 +105,24 @@ if [[ "$MODE" == all || "$MODE" == test ]]; then
   [[ "$ours" == 0 ]] || status=1
 fi
 
-if [[ "$MODE" == all || "$MODE" == bench || "$MODE" == quick ]]; then
+if mode all || mode bench || mode quick; then
   step "benchmark"
-  flag=""; [[ "$MODE" == quick ]] && flag="--quick"
+  flag=""; mode quick && flag="--quick"
   $PY -m harness.bench $flag --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" --out "$OUT/results" 2>&1 || status=1
 fi
-if [[ "$MODE" == model ]]; then
+if mode model; then
   step "the whole-model answer"
   # shellcheck disable=SC2086
   $PY -m harness.model --require-gpu ${MODEL_ARGS:-} --out "$OUT/model" 2>&1 || status=1
 fi
-if [[ "$MODE" == sweep ]]; then
+if mode sweep; then
+  step "every compiled fused config, sweep-only ones included, against the reference"
+  $PY -m pytest -q -p no:cacheprovider tests/test_fused_add.py -k cuda_fused_every_config 2>&1 | tail -5 || status=1
   step "sweep of launch configs"
   # shellcheck disable=SC2086
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
 fi
-if [[ "$MODE" == ncu ]]; then
+if mode ncu; then
   step "Nsight Compute (clock control off), one launch per kernel"
   metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
   metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -128,5 +135,10 @@ if [[ "$MODE" == ncu ]]; then
       $PY scripts/ncu_one.py --op "${NCU_OP:-rms_norm}" --impls "${NCU_IMPLS:-triton,cuda,quack}" ${NCU_ARGS:-} \
       --dtype "${case%%:*}" --shape "${case#*:}" 2>&1 | grep -v "^==PROF==" || status=1
   done
+fi
+if mode probe; then
+  step "our Triton kernel alone and inside torch.compile"
+  # shellcheck disable=SC2086
+  $PY scripts/compile_probe.py ${PROBE_ARGS:-} 2>&1 || status=1
 fi
 exit $status
