@@ -28,8 +28,8 @@ VARIANT_LEAN_REGS = 2
 #: non-allocating load.
 VARIANT_HINT_ONLY_LOADS = 4
 VARIANT_NC_ONLY_LOADS = 8
-#: Sweep-only, the fused add: the weight read after the reduction even where rms_norm reads
-#: it early (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
+#: The fused add: the weight read after the reduction even where rms_norm reads it early
+#: (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
 VARIANT_LATE_WEIGHT = 16
 
 

@@ -134,9 +134,9 @@ constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 constexpr int kHintOnlyLoads = 4;
 constexpr int kNcOnlyLoads = 8;
-// - kLateWeight (sweep-only, fused add): no early weight vectors; the weight is read after
-//   the reduction, as for wider rows (its 16 registers a thread beside the residual's
-//   vectors cost occupancy).
+// - kLateWeight (fused add): no early weight vectors; the weight is read after the
+//   reduction, as for wider rows (its 16 registers a thread beside the residual's vectors
+//   cost occupancy).
 constexpr int kLateWeight = 16;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
@@ -339,7 +339,7 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 // ---- the kernels -----------------------------------------------------------------------
 // A launch config: ROW_THREADS threads a row, VPT 16-byte vectors a thread, or (cluster) a
 // cluster of CTAs of ROW_THREADS threads sharing one row; VARIANT: kPlainLoads / kLeanRegs
-// bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads / kLateWeight in a sweep build).
+// / kLateWeight bits (the sweep-only kHintOnlyLoads / kNcOnlyLoads in a sweep build).
 struct Config {
   int row_threads = 0;
   int vpt = 0;
@@ -593,9 +593,12 @@ struct PlainTable {
 };
 
 // fused_add_rms_norm. A residual vector rides with each of x's (two when the residual is
-// fp32 beside 16-bit x), so the rungs hold half the vectors a thread the plain op's do, in
-// twice the threads: the bytes in flight a thread stay what the plain op found best. One
-// ladder for both element sizes; clusters as the plain op's, at 4 vectors a thread.
+// fp32 beside 16-bit x), so the rungs start from half the vectors a thread the plain op's
+// hold, in twice the threads. The 16-bit rungs past 128 vectors and the clusters are what
+// the fused sweep measured best (docs/PERF_NOTES.md, v13): the weight read late where the
+// register count set the occupancy (256 x 4 at 5120 elements: 83% -> 97% of copy), lean
+// registers at 8 vectors a thread, and one 512 x 8 CTA a row up to 4096 vectors where two
+// clustered CTAs lost (70% -> 93%).
 struct FusedTable {
   static constexpr Rung kRungs[] = {
       {Ladder::kMany16, 8, {8, 1, false, kPlain}},
@@ -603,10 +606,13 @@ struct FusedTable {
       {Ladder::kMany16, 32, {32, 1, false, kPlain}},
       {Ladder::kMany16, 64, {32, 2, false, kPlain}},
       {Ladder::kMany16, 128, {64, 2, false, kPlain}},
-      {Ladder::kMany16, 256, {128, 2, false, kPlain}},
-      {Ladder::kMany16, 512, {128, 4, false, kPlain}},
-      {Ladder::kMany16, 1024, {256, 4, false, kPlain}},
+      {Ladder::kMany16, 256, {128, 2, false, kPlainLate}},
+      {Ladder::kMany16, 512, {128, 4, false, kPlainLean}},
+      {Ladder::kMany16, 768, {256, 4, false, kPlainLate}},
+      {Ladder::kMany16, 1024, {256, 4, false, kPlainLean}},
+      {Ladder::kMany16, 1536, {256, 8, false, kPlainLean}},
       {Ladder::kMany16, 2048, {512, 4, false, kPlain}},
+      {Ladder::kMany16, 4096, {512, 8, false, kPlainLean}},
       {Ladder::kMany32, 8, {8, 1, false, kPlain}},
       {Ladder::kMany32, 16, {16, 1, false, kPlain}},
       {Ladder::kMany32, 32, {32, 1, false, kPlain}},
@@ -616,7 +622,7 @@ struct FusedTable {
       {Ladder::kMany32, 512, {128, 4, false, kPlain}},
       {Ladder::kMany32, 1024, {256, 4, false, kPlain}},
       {Ladder::kMany32, 2048, {512, 4, false, kPlain}},
-      {Ladder::kMany32, 4096, {1024, 4, false}},
+      {Ladder::kMany32, 4096, {512, 8, false, kPlainLean}},
       {Ladder::kFew, 8, {8, 1, false, kPlain}},
       {Ladder::kFew, 16, {16, 1, false, kPlain}},
       {Ladder::kFew, 32, {32, 1, false, kPlain}},
@@ -624,25 +630,20 @@ struct FusedTable {
       {Ladder::kFew, 256, {128, 2, false, kPlain}},
       {Ladder::kFew, 1024, {512, 2, false, kPlain}},
       {Ladder::kFew, 2048, {512, 4, false, kPlain}},
-      {Ladder::kCluster16, 8 * 2048, {512, 4, true}},
+      {Ladder::kCluster16, 8 * 1024, {256, 4, true, kPlainLate}},
+      {Ladder::kCluster16, 8 * 2048, {512, 4, true, kLateWeight}},
       {Ladder::kCluster16, 8 * 4096, {1024, 4, true}},
+      {Ladder::kCluster32, 8 * 1024, {256, 4, true, kPlainLate}},
       {Ladder::kCluster32, 8 * 2048, {512, 4, true}},
       {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
-  // Candidates against the register pressure the ncu profiles found (x's and the
-  // residual's vectors both in flight): lean registers, the weight read late, one
-  // 1024-thread CTA a row, wider vectors a thread in fewer threads.
+  // Candidates the fused sweep keeps timing beside the rungs: lean registers or the late
+  // weight at other shapes, one 1024-thread CTA a row.
   static constexpr Config kSweepOnly[] = {
-      {128, 4, false, kPlainLean},  {256, 4, false, kPlainLean},
-      {512, 4, false, kPlainLean},  {256, 8, false, kPlainLean},
-      {512, 8, false, kPlainLean},  {1024, 4, false, kPlain},
-      {1024, 8, false},             {512, 4, true, kLean},
-      {1024, 4, true, kLean},       {512, 8, true, kLean},
-      {128, 4, false, kPlainLate},  {256, 4, false, kPlainLate},
-      {512, 4, false, kPlainLate},  {512, 4, true, kLateWeight},
-      {256, 4, true, kPlainLate},   {128, 2, false, kPlainLate}};
+      {256, 4, false, kPlainLean}, {512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
+      {1024, 4, false},            {128, 4, false, kPlainLate}, {512, 4, false, kPlainLate}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
