@@ -1,7 +1,10 @@
-"""The one definition of a correct RMSNorm forward, and of the fused residual add before it.
+"""The one definition of a correct RMSNorm forward, of the fused residual add before it, and
+of both ops' gradients.
 
 fp32 math on upcast inputs, one cast at the end:
     y = (x.float() * rsqrt(mean(x.float()**2, -1) + eps)) * weight.float()  ->  x.dtype
+Gradients: the forward's autograd in float64 (rms_norm_grads_ref,
+fused_add_rms_norm_grads_ref), each cast once to its input's dtype.
 Tests, the validation suite and the benchmark all import this; nothing re-implements it.
 The benchmark's eager baseline is this very function (harness.impls), and torch.compile's
 baseline compiles it.
@@ -41,6 +44,47 @@ def fused_add_rms_norm_ref(
     return y.to(x.dtype), residual_out
 
 
+def _norm64(s: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    y = s * torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def rms_norm_grads_ref(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, dy: torch.Tensor
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(dx, dweight) of rms_norm at (x, weight) for the output gradient dy: autograd of the
+    forward in float64, dx cast to x's dtype, dweight to weight's (None without a weight)."""
+    x64 = x.detach().double().requires_grad_()
+    w64 = None if weight is None else weight.detach().double().requires_grad_()
+    wrt = (x64,) if w64 is None else (x64, w64)
+    grads = torch.autograd.grad(_norm64(x64, w64, eps), wrt, dy.double())
+    dw = None if weight is None else grads[1].to(weight.dtype)
+    return grads[0].to(x.dtype), dw
+
+
+def fused_add_rms_norm_grads_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    dy: torch.Tensor,
+    d_residual_out: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(dx, dresidual, dweight) of the fused add for the gradients of y (dy) and of
+    residual_out (None: zero). y is RMSNorm of the stored residual_out, so the gradient
+    reaching the sum is the norm's plus residual_out's own, and it reaches x and residual
+    alike (the add's rounding passes it straight through); float64, each cast to its
+    input's dtype."""
+    s = (x.float() + residual.float()).to(residual.dtype)
+    s64 = s.detach().double().requires_grad_()
+    w64 = None if weight is None else weight.detach().double().requires_grad_()
+    wrt = (s64,) if w64 is None else (s64, w64)
+    grads = torch.autograd.grad(_norm64(s64, w64, eps), wrt, dy.double())
+    g = grads[0] if d_residual_out is None else grads[0] + d_residual_out.double()
+    dw = None if weight is None else grads[1].to(weight.dtype)
+    return g.to(x.dtype), g.to(residual.dtype), dw
+
+
 #: Tolerances for comparing an implementation with rms_norm_ref, per output dtype.
 #: - float16 / bfloat16: rtol is one ulp of the output format (2^-10, 2^-7). Two correct
 #:   implementations hold the same fp32 value up to reduction order, and its final rounding
@@ -54,3 +98,26 @@ TOL = {
     torch.float16: dict(atol=1e-5, rtol=2.0**-10),
     torch.bfloat16: dict(atol=1e-5, rtol=2.0**-7),
 }
+
+#: Tolerances for gradients against the float64 reference, per gradient dtype: rtol as
+#: TOL's (one ulp of the format; fp32: the order of the fp32 row reductions, and for dweight
+#: of the sum over rows), atol relative to the largest reference gradient
+#: (grad_close), since dx's terms cancel and its small entries carry the fp32 error of
+#: the large ones.
+GRAD_TOL = {
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float16: dict(rtol=2.0**-10, atol=2.0**-11),
+    torch.bfloat16: dict(rtol=2.0**-7, atol=2.0**-8),
+}
+
+
+def grad_close(got: torch.Tensor, want: torch.Tensor, what: str = "gradient") -> None:
+    """Assert a gradient matches the reference's within GRAD_TOL (atol scaled by the
+    reference's largest entry); same dtype and shape first."""
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
+    tol = GRAD_TOL[want.dtype]
+    scale = float(want.detach().abs().max()) if want.numel() else 1.0
+    torch.testing.assert_close(
+        got.float(), want.float(), rtol=tol["rtol"], atol=tol["atol"] * max(scale, 1e-30),
+        msg=lambda m: f"{what}: {m}",
+    )  # fmt: skip

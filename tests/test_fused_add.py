@@ -115,6 +115,51 @@ def test_in_place_form_writes_both(name, n):
     torch.testing.assert_close(r, ro, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("offsets", [(0, 0, 0, 0), (3, 0, 0, 0), (0, 1, 2, 5), (3, 3, 3, 3)])
+@pytest.mark.parametrize("rdtype", [None, torch.float32])
+@pytest.mark.parametrize("n", [17, 1000, 4097])
+def test_triton_split_kernel_any_alignment(n, rdtype, offsets):
+    """The Triton fused add's split kernel (odd widths) finds x's 16-byte boundaries from its
+    address and moves the other rows in vectors only when they line up too: x, residual, y
+    and residual_out each at its own offset and odd row stride stay correct."""
+    impl_or_skip("triton")
+    from triton_impl import kernels
+    from triton_impl.configs import Config, fused_add_kernel_for
+    from triton_impl.launch import Launch, launch
+
+    dtype = torch.bfloat16
+    rdtype = rdtype or dtype
+
+    def rows(off, dt, fill=None):
+        base = torch.randn(6, n + 5, device=DEVICE).to(dt) if fill is None else torch.full(
+            (6, n + 5), fill, device=DEVICE, dtype=dt)  # fmt: skip
+        return base[:, off : off + n]
+
+    x, r = rows(offsets[0], dtype), rows(offsets[1], rdtype)
+    y, ro = rows(offsets[2], dtype, math.nan), rows(offsets[3], rdtype, math.nan)
+    w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
+    cfg = Config("split", 1 << (n - 1).bit_length(), 2)
+    by_hand = kernels.INTERPRET and rdtype == torch.bfloat16
+    kernel, meta = fused_add_kernel_for(cfg, 2, True, by_hand)
+    strides = (x.stride(0), r.stride(0), y.stride(0), ro.stride(0))
+    launch(Launch(cfg, kernel, (6,), (x, r, w, y, ro, *strides, n, 1e-6), meta))
+    want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    torch.testing.assert_close(y, want_y, **TOL[dtype])
+    torch.testing.assert_close(ro, want_r, **TOL[rdtype])
+
+
+def test_triton_odd_widths_take_the_split_kernel():
+    """Odd widths whose rows line up take the split kernel; rows that do not, or aligned
+    widths, the fused tile."""
+    from triton_impl.configs import fused_add_config
+
+    assert fused_add_config(4097, 2).kernel == "split"
+    assert fused_add_config(4097, 2, split_ok=False).kernel == "fused"
+    assert fused_add_config(4096, 2).kernel == "fused"
+    assert fused_add_config(1001, 4).kernel == "split"
+    assert fused_add_config(40000, 2).kernel == "chunked"
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_empty_rows(name):
     impl = impl_here(name)

@@ -251,27 +251,41 @@ FUSED_ADD_CHUNK = Config("chunked", 8192, 16)
 
 
 @functools.cache
-def fused_add_config(n: int, element_size: int) -> Config:
-    """The fused add's config for rows of n elements of x's element_size bytes: the fused
-    tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile, THREAD_BYTES of it a
-    thread, as the plain op's rule for untuned widths), the chunked kernel beyond. Not yet
-    swept: a rule, not a table."""
+def fused_add_config(n: int, element_size: int, split_ok: bool = True) -> Config:
+    """The fused add's config for rows of n elements of x's element_size bytes: the split
+    kernel where split_kernel_wins and the four rows share x's 16-byte alignment (split_ok),
+    half the plain split's bytes a thread (x's and the residual's both in flight); the
+    fused tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile, THREAD_BYTES of
+    it a thread, as the plain op's rule for untuned widths); the chunked kernel beyond.
+    Not yet swept: a rule, not a table."""
     check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
         return FUSED_ADD_CHUNK
+    if split_ok and split_kernel_wins(n, element_size):
+        vec = 16 // element_size
+        body = triton.next_power_of_2(n // vec * vec)
+        warps = max(1, min(32, 2 * body * element_size // (32 * THREAD_BYTES[element_size])))
+        return Config("split", body, warps)
     return formula_tile(block_n, element_size)
 
 
-def fused_add_kernel_for(cfg: Config, has_weight: bool, round_by_hand: bool = False) -> tuple:
-    """(kernel, meta) of the fused add for a config (fused or chunked kernel); round_by_hand:
-    residual_out is bf16 and the kernel runs in the interpreter (kernels._round_to)."""
+def fused_add_kernel_for(
+    cfg: Config, element_size: int, has_weight: bool, round_by_hand: bool = False
+) -> tuple:
+    """(kernel, meta) of the fused add for a config (fused, split or chunked kernel);
+    round_by_hand: residual_out is bf16 and the kernel runs in the interpreter
+    (kernels._round_to)."""
     if cfg.kernel not in FUSED_ADD_KERNELS:
-        raise ValueError(f"fused add: no {cfg.kernel!r} kernel; expected fused or chunked")
+        raise ValueError(
+            f"fused add: no {cfg.kernel!r} kernel; expected one of {sorted(FUSED_ADD_KERNELS)}"
+        )
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps,
                 ROUND_BY_HAND=round_by_hand)  # fmt: skip
     if cfg.kernel == "fused":
         meta["BLOCK_M"] = cfg.block_m
+    elif cfg.kernel == "split":
+        meta["VEC"] = 16 // element_size
     return FUSED_ADD_KERNELS[cfg.kernel], meta
 
 

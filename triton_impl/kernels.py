@@ -239,6 +239,85 @@ def _fused_add_rms_norm_fwd_fused(
              mask=mask)  # fmt: skip
 
 
+@triton.jit
+def _fused_add_split_row(
+    x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr, ALIGNED: tl.constexpr,
+):
+    # One row of the fused add, split as _rms_norm_fwd_split splits it: x's body is always
+    # 16-byte aligned; ALIGNED: residual's, y's and residual_out's bodies are too (the
+    # caller checked their addresses), so all four move in 16-byte vectors.
+    cols = tl.arange(0, BLOCK_N)
+    body = cols < nbody
+    e = tl.arange(0, 2 * VEC)  # lanes [0, VEC): the head, [VEC, 2 VEC): the tail
+    is_head = e < VEC
+    e_col = tl.where(is_head, e, head + nbody + e - VEC)
+    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    if ALIGNED:
+        rb_ptr = tl.multiple_of(r_row + head, 16)
+        yb_ptr = tl.multiple_of(y_row + head, 16)
+        rob_ptr = tl.multiple_of(ro_row + head, 16)
+    else:
+        rb_ptr = r_row + head
+        yb_ptr = y_row + head
+        rob_ptr = ro_row + head
+    xb = tl.load(tl.multiple_of(x_row + head, 16) + cols, mask=body, other=0.0)
+    rb = tl.load(rb_ptr + cols, mask=body, other=0.0)
+    xe = tl.load(x_row + e_col, mask=e_ok, other=0.0)
+    re = tl.load(r_row + e_col, mask=e_ok, other=0.0)
+    sb = _round_to(xb.to(tl.float32) + rb.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
+    se = _round_to(xe.to(tl.float32) + re.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
+    tl.store(rob_ptr + cols, sb, mask=body)
+    tl.store(ro_row + e_col, se, mask=e_ok)
+    sb = sb.to(tl.float32)
+    se = se.to(tl.float32)
+    ss = tl.sum(sb * sb, axis=0) + tl.sum(se * se, axis=0)
+    rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
+    yb = sb * rstd
+    ye = se * rstd
+    if HAS_WEIGHT:
+        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    tl.store(yb_ptr + cols, yb.to(y_row.dtype.element_ty), mask=body)
+    tl.store(y_row + e_col, ye.to(y_row.dtype.element_ty), mask=e_ok)
+
+
+# fmt: off
+@triton.jit
+def _fused_add_rms_norm_fwd_split(
+    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
+    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
+    N, eps,  # true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+):
+    # fmt: on
+    # one program a row, split at x's 16-byte boundaries (VEC elements of x) into a scalar
+    # head, an aligned body and a scalar tail, as the plain op's split kernel: for odd N the
+    # masked tile cannot prove alignment and moves every element alone. The other three
+    # rows take vectors when their bodies are aligned too (checked here, from the
+    # addresses: any pointers are safe), else scalar accesses.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    r_row = r_ptr + row * stride_r
+    y_row = y_ptr + row * stride_y
+    ro_row = ro_ptr + row * stride_ro
+    elem: tl.constexpr = 16 // VEC
+    x_off = (x_row.to(tl.int64, bitcast=True) % 16) // elem  # elements past a boundary
+    head = tl.minimum((VEC - x_off) % VEC, N).to(tl.int32)
+    nbody = tl.multiple_of((N - head) // VEC * VEC, VEC)
+    aligned = ((r_row + head).to(tl.int64, bitcast=True) % 16 == 0) & (
+        (y_row + head).to(tl.int64, bitcast=True) % 16 == 0) & (
+        (ro_row + head).to(tl.int64, bitcast=True) % 16 == 0)  # fmt: skip
+    if aligned:
+        _fused_add_split_row(x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
+                             BLOCK_N, VEC, HAS_WEIGHT, ROUND_BY_HAND, True)  # fmt: skip
+    else:
+        _fused_add_split_row(x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
+                             BLOCK_N, VEC, HAS_WEIGHT, ROUND_BY_HAND, False)  # fmt: skip
+
+
 # fmt: off
 @triton.jit
 def _fused_add_rms_norm_fwd_chunked(
@@ -285,5 +364,6 @@ KERNELS = {
 #: The fused add's kernels, by the same kind names.
 FUSED_ADD_KERNELS = {
     "fused": _fused_add_rms_norm_fwd_fused,
+    "split": _fused_add_rms_norm_fwd_split,
     "chunked": _fused_add_rms_norm_fwd_chunked,
 }

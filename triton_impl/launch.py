@@ -38,15 +38,18 @@ class Launch:
     meta: dict
 
 
-def split_ok(x2: torch.Tensor, y2: torch.Tensor) -> bool:
-    """Whether the split kernel's vector stores of y line up with its vector loads of x:
-    x's and y's rows equally far from a 16-byte boundary, judged from strides and storage
-    offsets (allocations are 16-byte aligned; no data pointer, so this also holds while
-    tracing). A choice of speed only: the kernel is correct for any pointers."""
+def split_ok(x2: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether the split kernel's vector accesses of the other rows (y; the fused add's
+    residual and residual_out too) line up with its vector loads of x: each row equally far
+    from a 16-byte boundary as x's, in x's elements, judged from strides and storage offsets
+    (allocations are 16-byte aligned; no data pointer, so this also holds while tracing). A
+    choice of speed only: the kernels are correct for any pointers."""
     vec = 16 // x2.element_size()
-    return (x2.stride(0) - y2.stride(0)) % vec == 0 and (
-        x2.storage_offset() - y2.storage_offset()
-    ) % vec == 0
+    return all(
+        (x2.stride(0) - o.stride(0)) % vec == 0
+        and (x2.storage_offset() - o.storage_offset()) % vec == 0
+        for o in others
+    )
 
 
 @functools.cache
@@ -103,10 +106,12 @@ def plan_fused_add(
     m = x2.shape[0]
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
-    cfg = fused_add_config(n, x.element_size())
+    cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2))
     by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
-    kernel, meta = fused_add_kernel_for(cfg, has_weight, by_hand)
+    kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, by_hand)
     strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
+    if cfg.kernel == "split":
+        return Launch(cfg, kernel, (m,), (x2, r2, w, y2, ro2, *strides, n, eps), meta)
     args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
     grid = (triton.cdiv(m, cfg.block_m),) if cfg.kernel == "fused" else (m,)
     return Launch(cfg, kernel, grid, args, meta)
