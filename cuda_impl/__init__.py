@@ -1,6 +1,9 @@
 """Hand-written CUDA C++ RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)``, ``RMSNorm``, and the
 fused residual add ``fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out)``
-with its in-place form ``fused_add_rms_norm_``.
+with its in-place form ``fused_add_rms_norm_``. Both functional ops are differentiable
+(csrc/rms_norm_backward.cu), their backward ops public too: ``rms_norm_backward(dy, x,
+weight, eps)`` and ``fused_add_rms_norm_backward(dy, d_residual_out, residual_out, weight,
+eps)``.
 
 Importing this package loads the compiled extension (``cuda_impl/_C*.so``); if it was
 never built, ImportError says how to build it. For kernel work: ``kernel_info(x)``,
@@ -15,9 +18,11 @@ from cuda_impl.ops import (
     RMSNorm,
     fused_add_rms_norm,
     fused_add_rms_norm_,
+    fused_add_rms_norm_backward,
     fused_add_rms_norm_with_config,
     kernel_info,
     rms_norm,
+    rms_norm_backward,
     rms_norm_with_config,
 )
 
@@ -28,9 +33,11 @@ __all__ = [
     "default_config",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "fused_add_rms_norm_backward",
     "fused_add_rms_norm_with_config",
     "kernel_info",
     "rms_norm",
+    "rms_norm_backward",
     "rms_norm_with_config",
     "search_space",
 ]

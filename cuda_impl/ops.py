@@ -23,8 +23,9 @@ from rmsnorm_api import (
     check_fused_inputs,
     check_in_place,
     check_inputs,
+    check_backward_inputs,
     check_out,
-    register_forward_only,
+    register_autograd,
 )
 
 _IMPL = "cuda_impl.rms_norm"
@@ -83,7 +84,32 @@ def _fused_add_in_place_fake(x, residual, weight, eps):
     return None
 
 
-register_forward_only("cuda_impl::fused_add_rms_norm", impl=_FUSED)
+_BWD = "cuda_impl.rms_norm_backward"
+_FUSED_BWD = "cuda_impl.fused_add_rms_norm_backward"
+
+
+@torch.library.register_fake("cuda_impl::rms_norm_backward")
+def _rms_norm_backward_fake(dy, x, weight, eps):
+    check_backward_inputs(dy, x, weight, eps, impl=_BWD)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(weight.shape if weight is not None else (0,),
+                     dtype=weight.dtype if weight is not None else x.dtype, device=x.device)  # fmt: skip
+    return dx, dw
+
+
+@torch.library.register_fake("cuda_impl::fused_add_rms_norm_backward")
+def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps):
+    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
+                          impl=_FUSED_BWD)  # fmt: skip
+    s = residual_out
+    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
+    dres = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+    dw = torch.empty(weight.shape if weight is not None else (0,),
+                     dtype=weight.dtype if weight is not None else s.dtype, device=s.device)  # fmt: skip
+    return dx, dres, dw
+
+
+register_autograd("cuda_impl")
 
 _FUSED_OP = torch.ops.cuda_impl.fused_add_rms_norm.default
 _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default
@@ -144,6 +170,34 @@ def fused_add_rms_norm_(
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
         check_in_place(x, residual, weight, impl=_FUSED_)
     _FUSED_OP_(x, residual, weight, float(eps))
+
+
+def rms_norm_backward(
+    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = DEFAULT_EPS
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
+    dweight in weight's dtype, None without a weight. Deterministic. Raises
+    TypeError/ValueError naming the argument for unsupported input."""
+    check_backward_inputs(dy, x, weight, eps, impl=_BWD)
+    dx, dw = torch.ops.cuda_impl.rms_norm_backward(dy, x, weight, float(eps))
+    return dx, dw if weight is not None else None
+
+
+def fused_add_rms_norm_backward(
+    dy: torch.Tensor,
+    d_residual_out: Optional[torch.Tensor],
+    residual_out: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype) and
+    of residual_out (None: zero), given the forward's residual_out. Deterministic."""
+    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
+                          impl=_FUSED_BWD)  # fmt: skip
+    dx, dres, dw = torch.ops.cuda_impl.fused_add_rms_norm_backward(
+        dy, d_residual_out, residual_out, weight, float(eps)
+    )
+    return dx, dres, dw if weight is not None else None
 
 
 def fused_add_rms_norm_with_config(

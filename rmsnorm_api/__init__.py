@@ -19,8 +19,9 @@ Accepted input:
   partially overlap x or weight in memory (out=x itself normalises in place); not with
   inputs that require grad (as torch's own out= functions).
 
-The kernels are forward-only for now: a result computed from inputs that require grad
-raises when its backward runs.
+Gradients: both ops are differentiable in x (and residual) and weight; the out= and
+in-place forms refuse inputs that require grad. check_backward_inputs checks the backward
+ops' arguments.
 
 This module imports neither Triton nor the CUDA extension, so both kernels (and callers
 that have only one of them) share one vocabulary of errors. ``swap_rms_norm(model,
@@ -136,19 +137,94 @@ def _check_dense(t: torch.Tensor, name: str, impl: str) -> None:
         )
 
 
-def check_x(x: torch.Tensor, *, impl: str = "rms_norm") -> None:
-    """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules."""
+def check_x(x: torch.Tensor, *, impl: str = "rms_norm", name: str = "x") -> None:
+    """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules
+    and the backward (name: dy there)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{impl}: x must be a torch.Tensor, got {_type_name(x)}")
-    _check_dense(x, "x", impl)
+        raise TypeError(f"{impl}: {name} must be a torch.Tensor, got {_type_name(x)}")
+    _check_dense(x, name, impl)
     if x.dtype not in DTYPES:
         raise TypeError(
-            f"{impl}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16"
+            f"{impl}: {name} has dtype {x.dtype}; expected one of float32, float16, bfloat16"
         )
     if x.dim() == 0:
-        raise ValueError(f"{impl}: x is 0-dimensional; expected at least 1 dimension")
+        raise ValueError(f"{impl}: {name} is 0-dimensional; expected at least 1 dimension")
     if x.shape[-1] < 1:
-        raise ValueError(f"{impl}: x's last dimension is {x.shape[-1]}; expected N >= 1")
+        raise ValueError(f"{impl}: {name}'s last dimension is {x.shape[-1]}; expected N >= 1")
+
+
+def check_backward_inputs(
+    dy: torch.Tensor,
+    saved: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    d_residual_out: Optional[torch.Tensor] = None,
+    *,
+    fused: bool = False,
+    allow_cpu: bool = False,
+    impl: str = "rms_norm_backward",
+) -> None:
+    """The backward ops' arguments: dy (the output gradient: a dtype of DTYPES, the saved
+    tensor's shape, any strides), the saved tensor (rms_norm's x: dy's dtype; the fused
+    add's residual_out: dy's dtype or float32; stride 1 in the last dimension), weight as
+    the forward takes it beside dy, the fused add's d_residual_out (residual_out's shape and
+    dtype, or None) and eps. Raise TypeError/ValueError naming the argument."""
+    saved_name = "residual_out" if fused else "x"
+    check_x(dy, impl=impl, name="dy")
+    if not isinstance(saved, torch.Tensor):
+        raise TypeError(f"{impl}: {saved_name} must be a torch.Tensor, got {_type_name(saved)}")
+    _check_dense(saved, saved_name, impl)
+    if saved.shape != dy.shape:
+        raise ValueError(
+            f"{impl}: dy has shape {tuple(dy.shape)} but {saved_name} has shape"
+            f" {tuple(saved.shape)}"
+        )
+    n = dy.shape[-1]
+    if n > MAX_N:
+        raise ValueError(f"{impl}: dy's last dimension is {n}; the supported maximum is N = {MAX_N}")
+    if fused:
+        _check_beside_x(saved, saved_name, dy, impl)
+    elif saved.dtype != dy.dtype:
+        raise TypeError(f"{impl}: dy has dtype {dy.dtype} but x has dtype {saved.dtype}")
+    if saved.device != dy.device:
+        raise ValueError(f"{impl}: dy is on device '{dy.device}' but {saved_name} is on '{saved.device}'")
+    if saved.numel() > 0 and saved.stride(-1) != 1:
+        raise ValueError(
+            f"{impl}: {saved_name} has stride {saved.stride(-1)} in its last dimension; expected 1"
+        )
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(
+                f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}"
+            )
+        _check_dense(weight, "weight", impl)
+        if weight.shape != (n,):
+            raise ValueError(
+                f"{impl}: weight has shape {tuple(weight.shape)} but dy's last dimension"
+                f" is {n}; expected ({n},)"
+            )
+        _check_beside_x(weight, "weight", dy, impl)
+    if d_residual_out is not None:
+        if not isinstance(d_residual_out, torch.Tensor):
+            raise TypeError(
+                f"{impl}: d_residual_out must be a torch.Tensor or None, got"
+                f" {_type_name(d_residual_out)}"
+            )
+        _check_dense(d_residual_out, "d_residual_out", impl)
+        if d_residual_out.shape != saved.shape or d_residual_out.dtype != saved.dtype:
+            raise ValueError(
+                f"{impl}: d_residual_out has shape {tuple(d_residual_out.shape)} and dtype"
+                f" {d_residual_out.dtype}; expected residual_out's, {tuple(saved.shape)} and"
+                f" {saved.dtype}"
+            )
+        if d_residual_out.device != dy.device:
+            raise ValueError(
+                f"{impl}: d_residual_out is on device '{d_residual_out.device}' but dy is on"
+                f" '{dy.device}'"
+            )
+    check_eps(eps, impl=impl)
+    if dy.device.type != "cuda" and not (allow_cpu and dy.device.type == "cpu"):
+        raise ValueError(f"{impl}: dy is on device '{dy.device}'; expected a CUDA tensor")
 
 
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
@@ -269,18 +345,43 @@ def check_in_place(
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
-def register_forward_only(op: str, *, impl: str) -> None:
-    """The autograd kernel of a forward-only op with two outputs (the fused add): its
-    forward runs under inputs that require grad, and backward raises, instead of PyTorch's
-    fallback, which only warns and leaves the inputs without gradients."""
+def register_autograd(ns: str) -> None:
+    """The autograd of a backend's two functional ops (``<ns>::rms_norm``,
+    ``<ns>::fused_add_rms_norm``), through its backward ops (``<ns>::rms_norm_backward``,
+    ``<ns>::fused_add_rms_norm_backward``). The forward saves references to what the
+    backward reads (x; the fused add's residual_out) and the weight, no copies: the
+    kernels recompute rstd from them."""
+    ops = getattr(torch.ops, ns)
 
-    def backward(ctx, grad_y, grad_residual):
-        raise RuntimeError(
-            f"{impl}: the kernels are forward-only for now (no backward yet); train with an"
-            " add and torch.nn.RMSNorm"
+    def setup_rms_norm(ctx, inputs, output) -> None:
+        x, weight, eps = inputs
+        ctx.eps = eps
+        ctx.save_for_backward(x, weight)
+
+    def rms_norm_grad(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = ops.rms_norm_backward(dy, x, weight, ctx.eps)
+        return dx, dw if weight is not None else None, None
+
+    def setup_fused_add(ctx, inputs, output) -> None:
+        x, _residual, weight, eps = inputs
+        ctx.eps = eps
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(output[1], weight)  # residual_out: what y normalised
+
+    def fused_add_grad(ctx, dy, d_residual_out):
+        residual_out, weight = ctx.saved_tensors
+        if dy is None:  # only residual_out was used: its gradient passes to x and residual
+            dy = residual_out.new_zeros(residual_out.shape, dtype=ctx.x_dtype)
+        dx, dres, dw = ops.fused_add_rms_norm_backward(
+            dy, d_residual_out, residual_out, weight, ctx.eps
         )
+        return dx, dres, dw if weight is not None else None, None
 
-    torch.library.register_autograd(op, backward, setup_context=lambda ctx, inputs, output: None)
+    torch.library.register_autograd(f"{ns}::rms_norm", rms_norm_grad, setup_context=setup_rms_norm)
+    torch.library.register_autograd(
+        f"{ns}::fused_add_rms_norm", fused_add_grad, setup_context=setup_fused_add
+    )
 
 
 def call_op(
@@ -322,8 +423,7 @@ class RMSNormModule(torch.nn.Module):
 
     Same constructor and defaults as torch.nn.RMSNorm: eps=None means
     ``torch.finfo(x.dtype).eps`` at call time; elementwise_affine creates a weight of ones.
-    Forward only for now: the kernels have no backward, so a loss built on the output
-    raises when backward runs (the forward itself works with Parameter weights).
+    Trains: both ops have a backward (the weight gets its gradient).
     """
 
     _fn: Callable[..., torch.Tensor]

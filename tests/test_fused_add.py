@@ -16,7 +16,13 @@ import torch
 from conftest import DEVICE, HAS_GPU, impl_or_skip
 from harness.cases import fused_add_cases
 from harness.ops import FUSED_ADD_RMS_NORM as OP
-from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
+from harness.reference import (
+    TOL,
+    fused_add_rms_norm_grads_ref,
+    fused_add_rms_norm_ref,
+    grad_close,
+    rms_norm_ref,
+)
 from harness.validate import run_case
 from rmsnorm_api import check_fused_inputs, check_in_place
 
@@ -237,16 +243,20 @@ def test_in_place_errors(name):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_backward_raises(name):
-    """Forward only, for now: the forward runs with inputs that require grad, backward
-    raises a clear error rather than giving no gradient."""
+def test_backward_gives_every_gradient(name):
+    """The fused op trains: x, residual and the weight get the reference's
+    gradients, residual_out's own gradient included."""
     impl = impl_here(name)
     x, r, w = inputs(4, 64, torch.float32)
-    x.requires_grad_(True)
+    for t in (x, r, w):
+        t.requires_grad_(True)
     y, ro = impl.fn(x, r, w, 1e-6)
-    torch.testing.assert_close(y, fused_add_rms_norm_ref(x.detach(), r, w, 1e-6)[0])
-    with pytest.raises(RuntimeError, match=r"forward-only for now"):
-        y.sum().backward()
+    torch.testing.assert_close(y, fused_add_rms_norm_ref(x.detach(), r.detach(), w.detach(), 1e-6)[0])
+    dy, dro = torch.randn_like(y), torch.randn_like(ro)
+    torch.autograd.backward((y, ro), (dy, dro))
+    want = fused_add_rms_norm_grads_ref(x.detach(), r.detach(), w.detach(), 1e-6, dy, dro)
+    for got, exp, what in zip((x.grad, r.grad, w.grad), want, ("dx", "dresidual", "dweight")):
+        grad_close(got, exp, what)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

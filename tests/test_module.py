@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, fn_or_skip, impl_or_skip
-from harness.reference import TOL, rms_norm_ref
+from harness.reference import TOL, grad_close, rms_norm_grads_ref, rms_norm_ref
 from rmsnorm_api import MAX_N
 
 
@@ -94,16 +94,18 @@ def test_module_rejects_bad_constructor_args(name, args, kwargs, err, what):
 
 @pytest.mark.parametrize("name", ["triton", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_module_forward_with_parameter_weight(name):
-    """Forward-only for now: with a weight that requires grad (a Parameter, grad mode on)
-    the forward works and matches the reference; backward raises rather than giving a
-    wrong or missing gradient."""
+    """With a weight that requires grad (a Parameter, grad mode on) the forward matches the
+    reference and backward gives the weight and x their gradients (the reference's)."""
     cls = module_cls(name)
     mod = cls(256, eps=1e-6, device=DEVICE)
     assert mod.weight.requires_grad and torch.is_grad_enabled()
     with torch.no_grad():
         mod.weight.copy_(1 + 0.5 * torch.randn(256))
-    x = torch.randn(3, 256, device=DEVICE)
+    x = torch.randn(3, 256, device=DEVICE, requires_grad=True)
     y = mod(x)
-    torch.testing.assert_close(y, rms_norm_ref(x, mod.weight.detach(), 1e-6), **TOL[x.dtype])
-    with pytest.raises(RuntimeError, match=r"forward-only for now \(no backward yet\)"):
-        y.sum().backward()
+    torch.testing.assert_close(y, rms_norm_ref(x.detach(), mod.weight.detach(), 1e-6), **TOL[x.dtype])
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want_dx, want_dw = rms_norm_grads_ref(x.detach(), mod.weight.detach(), 1e-6, dy)
+    grad_close(x.grad, want_dx, "dx")
+    grad_close(mod.weight.grad, want_dw, "dweight")

@@ -1,6 +1,8 @@
 """Masked Triton RMSNorm: ``rms_norm(x, weight=None, eps=1e-6)``, ``RMSNorm``, and the fused
 residual add ``fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out)`` with its
-in-place form ``fused_add_rms_norm_``.
+in-place form ``fused_add_rms_norm_``. Both functional ops are differentiable; their
+backward ops are public too: ``rms_norm_backward(dy, x, weight, eps) -> (dx, dweight)``
+and ``fused_add_rms_norm_backward(dy, d_residual_out, residual_out, weight, eps)``.
 
 For kernel work: ``kernel_info(x)`` (the kernel and config a call launches),
 ``default_config(n, element_size)`` (the default rule, triton_impl.configs) and
@@ -8,9 +10,14 @@ For kernel work: ``kernel_info(x)`` (the kernel and config a call launches),
 times; ``search_space(n, element_size)`` lists the candidates).
 """
 
+from rmsnorm_api import register_autograd
+from triton_impl.backward import fused_add_rms_norm_backward, rms_norm_backward
 from triton_impl.configs import Config, default_config, search_space
 from triton_impl.fused_add_rms_norm_op import fused_add_rms_norm, fused_add_rms_norm_
 from triton_impl.rms_norm_op import RMSNorm, kernel_info, rms_norm, rms_norm_with_config
+
+# gradients of both functional ops, once the forward and backward ops are all registered
+register_autograd("triton_impl")
 
 __all__ = [
     "Config",
@@ -18,8 +25,10 @@ __all__ = [
     "default_config",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "fused_add_rms_norm_backward",
     "kernel_info",
     "rms_norm",
+    "rms_norm_backward",
     "rms_norm_with_config",
     "search_space",
 ]

@@ -10,8 +10,9 @@ rms_norm(r)`` while reading x and residual once and writing y and residual_out o
 residual may be x's dtype or float32 (an fp32 residual stream beside 16-bit activations).
 Registered as ``triton_impl::fused_add_rms_norm`` and the in-place
 ``triton_impl::fused_add_rms_norm_`` (its mutation declared in the schema, so it captures
-in CUDA graphs with no allocation). Kernels: kernels.py; config rule: configs.py. Forward
-only, for now, like the plain op.
+in CUDA graphs with no allocation). Kernels: kernels.py; config rule: configs.py. The
+functional form is differentiable (triton_impl.backward); the in-place one refuses inputs
+that require grad.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Optional
 import torch
 from torch.library import triton_op
 
-from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place, register_forward_only
+from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan_fused_add
 
@@ -54,8 +55,6 @@ def _fused_add_in_place_op(
     if x.numel() > 0:
         launch(plan_fused_add(x, residual, weight, eps, x, residual))
 
-
-register_forward_only("triton_impl::fused_add_rms_norm", impl=_IMPL)
 
 
 def fused_add_rms_norm(

@@ -50,19 +50,6 @@ def _rms_norm_out_op(
     _run(x, weight, eps, out)
 
 
-def _forward_only(ctx, grad):
-    raise RuntimeError(
-        f"{_IMPL}: the kernels are forward-only for now (no backward yet); train with"
-        " torch.nn.RMSNorm"
-    )
-
-
-# Forward only, for now: with inputs that require grad the forward runs and the result's
-# backward raises, in the CUDA op's words.
-torch.library.register_autograd(
-    "triton_impl::rms_norm", _forward_only, setup_context=lambda ctx, inputs, output: None
-)
-
 # Nested tensors stop at their autograd key, which the ops above have no kernel for: there
 # the checks name x instead of the dispatcher's "could not run" (as on the CUDA side).
 _NESTED_KEY = "AutogradNestedTensor"

@@ -212,6 +212,60 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
   check_device(x, impl);
 }
 
+// The backward ops' arguments (rmsnorm_api's check_backward_inputs, in its order): dy, the
+// saved tensor (x, or the fused add's residual_out), weight, d_residual_out, eps, device.
+void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
+                           const std::optional<at::Tensor>& weight, double eps,
+                           const std::optional<at::Tensor>& d_residual_out, bool fused) {
+  const char* impl = fused ? kFusedBwdImpl : kBwdImpl;
+  const char* sname = fused ? "residual_out" : "x";
+  check_dense(dy, "dy", impl);
+  TORCH_CHECK_TYPE(supported(dy.scalar_type()), impl, ": dy has dtype ",
+                   dtype_str(dy.scalar_type()), "; expected one of float32, float16, bfloat16");
+  TORCH_CHECK_VALUE(dy.dim() > 0, impl, ": dy is 0-dimensional; expected at least 1 dimension");
+  TORCH_CHECK_VALUE(dy.size(-1) >= 1, impl, ": dy's last dimension is ", num(dy.size(-1)),
+                    "; expected N >= 1");
+  check_dense(saved, sname, impl);
+  TORCH_CHECK_VALUE(saved.sizes() == dy.sizes(), impl, ": dy has shape ", shape_str(dy.sizes()),
+                    " but ", sname, " has shape ", shape_str(saved.sizes()));
+  const int64_t n = dy.size(-1);
+  TORCH_CHECK_VALUE(n <= kMaxN, impl, ": dy's last dimension is ", num(n),
+                    "; the supported maximum is N = ", num(kMaxN));
+  if (fused) {
+    check_beside_x(saved, sname, dy, impl);
+  } else {
+    TORCH_CHECK_TYPE(saved.scalar_type() == dy.scalar_type(), impl, ": dy has dtype ",
+                     dtype_str(dy.scalar_type()), " but x has dtype ",
+                     dtype_str(saved.scalar_type()));
+  }
+  TORCH_CHECK_VALUE(saved.device() == dy.device(), impl, ": dy is on device '", dy.device().str(),
+                    "' but ", sname, " is on '", saved.device().str(), "'");
+  TORCH_CHECK_VALUE(saved.numel() == 0 || saved.stride(-1) == 1, impl, ": ", sname,
+                    " has stride ", num(saved.stride(-1)), " in its last dimension; expected 1");
+  if (weight.has_value()) {
+    check_dense(*weight, "weight", impl);
+    TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == n, impl, ": weight has shape ",
+                      shape_str(weight->sizes()), " but dy's last dimension is ", num(n),
+                      "; expected (", num(n), ",)");
+    check_beside_x(*weight, "weight", dy, impl);
+  }
+  if (d_residual_out.has_value()) {
+    check_dense(*d_residual_out, "d_residual_out", impl);
+    TORCH_CHECK_VALUE(d_residual_out->sizes() == saved.sizes() &&
+                          d_residual_out->scalar_type() == saved.scalar_type(),
+                      impl, ": d_residual_out has shape ", shape_str(d_residual_out->sizes()),
+                      " and dtype ", dtype_str(d_residual_out->scalar_type()),
+                      "; expected residual_out's, ", shape_str(saved.sizes()), " and ",
+                      dtype_str(saved.scalar_type()));
+    TORCH_CHECK_VALUE(d_residual_out->device() == dy.device(), impl,
+                      ": d_residual_out is on device '", d_residual_out->device().str(),
+                      "' but dy is on '", dy.device().str(), "'");
+  }
+  check_eps(eps, impl);
+  TORCH_CHECK_VALUE(dy.device().is_cuda(), impl, ": dy is on device '", dy.device().str(),
+                    "'; expected a CUDA tensor");
+}
+
 // The in-place form writes y into x and residual_out into residual (rmsnorm_api's
 // check_in_place, in its order).
 void check_in_place(const at::Tensor& x, const at::Tensor& residual,
@@ -341,36 +395,18 @@ void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
   torch::autograd::impl::bump_version(residual);
 }
 
-// Forward only, for now: with inputs that require grad the forward runs and the result's
-// backward raises, instead of PyTorch's autograd fallback, which only warns and leaves the
-// inputs without gradients.
-class ForwardOnly : public torch::autograd::Function<ForwardOnly> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x,
-                            const std::optional<at::Tensor>& weight, double eps) {
-    return below_autograd(x, weight, eps);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                 torch::autograd::variable_list) {
-    TORCH_CHECK(false, kImpl, ": the kernels are forward-only for now (no backward yet); "
-                "train with torch.nn.RMSNorm");
-  }
-  static at::Tensor below_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                   double eps) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("cuda_impl::rms_norm", "")
-                               .typed<at::Tensor(const at::Tensor&,
-                                                 const std::optional<at::Tensor>&, double)>();
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return op.call(x, weight, eps);
-  }
-};
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_checked(
+    const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    double eps) {
+  check_backward_inputs(dy, x, weight, eps, std::nullopt, false);
+  unreachable();
+}
 
-at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                             double eps) {
-  const bool grad = at::GradMode::is_enabled() &&
-                    (x.requires_grad() || (weight.has_value() && weight->requires_grad()));
-  return grad ? ForwardOnly::apply(x, weight, eps) : ForwardOnly::below_autograd(x, weight, eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_checked(
+    const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps) {
+  check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
+  unreachable();
 }
 
 }  // namespace
@@ -383,6 +419,11 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> "
         "(Tensor, Tensor)");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
+  // The backward ops (autograd: cuda_impl/ops.py): (dx, dweight) and (dx, dresidual,
+  // dweight); dweight is empty without a weight.
+  m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)");
+  m.def("fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, "
+        "Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "
@@ -407,11 +448,12 @@ void register_checked(torch::Library& m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_checked);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__checked);
   m.impl("fused_add_rms_norm_with_config", &fused_add_rms_norm_with_config_checked);
+  m.impl("rms_norm_backward", &rms_norm_backward_checked);
+  m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward_checked);
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }
 TORCH_LIBRARY_IMPL(cuda_impl, AutogradNestedTensor, m) { register_checked(m); }
-TORCH_LIBRARY_IMPL(cuda_impl, Autograd, m) { m.impl("rms_norm", &rms_norm_autograd); }
 TORCH_LIBRARY_IMPL(cuda_impl, ADInplaceOrView, m) {
   m.impl("rms_norm_out", &rms_norm_out_versioned);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__versioned);

@@ -1,4 +1,5 @@
-// Declarations shared by the op schemas (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu).
+// Declarations shared by the op schemas (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu,
+// rms_norm_backward.cu).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,8 @@ constexpr int64_t kMaxN = 262144;
 constexpr const char* kImpl = "cuda_impl.rms_norm";
 constexpr const char* kFusedImpl = "cuda_impl.fused_add_rms_norm";
 constexpr const char* kFusedImplInPlace = "cuda_impl.fused_add_rms_norm_";
+constexpr const char* kBwdImpl = "cuda_impl.rms_norm_backward";
+constexpr const char* kFusedBwdImpl = "cuda_impl.fused_add_rms_norm_backward";
 
 // The argument checks of rmsnorm_api (check_inputs, check_out, check_fused_inputs,
 // check_in_place), repeated for direct torch.ops callers: TypeError / ValueError in Python,
@@ -40,6 +43,10 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
                         const std::optional<at::Tensor>& weight, double eps, const char* impl);
 void check_in_place(const at::Tensor& x, const at::Tensor& residual,
                     const std::optional<at::Tensor>& weight, const char* impl);
+// rmsnorm_api.check_backward_inputs: saved is x, or (fused) the fused add's residual_out.
+void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
+                           const std::optional<at::Tensor>& weight, double eps,
+                           const std::optional<at::Tensor>& d_residual_out, bool fused);
 
 at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -50,6 +57,15 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       double eps);
 void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
                          const std::optional<at::Tensor>& weight, double eps);
+
+// The backward ops (rms_norm_backward.cu): (dx, dweight), and the fused add's (dx,
+// dresidual, dweight); dweight is empty without a weight.
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward(
+    const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps);
 
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).

@@ -1,0 +1,255 @@
+"""The backward of both ops, both kernels: gradients against the float64 reference over a
+grid (three dtypes, odd widths, wide rows, strided rows and dy, no weight, fp32 weight),
+the fused add's gradients, determinism of dweight, gradcheck of the reference, invalid
+gradients' errors, and the ops (opcheck with gradients, torch.compile, modules training).
+
+Without a GPU the Triton backward runs under the interpreter (small M), and the CUDA
+backward ops' argument checks run on CPU tensors (they come before the device check).
+"""
+
+import pytest
+import torch
+
+from conftest import DEVICE, HAS_GPU, impl_or_skip
+from harness.reference import (
+    fused_add_rms_norm_grads_ref,
+    grad_close,
+    grad_scale,
+    norm64,
+    rms_norm_grads_ref,
+)
+
+BACKENDS = ["triton", "cuda"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+#: (M, N): odd widths, a register-resident width, rows wider than a program holds.
+SHAPES = [(7, 1), (5, 17), (6, 1000), (4, 4095), (4, 4096), (3, 4097), (2, 40000)]
+if HAS_GPU:
+    SHAPES += [(1031, 4096), (257, 16384), (64, 65536), (9000, 1024)]
+
+
+def backend(name: str):
+    impl_or_skip(name)
+    return __import__(f"{name}_impl")
+
+
+def poison_allocator(nbytes: int) -> None:
+    """On a GPU, the next allocations reuse memory just filled with NaN (the caching
+    allocator's freed block), so an output the kernel leaves unwritten shows up."""
+    if HAS_GPU:
+        torch.full((nbytes // 4 + 1024,), float("nan"), device="cuda")
+
+
+def rows(m: int, n: int, dtype, pad: int = 0) -> torch.Tensor:
+    """Fresh randn rows, as a view into wider rows when pad > 0 (row stride n + pad)."""
+    base = torch.randn(m, n + pad, device=DEVICE).to(dtype)
+    return base[:, pad : pad + n] if pad else base
+
+
+def weight_of(n: int, dtype, kind: str):
+    if kind == "none":
+        return None
+    return (1 + 0.5 * torch.randn(n, device=DEVICE)).to(torch.float32 if kind == "fp32" else dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rms_norm_grads_match_reference(name, dtype, shape):
+    """dx and dweight through autograd against the float64 reference, poisoned memory
+    under the outputs."""
+    mod = backend(name)
+    m, n = shape
+    x = rows(m, n, dtype).requires_grad_()
+    w = weight_of(n, dtype, "dtype").requires_grad_()
+    dy = torch.randn(m, n, device=DEVICE).to(dtype)
+    y = mod.rms_norm(x, w, 1e-6)
+    poison_allocator(3 * x.numel() * 4)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    want_dx, want_dw = rms_norm_grads_ref(x, w, 1e-6, dy)
+    grad_close(dx, want_dx, "dx", grad_scale(x, w, dy))
+    grad_close(dw, want_dw, "dweight")
+
+
+@pytest.mark.parametrize("layout", ["strided-rows", "dy-transposed", "dy-expanded", "3d"])
+@pytest.mark.parametrize("wkind", ["none", "fp32", "dtype"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rms_norm_grads_layouts(name, wkind, layout):
+    """Rows of x at an offset and odd stride, dy of any strides (a transposed copy, an
+    expanded row: handled, not refused), 3-D x; no weight (no dweight) or an fp32 weight
+    beside bf16 x (an fp32 dweight)."""
+    mod = backend(name)
+    dtype = torch.bfloat16
+    m, n = 6, 1000
+    x = rows(m, n, dtype, pad=3 if layout == "strided-rows" else 0)
+    if layout == "3d":
+        x = x.view(2, 3, n)
+    x.requires_grad_()
+    w = weight_of(n, dtype, wkind)
+    if w is not None:
+        w.requires_grad_()
+    if layout == "dy-transposed":
+        dy = torch.randn(n, m, device=DEVICE).to(dtype).t()
+    elif layout == "dy-expanded":
+        dy = torch.randn(n, device=DEVICE).to(dtype).expand(m, n)
+    else:
+        dy = torch.randn(x.shape, device=DEVICE).to(dtype)
+    y = mod.rms_norm(x, w, 1e-6)
+    wrt = (x,) if w is None else (x, w)
+    grads = torch.autograd.grad(y, wrt, dy)
+    want_dx, want_dw = rms_norm_grads_ref(x, w, 1e-6, dy)
+    grad_close(grads[0], want_dx, "dx", grad_scale(x, w, dy))
+    if w is not None:
+        assert grads[1].dtype == w.dtype
+        grad_close(grads[1], want_dw, "dweight")
+    dx, dw = mod.rms_norm_backward(dy, x.detach(), None if w is None else w.detach(), 1e-6)
+    grad_close(dx, want_dx, "dx (the backward op)", grad_scale(x, w, dy))
+    assert (dw is None) == (w is None)
+
+
+@pytest.mark.parametrize("used", ["both", "y-only", "residual_out-only"])
+@pytest.mark.parametrize("rdtype", ["dtype", "fp32"])
+@pytest.mark.parametrize("shape", [(5, 17), (4, 4097), (2, 40000)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fused_add_grads_match_reference(name, shape, rdtype, used):
+    """dx, dresidual, dweight of the fused add, with the gradient reaching y, residual_out
+    or both (an fp32 residual stream beside bf16 x included)."""
+    mod = backend(name)
+    m, n = shape
+    dtype = torch.bfloat16
+    x = rows(m, n, dtype).requires_grad_()
+    r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
+    w = weight_of(n, dtype, "dtype").requires_grad_()
+    y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
+    dy, dro = torch.randn_like(y), torch.randn_like(ro)
+    outs, grads_in = {"both": ((y, ro), (dy, dro)), "y-only": ((y,), (dy,)),
+                      "residual_out-only": ((ro,), (dro,))}[used]  # fmt: skip
+    got = torch.autograd.grad(outs, (x, r, w), grads_in, allow_unused=True)
+    want = fused_add_rms_norm_grads_ref(
+        x, r, w, 1e-6, dy if used != "residual_out-only" else torch.zeros_like(dy),
+        dro if used != "y-only" else None,
+    )  # fmt: skip
+    scale = grad_scale(ro, w, dy) + float(dro.abs().max()) * (used != "y-only")
+    for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight")):
+        if g is None:  # residual_out alone: the weight gets no gradient
+            assert what == "dweight" and used == "residual_out-only"
+            continue
+        grad_close(g, exp, what, None if what == "dweight" else scale)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_dweight_is_deterministic(name):
+    """dweight (and dx) bitwise identical from run to run: partial sums in a fixed order,
+    no atomics."""
+    mod = backend(name)
+    m, n = (4099, 4096) if HAS_GPU else (9, 1000)
+    x = rows(m, n, torch.bfloat16)
+    w = weight_of(n, torch.float32, "fp32")
+    dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    first = mod.rms_norm_backward(dy, x, w, 1e-6)
+    for _ in range(3):
+        again = mod.rms_norm_backward(dy, x, w, 1e-6)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+def test_reference_gradcheck():
+    """The reference's gradients are the formula's: gradcheck in float64."""
+    x = torch.randn(3, 17, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(17, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: norm64(x, w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x: norm64(x, None, 1e-6), (x,))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_backward_errors_name_the_argument(name):
+    """Bad gradients reaching the backward ops directly get clear errors naming the
+    argument (the CUDA op's C++ checks on CPU tensors, as its Python wrapper's)."""
+    ops = getattr(torch.ops, f"{name}_impl")
+    try:
+        __import__(f"{name}_impl")
+    except ImportError as e:
+        pytest.skip(str(e))
+    x = torch.randn(4, 64, device=DEVICE)
+    w = torch.randn(64, device=DEVICE)
+    dy = torch.randn(4, 64, device=DEVICE)
+    bad = [
+        ((dy[:, :32], x, w, 1e-6), ValueError, r"dy has shape \(4, 32\) but x has shape \(4, 64\)"),
+        ((dy.half(), x, w, 1e-6), TypeError, r"dy has dtype torch.float16 but x has dtype"),
+        ((dy.int(), x, w, 1e-6), TypeError, r"dy has dtype torch.int32"),
+        ((dy, x, w[:32], 1e-6), ValueError, r"weight has shape \(32,\)"),
+        ((dy, x, w, 0.0), ValueError, r"eps is 0.0"),
+        ((None, x, w, 1e-6), TypeError, r"dy must be a torch.Tensor"),
+    ]
+    for args, err, what in bad:
+        with pytest.raises(err, match=what):
+            ops.rms_norm_backward(*args)
+    r = x.clone()
+    with pytest.raises(ValueError, match=r"d_residual_out has shape \(4, 32\)"):
+        ops.fused_add_rms_norm_backward(dy, dy[:, :32], r, w, 1e-6)
+    with pytest.raises(TypeError, match=r"residual_out has dtype torch.float16"):
+        ops.fused_add_rms_norm_backward(dy, None, r.half(), w, 1e-6)
+    if DEVICE == "cpu" and name == "cuda":
+        with pytest.raises(ValueError, match=r"dy is on device 'cpu'; expected a CUDA tensor"):
+            ops.rms_norm_backward(dy, x, w, 1e-6)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_opcheck_with_gradients(name):
+    """torch.library.opcheck of both functional ops with inputs that require grad (its
+    autograd registration test included) and of the backward ops."""
+    backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
+    # the interpreter computes on host copies, which fake tensors cannot follow: on CPU only
+    # the schema and autograd-registration checks apply; on a GPU, all
+    kw = {} if HAS_GPU else {"test_utils": ("test_schema", "test_autograd_registration")}
+    x = torch.randn(4, 96, device=DEVICE, requires_grad=True)
+    r = torch.randn(4, 96, device=DEVICE, requires_grad=True)
+    w = torch.randn(96, device=DEVICE, requires_grad=True)
+    dy = torch.randn(4, 96, device=DEVICE)
+    torch.library.opcheck(ops.rms_norm.default, (x, w, 1e-6), **kw)
+    torch.library.opcheck(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), **kw)
+    torch.library.opcheck(ops.rms_norm_backward.default, (dy, x.detach(), w.detach(), 1e-6), **kw)
+    torch.library.opcheck(ops.fused_add_rms_norm_backward.default,
+                          (dy, dy.clone(), r.detach(), w.detach(), 1e-6), **kw)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BACKENDS)
+def test_compile_fullgraph_backward(name):
+    """torch.compile(fullgraph=True) of a forward whose loss is backpropagated: the same
+    gradients as eager, both ops."""
+    mod = backend(name)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn_like(x, requires_grad=True)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step(x, r, w):
+        y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
+        return (mod.rms_norm(y, w, 1e-6).float().square().sum() + ro.float().sum())
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    eager = torch.autograd.grad(step(x, r, w), (x, r, w))
+    got = torch.autograd.grad(compiled(x, r, w), (x, r, w))
+    for g, e in zip(got, eager):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_module_trains(name):
+    """The module's weight learns: one SGD step moves it as torch.nn.RMSNorm's does."""
+    mod = backend(name)
+    n = 128
+    ours = mod.RMSNorm(n, eps=1e-6, device=DEVICE)
+    ref = torch.nn.RMSNorm(n, eps=1e-6, device=DEVICE)
+    with torch.no_grad():
+        w0 = 1 + 0.5 * torch.randn(n, device=DEVICE)
+        ours.weight.copy_(w0)
+        ref.weight.copy_(w0)
+    x = torch.randn(8, n, device=DEVICE)
+    target = torch.randn(8, n, device=DEVICE)
+    for m in (ours, ref):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch.nn.functional.mse_loss(m(x), target).backward()
+        opt.step()
+    torch.testing.assert_close(ours.weight, ref.weight, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(ours.weight.detach(), w0)
