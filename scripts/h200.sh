@@ -11,6 +11,8 @@
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
 #      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs);
 #      NCU_OP (default rms_norm) names the op.
+# backward: the backward's GPU tests, its CUDA kernels under memcheck and racecheck, and
+#        scripts/bwd_probe.py (BWD_PROBE_ARGS go to it).
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
@@ -135,6 +137,26 @@ if mode ncu; then
       $PY scripts/ncu_one.py --op "${NCU_OP:-rms_norm}" --impls "${NCU_IMPLS:-triton,cuda,quack}" ${NCU_ARGS:-} \
       --dtype "${case%%:*}" --shape "${case#*:}" 2>&1 | grep -v "^==PROF==" || status=1
   done
+fi
+if mode backward; then
+  step "pytest (GPU): the backward, and the fused add's gradients and split kernel"
+  $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_backward.py tests/test_fused_add.py \
+    -k "backward or grad or split or odd" 2>&1 | grep -v "^DEBUG " | tail -30 || status=1
+  SAN="--kernel-regex kns=rms_norm"
+  step "compute-sanitizer memcheck, the CUDA backward"
+  compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
+    tests/test_backward.py -k "cuda and not compile" 2>&1 | grep -v "^DEBUG" | tail -8 || status=1
+  step "compute-sanitizer racecheck, the CUDA backward"
+  compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
+    tests/test_backward.py -k "cuda and (4097 or 65536 or 16384 or layouts or determin)" \
+    2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
+  tail -6 /tmp/racecheck-bwd.log
+  ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)
+  echo "racecheck hazards in our kernels: $ours"
+  [[ "$ours" == 0 ]] || status=1
+  step "the backward kernels alone (a tuning probe, not a record)"
+  # shellcheck disable=SC2086
+  $PY scripts/bwd_probe.py ${BWD_PROBE_ARGS:-} 2>&1 || status=1
 fi
 if mode probe; then
   step "our Triton kernel alone and inside torch.compile"

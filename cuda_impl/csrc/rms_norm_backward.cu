@@ -98,6 +98,27 @@ __device__ __forceinline__ void store_group(E* __restrict__ p, const float (&in)
   }
 }
 
+// A group's raw bits, held through the reduction instead of its floats (half the registers
+// for 16-bit data) and converted again where they are used.
+template <typename E, int VEC>
+struct Raw {
+  static constexpr int kRegs = (VEC * static_cast<int>(sizeof(E)) + 15) / 16;
+  uint4 r[kRegs];
+};
+
+template <typename E, int VEC>
+__device__ __forceinline__ void load_raw(const E* __restrict__ p, Raw<E, VEC>& out) {
+#pragma unroll
+  for (int v = 0; v < Raw<E, VEC>::kRegs; ++v) out.r[v] = reinterpret_cast<const uint4*>(p)[v];
+}
+
+template <typename E, int VEC>
+__device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]) {
+  const E* e = reinterpret_cast<const E*>(raw.r);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = f32(e[i]);
+}
+
 // The two row sums over the CTA: warp shuffles, then the warps' partials through shared
 // memory (every thread calls it; `red` holds 2 floats a warp).
 template <int THREADS>
@@ -153,17 +174,9 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   const float inv_n = 1.f / static_cast<float>(N);
   float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
   float dw[kElems];
-  float w[kElems];
   if constexpr (!CHUNKED) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int c = (k * THREADS + t) * VEC;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        dw[k * VEC + i] = 0.f;
-        w[k * VEC + i] = (a.w != nullptr && c + i < N) ? a.w[c + i] : 1.f;
-      }
-    }
+    for (int e = 0; e < kElems; ++e) dw[e] = 0.f;
   }
   for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
     const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
@@ -172,26 +185,30 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 : nullptr;
     if constexpr (!CHUNKED) {
-      // the row in registers: VEC-groups whole inside the row (the host checked N)
-      float s[kElems], g[kElems];
+      // the row in registers, as raw bits: VEC-groups whole inside the row (the host
+      // checked N); the weight comes from L1 each time (fewer registers, more CTAs an SM)
+      Raw<S, VEC> sraw[VPT];
+      Raw<T, VEC> draw[VPT];
       float ss = 0.f, gs = 0.f;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int c = (k * THREADS + t) * VEC;
-        float sv[VEC], dv[VEC];
-        if (c < N) {
-          load_group<S, VEC>(sr + c, sv);
-          load_group<T, VEC>(dyr + c, dv);
-        } else {
+        if (c >= N) continue;
+        load_raw<S, VEC>(sr + c, sraw[k]);
+        load_raw<T, VEC>(dyr + c, draw[k]);
+      }
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) sv[i] = dv[i] = 0.f;
-        }
+      for (int k = 0; k < VPT; ++k) {
+        const int c = (k * THREADS + t) * VEC;
+        if (c >= N) continue;
+        float sv[VEC], dv[VEC];
+        unpack<S, VEC>(sraw[k], sv);
+        unpack<T, VEC>(draw[k], dv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          s[k * VEC + i] = sv[i];
-          g[k * VEC + i] = dv[i];
+          const float wi = a.w ? __ldg(a.w + c + i) : 1.f;
           ss = fmaf(sv[i], sv[i], ss);
-          gs = fmaf(dv[i] * w[k * VEC + i], sv[i], gs);
+          gs = fmaf(dv[i] * wi, sv[i], gs);
         }
       }
       const float2 sums = block_sum2<THREADS>(ss, gs, red);
@@ -201,14 +218,15 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       for (int k = 0; k < VPT; ++k) {
         const int c = (k * THREADS + t) * VEC;
         if (c >= N) continue;
-        float out[VEC];
-        float dro[VEC];
+        float sv[VEC], dv[VEC], out[VEC], dro[VEC];
+        unpack<S, VEC>(sraw[k], sv);
+        unpack<T, VEC>(draw[k], dv);
         if (dror) load_group<S, VEC>(dror + c, dro);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const int e = k * VEC + i;
-          out[i] = (g[e] * w[e] - s[e] * c2) * rstd + (dror ? dro[i] : 0.f);
-          dw[e] = fmaf(g[e] * s[e], rstd, dw[e]);
+          const float wi = a.w ? __ldg(a.w + c + i) : 1.f;
+          out[i] = (dv[i] * wi - sv[i] * c2) * rstd + (dror ? dro[i] : 0.f);
+          dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
         }
         store_group<T, VEC>(dsr + c, out);
         if (ds2r) store_group<S, VEC>(ds2r + c, out);

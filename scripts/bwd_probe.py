@@ -1,0 +1,69 @@
+"""A quick look at the backward kernels while tuning them: cold median device time of the
+backward op alone (ours: the backward op called directly; native: autograd of F.rms_norm
+with its graph kept), as a fraction of the copy ceiling by the backward bytes model (read
+x, dy, write dx). Figures of record come from ``python -m harness.bench``; this prints
+only, for the predict-change-measure loop.
+
+    python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32]
+"""
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from harness import hardware, timing
+from harness.plan import DTYPES
+
+GRID_N = (1024, 2048, 4095, 4096, 4097, 8192, 16384, 32768, 65536)
+
+
+def cold_us(fn, flush, reps: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    return statistics.median(timing.cold_samples(fn, reps, flush)) * 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dtypes", default="bf16,fp32")
+    p.add_argument("--shapes", default="")
+    args = p.parse_args()
+    import cuda_impl
+    import triton_impl
+
+    ceiling = hardware.copy_ceiling()["gbps"]
+    flush = timing.L2Flush(torch.cuda.get_device_properties(0).L2_cache_size)
+    print(f"copy ceiling {ceiling:.0f} GB/s")
+    print(f"{'dtype':6} {'shape':>12} {'impl':>7} {'us':>9} {'% copy':>7}")
+    for dname in args.dtypes.split(","):
+        dtype = DTYPES[dname]
+        elem = torch.finfo(dtype).bits // 8
+        if args.shapes:
+            shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        else:
+            shapes = [((2**27 if elem == 2 else 2**26) // n, n) for n in GRID_N]
+        for m, n in shapes:
+            x = torch.randn(m, n, device="cuda").to(dtype)
+            w = (1 + 0.5 * torch.randn(n, device="cuda")).to(dtype)
+            dy = torch.randn(m, n, device="cuda").to(dtype)
+            xg = x.clone().requires_grad_()
+            wg = w.clone().requires_grad_()
+            y = F.rms_norm(xg, (n,), wg, 1e-6)
+            fns = {
+                "triton": lambda: triton_impl.rms_norm_backward(dy, x, w, 1e-6),
+                "cuda": lambda: cuda_impl.rms_norm_backward(dy, x, w, 1e-6),
+                "native": lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True),
+            }
+            nbytes = 3 * m * n * elem + 2 * n * elem
+            for name, fn in fns.items():
+                us = cold_us(fn, flush)
+                pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
+                print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f}", flush=True)
+            del x, w, dy, xg, wg, y
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
