@@ -22,8 +22,9 @@ Parallelisation
 - wider rows: the row in BWD_CHUNK chunks, twice: sweep 1 takes both sums, sweep 2 re-reads
   the chunks (from L2: the rows in flight fit in it), stores ds and adds the row's dweight
   chunk to the program's partials row in memory (its own row: no other program touches it).
-- dweight: a second kernel sums the partials rows over programs in a fixed order. No atomics,
-  so dweight is bitwise identical from run to run.
+- dweight: a second kernel sums the partials rows over programs in a fixed order (tiles of
+  rows in flight at once, each column's sum in one order). No atomics, so dweight is
+  bitwise identical from run to run.
 
 Precision: all math in fp32 on upcast inputs; each output cast once at its store.
 Learned from: the Triton tutorial on layer norm (its backward's partial dweight buffer),
@@ -51,8 +52,9 @@ BWD_CHUNK = 4096
 BWD_THREAD_ELEMS = 8
 #: Warps of a program the register-resident rows aim at an SM, and the programs that makes.
 BWD_WARPS_PER_SM = 32
-#: Columns of dweight a program of the final reduction sums.
-DW_BLOCK = 1024
+#: The final reduction's tile: partial rows and dweight columns a program loads at once.
+DW_BLOCK_P = 64
+DW_BLOCK_N = 64
 
 
 # fmt: off
@@ -145,15 +147,20 @@ def _rms_norm_bwd(
 def _dw_reduce(
     dwp_ptr, dw_ptr,  # partials (programs x N, fp32), dweight (N,)
     P, N,  # partial rows, row width
-    BLOCK: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # one program a block of columns, the partials summed in program order: deterministic
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # one program a block of columns: BLOCK_P partial rows loaded at once (many loads in
+    # flight, not P dependent ones), each lane summing its rows in order, then the tile's
+    # rows summed in a fixed tree: the same order every run, so dweight is deterministic
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in range(0, P):
-        acc += tl.load(dwp_ptr + p * N + cols, mask=ok, other=0.0)
-    tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=ok)
+    rows = tl.arange(0, BLOCK_P)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + rows
+        m = (p < P)[:, None] & ok[None, :]
+        acc += tl.load(dwp_ptr + p[:, None].to(tl.int64) * N + cols[None, :], mask=m, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=ok)
 
 
 # ---- the launch -----------------------------------------------------------------------
@@ -210,8 +217,9 @@ def _run_backward(
     if m == 0:
         dw.zero_()
         return dw
-    wrap_triton(_dw_reduce)[(triton.cdiv(n, DW_BLOCK),)](dwp, dw, programs, n, BLOCK=DW_BLOCK,
-                                                         num_warps=4)  # fmt: skip
+    wrap_triton(_dw_reduce)[(triton.cdiv(n, DW_BLOCK_N),)](
+        dwp, dw, programs, n, BLOCK_P=DW_BLOCK_P, BLOCK_N=DW_BLOCK_N, num_warps=4
+    )
     return dw
 
 

@@ -9,7 +9,8 @@
 // (VEC-element groups t, t + THREADS, ...), so its share of dweight stays in registers
 // across the CTA's rows and is written once, as the CTA's fp32 row of a partials buffer;
 // a second kernel sums the partials rows in a fixed order: dweight is deterministic, no
-// atomics. A row that fits the CTA (VPT groups a thread) is held in registers: s and dy
+// atomics (its warps read rows of the partials in parallel, each column in one order). A
+// row that fits the CTA (VPT groups a thread) is held in registers: s and dy
 // read once, both row sums (s^2, g * s) reduced together. Wider rows go in CTA-wide chunks,
 // twice: sum, then re-read (from L2), ds, and the chunk's dweight share added into the
 // CTA's partials row (its own: no other CTA touches it). rstd is recomputed from s, which
@@ -288,15 +289,30 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   }
 }
 
-// dweight[c] = sum over the P partials rows, in row order (deterministic), cast once.
+// dweight[c] = sum over the P partials rows, cast once. A block takes 32 columns (a warp's
+// coalesced 128 bytes) and kSlices warps: warp j sums rows j, j + kSlices, ... in order,
+// then one thread a column adds the warps' sums in order; the same order every run.
+constexpr int kSlices = 8;
 template <typename W>
-__global__ void __launch_bounds__(256) dw_reduce_kernel(const float* __restrict__ dwp, W* dw,
-                                                        int P, int N) {
-  const int c = blockIdx.x * 256 + threadIdx.x;
-  if (c >= N) return;
+__global__ void __launch_bounds__(32 * kSlices) dw_reduce_kernel(const float* __restrict__ dwp,
+                                                                 W* dw, int P, int N) {
+  __shared__ float part[kSlices][32];
+  const int lane = threadIdx.x % 32;
+  const int slice = threadIdx.x / 32;
+  const int c = blockIdx.x * 32 + lane;
   float acc = 0.f;
-  for (int p = 0; p < P; ++p) acc += dwp[static_cast<int64_t>(p) * N + c];
-  dw[c] = cast_to<W>(acc);
+  if (c < N) {
+#pragma unroll 4
+    for (int p = slice; p < P; p += kSlices) acc += dwp[static_cast<int64_t>(p) * N + c];
+  }
+  part[slice][lane] = acc;
+  __syncthreads();
+  if (slice == 0 && c < N) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j) sum += part[j][lane];
+    dw[c] = cast_to<W>(sum);
+  }
 }
 
 // ---- launch ---------------------------------------------------------------------------
@@ -405,19 +421,20 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   if (!has_w) return at::Tensor();
   at::Tensor dw = at::empty({N}, weight->options().memory_format(at::MemoryFormat::Contiguous));
   if (M == 0) return dw.zero_();
-  const int blocks = (N + 255) / 256;
+  const int blocks = (N + 31) / 32;
   const int P = ctas;
+  constexpr int kReduceThreads = 32 * kSlices;
   switch (weight->scalar_type()) {
     case at::kFloat:
-      dw_reduce_kernel<float><<<blocks, 256, 0, stream>>>(dwp.data_ptr<float>(),
+      dw_reduce_kernel<float><<<blocks, kReduceThreads, 0, stream>>>(dwp.data_ptr<float>(),
                                                           dw.data_ptr<float>(), P, N);
       break;
     case at::kHalf:
-      dw_reduce_kernel<__half><<<blocks, 256, 0, stream>>>(
+      dw_reduce_kernel<__half><<<blocks, kReduceThreads, 0, stream>>>(
           dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), P, N);
       break;
     default:
-      dw_reduce_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+      dw_reduce_kernel<__nv_bfloat16><<<blocks, kReduceThreads, 0, stream>>>(
           dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), P, N);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
