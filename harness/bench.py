@@ -6,19 +6,23 @@ plots, report.
                             [--impls triton,cuda,compile] [--out DIR] [--append]
                             [--profile] [--require-gpu] [--budget-s 540] [--seed 0]
 
-The ops (harness.ops.OPS; --ops, default both): rms_norm and the fused residual add +
-RMSNorm, measured at the same shapes into one records.jsonl, each record naming its op.
-Shapes (harness.plan: the default grid; --quick takes a handful of them, --shapes
-replaces them):
-- grid: N in LARGE_NS with M = 2**27 // N (128 Mi elements: far beyond L2), per dtype;
-- msweep: M = 1, 2, 4, ..., 32768 at N = 4096 in bf16 (bandwidth against the work);
-- decode: M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time).
+The ops (harness.ops.OPS), into one records.jsonl, each record naming its op: by default
+the forward ops (FORWARD_OPS), rms_norm and the fused residual add + RMSNorm; --ops also
+takes the gradient ops (GRAD_OPS), asked for by name as they fill a device call of their
+own: rms_norm_fwd_bwd (forward + backward as one call), rms_norm_bwd (the backward alone)
+and fused_add_rms_norm_fwd_bwd, e.g. --ops rms_norm_fwd_bwd,rms_norm_bwd.
+Shapes (each op's plan, harness.plan; --quick takes a handful of them, --shapes replaces
+them for every op):
+- the forward ops: grid, N in LARGE_NS with M = 2**27 // N (128 Mi elements: far beyond
+  L2), per dtype; msweep, M = 1, 2, 4, ..., 32768 at N = 4096 in bf16 (bandwidth against
+  the work); decode, M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time);
+- the gradient ops: grid, N in GRAD_NS with M = 2**27 // N (fp32: 2**26 // N).
 A shape in several sections is measured once an op, by harness.measure: the op's fresh
 seeded inputs, every implementation checked against the reference (a failure is written as
 FAIL and never timed), then timed cold, interleaved, and for small shapes also under CUDA
 graphs and on the host. Each record is written as soon as it is measured. The ops take
-turns shape by shape (each shape for every op, then the next shape), so the shapes most
-important first are measured for both and a spent budget cuts both ops' tails alike: the
+turns shape by shape (the i-th shape of every op, then the next), so the shapes most
+important first are measured for all and a spent budget cuts every op's tail alike: the
 run starts no new measurement after --budget-s seconds (the rest recorded as skipped), so
 it fits one 10-minute device call.
 
@@ -43,8 +47,8 @@ import torch
 from harness import analysis, hardware, measure, records
 from harness.cases import CPU_MAX_ELEMENTS, Case
 from harness.impls import Impl, runnable
-from harness.ops import OPS, Op
-from harness.plan import DTYPES, Planned, names_arg, parse_shapes, plan
+from harness.ops import FORWARD_OPS, OPS, Op
+from harness.plan import DTYPES, Planned, names_arg, parse_shapes
 from rmsnorm_api import MAX_N
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +66,9 @@ GPU_ONLY = {
     "--append": "no records are written",
     "--budget-s": "the interpreter check is not budgeted",
 }
+
+#: The ops a run measures when --ops names none.
+DEFAULT_OPS = tuple(FORWARD_OPS)
 
 #: --budget-s when not given: leaves a 10-minute device call time to write the plots.
 DEFAULT_BUDGET_S = 540.0
@@ -90,12 +97,13 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     ops = args.ops
     b = measure.start(path, append=args.append, seed=args.seed, op=ops[0])
     impls = {op.name: _runnable(b, op, names) for op in ops}
-    shapes = plan(args.dtypes, quick=args.quick, shapes=args.shapes)
-    # each shape for every op in turn: both ops get the headline shapes before the budget
-    # can run out, and a spent budget cuts the same tail from both
-    work = [(op, p) for p in shapes for op in ops]
-    each = ", ".join(f"{op.name} ({len(impls[op.name])} implementations)" for op in ops)
-    print(f"{len(shapes)} shapes, each for {each} -> {path}")
+    plans = {op.name: op.plan(args.dtypes, quick=args.quick, shapes=args.shapes) for op in ops}
+    work = schedule(ops, plans)
+    each = ", ".join(
+        f"{op.name} {len(plans[op.name])} shapes ({len(impls[op.name])} implementations)"
+        for op in ops
+    )
+    print(f"{len(work)} (op, shape) measurements: {each} -> {path}")
     # a log file (not a terminal) gets a line every 5 s instead of every redraw
     every = 0.1 if sys.stderr.isatty() else 5.0
     bar = tqdm(work, unit="op-shape", dynamic_ncols=True, file=sys.stderr, mininterval=every)
@@ -123,6 +131,16 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     except analysis.NoMeasurements as e:  # every implementation skipped: nothing to draw
         print(f"no plots or report: {e}")
     return 1 if b.ours_failed else 0
+
+
+def schedule(ops: list[Op], plans: dict[str, list[Planned]]) -> list[tuple[Op, Planned]]:
+    """The run's order: the first shape of every op, then the second, ...: every op gets its
+    headline shapes before the budget can run out, and a spent budget cuts the same tail
+    from all (ops with the same plan take each shape in turn)."""
+    longest = max((len(v) for v in plans.values()), default=0)
+    return [
+        (op, plans[op.name][i]) for i in range(longest) for op in ops if i < len(plans[op.name])
+    ]
 
 
 def _runnable(b: measure.Bench, op: Op, names: list[str]) -> list[Impl]:
@@ -235,7 +253,7 @@ def _interpret(args, op: Op) -> int:
         failed += not r.ok
         capped = f" (M capped to {case.m} of {full.m})" if case.m != full.m else ""
         print(
-            f"interpreter {r.case:<14} {op.name:<18} max rel {r.max_rel:.2e} "
+            f"interpreter {r.case:<14} {op.name:<26} max rel {r.max_rel:.2e} "
             f"{'PASS' if r.ok else 'FAIL ' + str(r.error)}{capped}"
         )
     return failed
@@ -273,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ops",
         default=None,
-        help=f"comma-separated from {','.join(OPS)} (default: all; one records file for all)",
+        help=f"comma-separated from {','.join(OPS)} (default: {','.join(DEFAULT_OPS)}; one "
+        "records file for all)",
     )
     p.add_argument(
         "--quick", action="store_true", help="a handful of bf16 shapes (a minute or two; GPU only)"
@@ -337,7 +356,8 @@ def parse_args(
     p = p or build_parser()
     args = p.parse_args(argv)
 
-    op_names = names_arg(p, "--ops", args.ops, tuple(OPS)) if args.ops is not None else list(OPS)
+    given_ops = args.ops is not None
+    op_names = names_arg(p, "--ops", args.ops, tuple(OPS)) if given_ops else list(DEFAULT_OPS)
     args.ops = [OPS[name] for name in op_names]
     known = impl_names(args.ops)
     args.impls_given = args.impls is not None

@@ -36,6 +36,22 @@ names for both ops:
   through its ``residual=`` argument); it may fail to compile for odd N in 16-bit dtypes,
   which shows as a failure for that shape.
 
+The gradient ops (harness.ops: rms_norm_fwd_bwd, rms_norm_bwd, fused_add_rms_norm_fwd_bwd)
+have registries of the same seven names (``rms_norm_fwd_bwd_registry``,
+``rms_norm_bwd_registry``, ``fused_add_fwd_bwd_registry``): each implementation's forward,
+called on leaves of x, weight (and residual) that require grad, then
+``torch.autograd.grad`` of its outputs for the op's output gradients. Forward + backward
+is one call (``forward_backward``); the backward alone runs the forward once per shape in
+``prepare`` (outside the timing, graph kept) and times ``torch.autograd.grad(...,
+retain_graph=True)`` (``bind_backward``). The forwards: ours, the public
+triton_impl / cuda_impl functions; eager, the reference's forward with PyTorch's autograd
+of its ops; compile, ``torch.compile`` of that forward (fresh per shape, AOTAutograd's
+backward compiled on its first call, both kept out of the timing); native, F.rms_norm;
+liger, LigerRMSNormFunction / LigerFusedAddRMSNormFunction in gemma mode with
+``in_place=False`` (True writes dX over dY, the gradient every implementation is checked
+and timed on); quack, ``quack.rmsnorm.rmsnorm`` (its autograd Function, the forward saving
+rstd; the fused add through ``residual=`` and ``prenorm=True``).
+
 The optional packages may be installed outside site-packages (e.g. ``pip install
 --target DIR``): list such directories in RMSNORM_SITE_DIRS (os.pathsep-separated) and
 they are added with ``site.addsitedir``, which also processes their .pth files.
@@ -43,6 +59,7 @@ they are added with ``site.addsitedir``, which also processes their .pth files.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -89,6 +106,8 @@ class Impl:
     resources: Optional[Callable[..., dict]] = None
     # ours, for ops with an in-place form (the fused add): fn_(*inputs) writing its inputs
     in_place: Optional[Callable[..., None]] = None
+    # gradient ops: the forward whose autograd fn runs (its op's forward signature)
+    forward: Optional[Fn] = None
 
 
 #: Our kernels' packages, by implementation name.
@@ -340,6 +359,285 @@ def _quack_fused_add() -> Impl:
             "residual_out (within one ulp of the reference)",
         ],
     )
+
+
+# ---------------------------------------------------------------------------------------
+# the gradient ops: each forward, then torch.autograd.grad of its outputs
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradCall:
+    """How a gradient op's inputs split: the forward's ``n_forward`` arguments first (those
+    at positions ``wrt`` differentiated, where not None), then the gradients of its
+    outputs, one an output."""
+
+    n_forward: int
+    wrt: tuple[int, ...]
+
+
+#: rms_norm's: (x, weight, eps, dy) -> (dx, dweight)
+RMS_NORM_GRADS = GradCall(3, (0, 1))
+#: the fused add's: (x, residual, weight, eps, dy, d_residual_out) -> (dx, dresidual, dweight)
+FUSED_ADD_GRADS = GradCall(4, (0, 1, 2))
+
+
+def _leaves(call: GradCall, inputs: tuple) -> tuple[list, list[torch.Tensor]]:
+    """(the forward's arguments, the tensors differentiated): x, weight (and residual) as
+    fresh leaves that require grad, views of the inputs' storage, never copies."""
+    args = list(inputs[: call.n_forward])
+    wrt = []
+    for i in call.wrt:
+        if args[i] is not None:
+            args[i] = args[i].detach().requires_grad_()
+            wrt.append(args[i])
+    return args, wrt
+
+
+def _grads(call: GradCall, inputs: tuple, outputs, wrt: list, retain: bool) -> tuple:
+    """torch.autograd.grad of the outputs for the inputs' output gradients, one gradient a
+    position in ``call.wrt`` (None for an input that is None: no weight)."""
+    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    got = iter(torch.autograd.grad(outs, wrt, inputs[call.n_forward :], retain_graph=retain))
+    return tuple(None if inputs[i] is None else next(got) for i in call.wrt)
+
+
+def forward_backward(forward: Fn, call: GradCall) -> Fn:
+    """fn(*inputs) -> gradients: forward on leaves of the inputs, then autograd of its
+    outputs, as one call (what the fwd_bwd ops time)."""
+
+    def fn(*inputs):
+        args, wrt = _leaves(call, inputs)
+        return _grads(call, inputs, forward(*args), wrt, retain=False)
+
+    return fn
+
+
+def bind_backward(forward: Fn, call: GradCall, *inputs) -> Fn:
+    """Run forward once on leaves of these inputs, keeping its graph; return the backward
+    alone, fn(*inputs) -> gradients through ``retain_graph=True`` (what rms_norm_bwd times),
+    for these very inputs (others are refused: the graph is of these)."""
+    args, wrt = _leaves(call, inputs)
+    outputs = forward(*args)
+
+    def backward(*again):
+        if again[0] is not inputs[0]:
+            raise ValueError("bind_backward: called with other inputs than it was bound to")
+        return _grads(call, again, outputs, wrt, retain=True)
+
+    return backward
+
+
+def _first_call(make: Callable[[], Fn], inputs: tuple) -> tuple[Fn, float]:
+    """(make(), the seconds make took, synchronised where the inputs are on CUDA)."""
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn = make()
+    if cuda:
+        torch.cuda.synchronize()
+    return fn, time.perf_counter() - t0
+
+
+def _bound_and_run(forward: Fn, call: GradCall, inputs: tuple) -> Fn:
+    """bind_backward to these inputs, and its first call."""
+    fn = bind_backward(forward, call, *inputs)
+    fn(*inputs)
+    return fn
+
+
+def _run_once(fn: Fn, inputs: tuple) -> Fn:
+    fn(*inputs)
+    return fn
+
+
+def _bwd_prepare(forward: Fn, call: GradCall, *inputs) -> tuple[Fn, float]:
+    """The backward alone's per-shape setup: the forward once (graph kept) and the first
+    backward, timed together as the first call (JIT compilation included)."""
+    return _first_call(lambda: _bound_and_run(forward, call, inputs), inputs)
+
+
+def compile_fresh_grads(
+    ref: Callable[..., object], call: GradCall, mode: str, *inputs
+) -> tuple[Fn, float]:
+    """compile_fresh for a gradient op: reset dynamo, ``torch.compile(ref, dynamic=False,
+    fullgraph=True)`` (the forward), then the first forward and backward through it at these
+    inputs (AOTAutograd compiles the backward at its first call). Returns the callable to
+    time (``mode`` "fwd_bwd": forward + backward; "bwd": the backward alone, bound to these
+    inputs) and the seconds of the compiles and that first run."""
+    torch._dynamo.reset()
+    compiled = torch.compile(ref, dynamic=False, fullgraph=True)
+    if mode == "fwd_bwd":
+        fn = forward_backward(compiled, call)
+        return _first_call(lambda: _run_once(fn, inputs), inputs)
+    return _first_call(lambda: _bound_and_run(_retainable(compiled), call, inputs), inputs)
+
+
+def _retainable(compiled: Fn) -> Fn:
+    """A compiled forward whose first call compiles with AOTAutograd's donated buffers off:
+    a backward that may write into its saved tensors refuses ``retain_graph=True``, which
+    the backward alone is timed with. Decided at that compile; the calls after it (the
+    timed backward) run as compiled, with no patch."""
+
+    def fn(*args):
+        with torch._functorch.config.patch(donated_buffer=False):
+            return compiled(*args)
+
+    return fn
+
+
+def _with_grads(impl: Impl, call: GradCall, mode: str, notes: tuple[str, ...] = ()) -> Impl:
+    """A forward implementation (fn: the op's forward) as its gradient op's: fn computes
+    the gradients (``mode`` "fwd_bwd": with the forward; "bwd": the forward run, then the
+    backward), ``prepare`` binds the backward alone to a shape's inputs. Unavailable stays
+    unavailable. Our kernels' kernel_info describes their forward: not recorded here."""
+    if impl.fn is None:
+        return dataclasses.replace(impl, resources=None, in_place=None)
+    forward = impl.fn
+    if mode == "fwd_bwd":
+        fn, prepare = forward_backward(forward, call), None
+    else:
+        fn = lambda *inputs: bind_backward(forward, call, *inputs)(*inputs)
+        prepare = functools.partial(_bwd_prepare, forward, call)
+    return dataclasses.replace(
+        impl,
+        fn=fn,
+        prepare=prepare,
+        resources=None,
+        in_place=None,
+        forward=forward,
+        notes=list(impl.notes) + list(notes),
+    )
+
+
+def _compile_grads(ref: Callable[..., object], call: GradCall, mode: str) -> Impl:
+    lazy = _LazyCompiled(ref)
+    notes = [
+        "torch.compile(eager, dynamic=False, fullgraph=True), reset per shape; its backward "
+        "is AOTAutograd's, compiled at the first backward"
+    ]
+    if mode == "fwd_bwd":
+        fn = forward_backward(lazy, call)
+    else:
+        retainable = _retainable(lazy)
+        fn = lambda *inputs: bind_backward(retainable, call, *inputs)(*inputs)
+        notes.append("compiled with donated_buffer=False, as retain_graph=True requires")
+    return Impl(
+        "compile",
+        fn,
+        prepare=functools.partial(compile_fresh_grads, ref, call, mode),
+        forward=ref,
+        notes=notes,
+    )
+
+
+def _liger_grads(fused: bool) -> Impl:
+    if fused:
+        return dataclasses.replace(
+            _liger_fused_add(),
+            notes=[
+                "casting_mode='gemma', in_place=False; residual in x's dtype only; refuses "
+                "N > 65536",
+                "saves one fp32 rstd per row and returns dX as dR (one tensor: M N elements "
+                "fewer written than charged); dweight partials per SM in fp32",
+            ],
+        )
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception as e:
+        return Impl("liger", None, unavailable=f"liger-kernel not importable ({e})")
+
+    def liger_rms_norm(x, weight=None, eps=1e-6):
+        # in_place=False: dX in a buffer of its own (True writes it over dY, the output
+        # gradient every implementation is checked and timed on)
+        return LigerRMSNormFunction.apply(x, _ones_if_none(weight, x), eps, 0.0, "gemma", False)
+
+    return Impl(
+        "liger",
+        liger_rms_norm,
+        notes=[
+            "casting_mode='gemma', in_place=False (dX zero-filled, then written); refuses "
+            "N > 65536",
+            "saves one fp32 rstd per row; dweight partials per SM in fp32 (not charged)",
+        ],
+    )
+
+
+def _quack_grads(fused: bool) -> Impl:
+    try:
+        from quack.rmsnorm import rmsnorm
+    except Exception as e:
+        return Impl("quack", None, unavailable=f"quack not importable ({e})")
+    if not fused:
+
+        def quack_rms_norm(x, weight=None, eps=1e-6):
+            return rmsnorm(x, weight, eps=eps)
+
+        return Impl(
+            "quack",
+            quack_rms_norm,
+            notes=[
+                "quack.rmsnorm.rmsnorm (its autograd Function; the forward saves rstd, "
+                "4 bytes a row, not charged); compiled per (N, dtype) on first call",
+            ],
+        )
+
+    def quack_fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
+        # prenorm=True: (y, residual_out), both differentiable
+        out = rmsnorm(x, weight, residual=residual, eps=eps, prenorm=True)
+        if not isinstance(out, tuple) or len(out) < 2:
+            raise TypeError(
+                "quack: rmsnorm(residual=..., prenorm=True) returned no residual_out; this "
+                "QuACK version's fused add is not the one this wrapper was written for"
+            )
+        return out[0], out[1]
+
+    return Impl(
+        "quack",
+        quack_fused_add_rms_norm,
+        notes=[
+            "quack.rmsnorm.rmsnorm(residual=, prenorm=True); saves rstd; returns dx as "
+            "dresidual when their dtypes match (M N elements fewer written than charged)",
+        ],
+    )
+
+
+def _grad_registry(fused: bool, mode: str, baselines: bool) -> dict[str, Impl]:
+    call = FUSED_ADD_GRADS if fused else RMS_NORM_GRADS
+    forward = "fused_add_rms_norm" if fused else "rms_norm"
+    ref = fused_add_rms_norm_ref if fused else rms_norm_ref
+    impls = [_with_grads(_ours(name, forward), call, mode) for name in OURS]
+    if baselines:
+        native = _native_fused_add() if fused else _native()
+        impls += [
+            _with_grads(_eager(ref), call, mode, ("PyTorch's autograd of the forward's ops",)),
+            _compile_grads(ref, call, mode),
+            _with_grads(native, call, mode, ("with PyTorch's autograd",)),
+            _with_grads(_liger_grads(fused), call, mode),
+            _with_grads(_quack_grads(fused), call, mode),
+        ]
+    return {i.name: i for i in impls}
+
+
+def rms_norm_fwd_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
+    """rms_norm_fwd_bwd's implementations: fn(x, weight, eps, dy) -> (dx, dweight), the
+    forward and the backward in one call. Ours only by default; ``baselines=True`` adds
+    eager, compile, native, liger and quack (CUDA only)."""
+    return _grad_registry(False, "fwd_bwd", baselines)
+
+
+def rms_norm_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
+    """rms_norm_bwd's implementations: fn(x, weight, eps, dy) -> (dx, dweight) (the forward
+    run, then the backward); ``prepare`` runs the forward once and returns the backward
+    alone, the callable timed."""
+    return _grad_registry(False, "bwd", baselines)
+
+
+def fused_add_fwd_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
+    """fused_add_rms_norm_fwd_bwd's implementations: fn(x, residual, weight, eps, dy,
+    d_residual_out) -> (dx, dresidual, dweight), the forward and the backward in one call."""
+    return _grad_registry(True, "fwd_bwd", baselines)
 
 
 def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:

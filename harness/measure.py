@@ -4,10 +4,11 @@ For each planned shape (harness.plan), in order:
 1. fresh seeded inputs from the op's factory (harness.ops; for rms_norm x ~ randn,
    weight ~ 1 + randn/2, x's dtype, eps 1e-6; the fused add adds a randn residual in x's
    dtype) and the op's reference on them;
-2. per implementation: prepare (compile's fresh per-shape compile, timed apart), check
-   against the reference with harness.reference.TOL on those very inputs; a failure is
-   written as FAIL and never timed; one profiled call per implementation and shape class
-   records the kernels that ran;
+2. per implementation: prepare (compile's fresh per-shape compile, timed apart; the
+   backward alone's forward, run once with its graph kept), check against the reference on
+   those very inputs (harness.reference.TOL; gradients: grad_close); a failure is written
+   as FAIL and never timed; one profiled call per implementation and shape class records
+   the kernels that ran;
 3. warm-up, then three cold-timing blocks with the implementations interleaved;
 4. for small shapes also CUDA-graph device time and host time per call.
 Each record is written as soon as it is measured. ``start`` opens a run: the
@@ -58,20 +59,24 @@ def kernel_times(call: Callable[[], object], calls: int = 1) -> dict[str, dict]:
     return {n: {"count": k["count"] / calls, "us": k["us"] / calls} for n, k in found.items()}
 
 
-def kernels_of(call, name: str) -> dict:
+def kernels_of(call, name: str, op: Op = RMS_NORM) -> dict:
     """The device kernels one call launches: {names, count, path} (path: kernel_path)."""
     times = kernel_times(call)
     names = [n for n, k in times.items() for _ in range(round(k["count"]))]
-    return {"names": sorted(times), "count": len(names), "path": kernel_path(name, names)}
+    path = kernel_path(name, names, grads=op.grads)
+    return {"names": sorted(times), "count": len(names), "path": path}
 
 
-def kernel_path(name: str, names: list[str]) -> Optional[str]:
+def kernel_path(name: str, names: list[str], grads: bool = False) -> Optional[str]:
     """What the kernel names one call of implementation ``name`` launched prove, or None.
 
     native: "fused" when the norm ran as one kernel of its own (PyTorch's elementwise
     kernels beside it, the fused add's add and any cast, are not the norm), else
-    "composite"; compile: "inductor" when Inductor's generated triton_* kernels ran, else
-    "NOT-COMPILED" (it fell back to eager)."""
+    "composite"; of a gradient op (``grads``) no claim, None: its backward's kernels (dx,
+    dweight and their reduction) are listed by name. compile: "inductor" when Inductor's
+    generated triton_* kernels ran, else "NOT-COMPILED" (it fell back to eager)."""
+    if name == "native" and grads:
+        return None
     if name == "native":
         norm = [n for n in names if "elementwise_kernel" not in n]
         return "fused" if len(norm) == 1 and "norm" in norm[0].lower() else "composite"
@@ -217,7 +222,7 @@ def _check_all(b: Bench, impls: list[Impl], inputs: tuple, base: dict) -> dict[s
         key = (b.op.name, impl.name, cls)  # the same name runs other kernels for another op
         if key not in b.kernels:
             try:
-                found = kernels_of(call, impl.name)
+                found = kernels_of(call, impl.name, b.op)
             except Exception as e:
                 found = {"names": [], "count": 0, "path": f"profiler failed: {first_line(e)}"}
             b.kernels[key] = {"class": cls, "profiled_shape": [m, n], **found}

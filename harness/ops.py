@@ -20,6 +20,25 @@ fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out). Inputs: x and
 as above, then the residual laid out as x, in x's dtype or fp32 (the case says; planned
 benchmark shapes take x's). Bytes model: read x + residual + weight, write y (x's element
 size) + residual_out (residual's), the same charge for every implementation.
+
+The gradient ops, each implementation's forward and its autograd (harness.impls), checked
+against the float64 gradients of harness.reference with grad_close; their grid is
+harness.plan.grad_plan. Inputs: the forward op's (the same draws), then the gradient of
+each output, fresh randn from the same generator (never zeros), contiguous, in that
+output's dtype. e is x's element size, w the weight's; without a weight its terms go.
+- rms_norm_fwd_bwd(x, weight, eps, dy) -> (dx, dweight), forward and backward as one call.
+  Bytes: the forward reads x + weight, writes y; the backward reads x + dy + weight, writes
+  dx + dweight: 5 M N e + 3 N w.
+- rms_norm_bwd(x, weight, eps, dy) -> (dx, dweight), the backward alone (the forward runs
+  once, untimed, its graph kept). Bytes: read x + dy + weight, write dx + dweight:
+  3 M N e + 2 N w.
+- fused_add_rms_norm_fwd_bwd(x, residual, weight, eps, dy, d_residual_out) -> (dx,
+  dresidual, dweight). Bytes: the forward reads x + residual + weight, writes y +
+  residual_out; the backward reads residual_out + dy + d_residual_out + weight, writes dx +
+  dresidual + dweight: M N (4 e + 5 r) + 3 N w, r the residual's element size.
+What only some implementations move is charged to none: a saved rstd (4 bytes a row),
+dweight partials, a zeroed dx buffer; and a peer that returns one tensor as both dx and
+dresidual (equal when their dtypes are) is still charged for writing both.
 """
 
 from __future__ import annotations
@@ -33,11 +52,24 @@ import torch
 
 from harness import impls
 from harness.cases import Case
-from harness.plan import Planned
-from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
+from harness.plan import Planned, grad_plan
+from harness.plan import plan as forward_plan
+from harness.reference import (
+    TOL,
+    fused_add_rms_norm_grads_ref,
+    fused_add_rms_norm_ref,
+    grad_close,
+    rms_norm_grads_ref,
+    rms_norm_ref,
+)
 
 #: What inputs are made from: a validation case, or a planned benchmark shape.
 Spec = Union[Case, Planned]
+
+
+def forward_close(y: torch.Tensor, want: torch.Tensor, what: str = "y") -> None:
+    """A forward output against the reference's: TOL of its dtype, NaN where it has NaN."""
+    torch.testing.assert_close(y, want, equal_nan=True, **TOL[want.dtype])
 
 
 @dataclass(frozen=True)
@@ -53,8 +85,17 @@ class Op:
     ours: tuple[str, ...]  # the kernels under study, in report order
     baselines: tuple[str, ...]  # what they are compared with, in report order
     # (impl, inputs, reference output) -> our kernels' second form's output (rms_norm:
-    # out= into a NaN-poisoned tensor; the fused add: in place), checked like the first
+    # out= into a NaN-poisoned tensor; the fused add: in place; the gradient ops: every
+    # tensor torch allocates starting as NaN), checked like the first
     second_form: Optional[Callable[..., Any]] = None
+    # the names of the outputs, in order, for error messages
+    outputs: tuple[str, ...] = ("y",)
+    # (output, reference output, its name): raise AssertionError where they differ
+    compare: Callable[[torch.Tensor, torch.Tensor, str], None] = forward_close
+    # (dtypes, quick=, shapes=) -> the planned shapes (harness.plan)
+    plan: Callable[..., list[Planned]] = forward_plan
+    grads: bool = False  # a gradient op: its outputs are gradients through autograd
+    grid_text: str = "M = 2^27 / N"  # how its grid's M is chosen, for reports and plots
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -62,15 +103,45 @@ class Op:
         return self.ours + self.baselines
 
 
+def _shape_ok(what: str, m: int, n: int) -> None:
+    if m < 0 or n < 1:
+        raise ValueError(f"{what}: shape ({m}, {n}) must have M >= 0 and N >= 1")
+
+
 def rms_norm_bytes(m: int, n: int, x_bytes: int, w_bytes: Optional[int] = None) -> int:
     """rms_norm's bytes model: read x + read weight + write y (y has x's element size).
 
     ``w_bytes`` is the weight's element size, or None when there is no weight.
     """
-    if m < 0 or n < 1:
-        raise ValueError(f"rms_norm_bytes: shape ({m}, {n}) must have M >= 0 and N >= 1")
+    _shape_ok("rms_norm_bytes", m, n)
     weight = n * w_bytes if w_bytes else 0
     return 2 * m * n * x_bytes + weight
+
+
+def rms_norm_fwd_bwd_bytes(m: int, n: int, x_bytes: int, w_bytes: Optional[int] = None) -> int:
+    """rms_norm_fwd_bwd's bytes model: read x + weight, write y; then read x + dy + weight,
+    write dx + dweight (dy and dx in x's element size, dweight in the weight's)."""
+    _shape_ok("rms_norm_fwd_bwd_bytes", m, n)
+    weight = 3 * n * w_bytes if w_bytes else 0
+    return 5 * m * n * x_bytes + weight
+
+
+def rms_norm_bwd_bytes(m: int, n: int, x_bytes: int, w_bytes: Optional[int] = None) -> int:
+    """rms_norm_bwd's bytes model: read x + dy + weight, write dx + dweight."""
+    _shape_ok("rms_norm_bwd_bytes", m, n)
+    weight = 2 * n * w_bytes if w_bytes else 0
+    return 3 * m * n * x_bytes + weight
+
+
+def fused_add_fwd_bwd_bytes(
+    m: int, n: int, x_bytes: int, r_bytes: int, w_bytes: Optional[int] = None
+) -> int:
+    """fused_add_rms_norm_fwd_bwd's bytes model: x's size for x, y, dy, dx; the residual's
+    (``r_bytes``) for residual, residual_out (written, then read by the backward),
+    d_residual_out, dresidual; the weight read twice and dweight written."""
+    _shape_ok("fused_add_fwd_bwd_bytes", m, n)
+    weight = 3 * n * w_bytes if w_bytes else 0
+    return m * n * (4 * x_bytes + 5 * r_bytes) + weight
 
 
 def _rms_norm_bytes_of(inputs: tuple) -> int:
@@ -139,6 +210,11 @@ def fused_add_inputs(
     then the residual, laid out as x, in the case's residual dtype and fill."""
     case = _case(spec)
     g = torch.Generator(device=device).manual_seed(seed)
+    return _fused_add_draw(case, g, device)
+
+
+def _fused_add_draw(case: Case, g: torch.Generator, device) -> tuple:
+    """fused_add_inputs' draws from the generator g."""
     x, x_rows = _rows(case, g, device, case.dtype)
     weight = _weight(case, g, device)
     rdtype = torch.float32 if case.residual == "fp32" else case.dtype
@@ -156,6 +232,34 @@ def fused_add_inputs(
     return x, residual, weight, case.eps
 
 
+def _output_gradient(case: Case, g: torch.Generator, device, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient of an output: fresh randn of x's logical shape, contiguous, in dtype."""
+    return torch.randn(case.shape, generator=g, device=device).to(dtype)
+
+
+def rms_norm_grad_inputs(
+    spec: Spec, device: Union[str, torch.device], seed: int
+) -> tuple[torch.Tensor, Optional[torch.Tensor], float, torch.Tensor]:
+    """Fresh inputs (x, weight, eps, dy): rms_norm_inputs' (the same values for the same
+    seed), then dy ~ randn in x's dtype, drawn next from the same generator."""
+    case = _case(spec)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x, _ = _rows(case, g, device, case.dtype)
+    weight = _weight(case, g, device)
+    return x, weight, case.eps, _output_gradient(case, g, device, case.dtype)
+
+
+def fused_add_grad_inputs(spec: Spec, device: Union[str, torch.device], seed: int) -> tuple:
+    """Fresh inputs (x, residual, weight, eps, dy, d_residual_out): fused_add_inputs' (the
+    same values for the same seed), then dy ~ randn in x's dtype and d_residual_out ~ randn
+    in the residual's, drawn next from the same generator."""
+    case = _case(spec)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x, residual, weight, eps = _fused_add_draw(case, g, device)
+    dy = _output_gradient(case, g, device, x.dtype)
+    return x, residual, weight, eps, dy, _output_gradient(case, g, device, residual.dtype)
+
+
 def _rms_norm_out_form(impl: impls.Impl, inputs: tuple, ref: torch.Tensor) -> torch.Tensor:
     """Our kernels' out= form, into an output poisoned with NaN first."""
     out = torch.full_like(ref, float("nan"), memory_format=torch.contiguous_format)
@@ -169,6 +273,45 @@ def _fused_add_in_place_form(impl: impls.Impl, inputs: tuple, ref: tuple) -> tup
     x, residual = x.clone(), residual.clone()
     impl.in_place(x, residual, weight, eps)
     return x, residual
+
+
+def _grads_poisoned_form(impl: impls.Impl, inputs: tuple, ref: tuple) -> tuple:
+    """Our kernels' gradients again, with every tensor torch allocates meanwhile (dx,
+    dweight, their partials, the forward's y) filled with NaN first: torch's
+    deterministic mode with fill_uninitialized_memory, for this call only. An element the
+    kernels never write is NaN and fails the check."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return impl.fn(*inputs)
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def _grads_bytes_of(model: Callable[..., int]) -> Callable[[tuple], int]:
+    """The bytes_moved of rms_norm's gradient ops: ``model`` at the inputs' shape, x's
+    element size and the weight's."""
+
+    def bytes_of(inputs: tuple) -> int:
+        x, weight = inputs[0], inputs[1]
+        n = x.shape[-1]
+        w_bytes = weight.element_size() if weight is not None else None
+        return model(x.numel() // n, n, x.element_size(), w_bytes)
+
+    return bytes_of
+
+
+def _fused_add_fwd_bwd_bytes_of(inputs: tuple) -> int:
+    x, residual, weight = inputs[:3]
+    n = x.shape[-1]
+    w_bytes = weight.element_size() if weight is not None else None
+    return fused_add_fwd_bwd_bytes(
+        x.numel() // n, n, x.element_size(), residual.element_size(), w_bytes
+    )
 
 
 def _fused_add_bytes_of(inputs: tuple) -> int:
@@ -203,7 +346,61 @@ FUSED_ADD_RMS_NORM = Op(
     ours=impls.FUSED_ADD_OURS,
     baselines=impls.FUSED_ADD_BASELINES,
     second_form=_fused_add_in_place_form,
+    outputs=("y", "residual_out"),
 )
 
-#: Every op, by the name its records carry.
-OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
+#: What the gradient ops share: our kernels and the same five baselines, through autograd.
+_GRADS = dict(
+    ours=impls.OURS,
+    baselines=impls.BASELINES,
+    second_form=_grads_poisoned_form,
+    compare=grad_close,
+    plan=grad_plan,
+    grads=True,
+    grid_text="M = 2^27 / N, fp32 2^26 / N",
+)
+
+RMS_NORM_FWD_BWD = Op(
+    name="rms_norm_fwd_bwd",
+    title="RMSNorm forward + backward",
+    make_inputs=rms_norm_grad_inputs,
+    bytes_moved=_grads_bytes_of(rms_norm_fwd_bwd_bytes),
+    bytes_text="read x + weight, write y; read x + dy + weight, write dx + dweight "
+    "(5 M N e + 3 N w)",
+    registry=impls.rms_norm_fwd_bwd_registry,
+    reference=rms_norm_grads_ref,
+    outputs=("dx", "dweight"),
+    **_GRADS,
+)
+
+RMS_NORM_BWD = Op(
+    name="rms_norm_bwd",
+    title="RMSNorm backward",
+    make_inputs=rms_norm_grad_inputs,
+    bytes_moved=_grads_bytes_of(rms_norm_bwd_bytes),
+    bytes_text="read x + dy + weight, write dx + dweight (3 M N e + 2 N w)",
+    registry=impls.rms_norm_bwd_registry,
+    reference=rms_norm_grads_ref,
+    outputs=("dx", "dweight"),
+    **_GRADS,
+)
+
+FUSED_ADD_RMS_NORM_FWD_BWD = Op(
+    name="fused_add_rms_norm_fwd_bwd",
+    title="fused residual add + RMSNorm forward + backward",
+    make_inputs=fused_add_grad_inputs,
+    bytes_moved=_fused_add_fwd_bwd_bytes_of,
+    bytes_text="read x + residual + weight, write y + residual_out; read residual_out + dy "
+    "+ d_residual_out + weight, write dx + dresidual + dweight (9 M N e + 3 N w)",
+    registry=impls.fused_add_fwd_bwd_registry,
+    reference=fused_add_rms_norm_grads_ref,
+    outputs=("dx", "dresidual", "dweight"),
+    **_GRADS,
+)
+
+#: The forward ops: what a bench run measures when --ops names none.
+FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
+#: The gradient ops, measured when asked for (harness.bench --ops).
+GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}
+#: Every op, by the name its records carry, in the order reports list them.
+OPS = {**FORWARD_OPS, **GRAD_OPS}

@@ -7,6 +7,9 @@ the same shapes:
 - decode: M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time);
 - reference: bf16 shapes measured independently of this harness (docs/PERF_NOTES.md);
 - quick: a handful of the above; custom: the shapes a command line names.
+The gradient ops (forward + backward, backward alone: harness.ops) plan their own grid
+(``grad_plan``): N in GRAD_NS with M = GRAD_ELEMENTS[dtype] // N, half the elements in fp32,
+and neither M sweep nor decode shapes.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ REFERENCE = ((8192, 8192),)
 QUICK_NS = (4096, 4097, 8192)
 QUICK_MSWEEP = (1, 64, 1024, 32768)  # 32768 x 4096 is also a grid shape
 QUICK_DECODE = ((8, 4096),)
+
+#: The gradient ops' grid: M = GRAD_ELEMENTS[dtype] // N (fp32: half the elements, so its
+#: tensors take the bytes of the 16-bit ones).
+GRAD_NS = (1024, 2048, 4095, 4096, 4097, 8192, 16384, 32768, 65536)
+GRAD_ELEMENTS = {"bf16": 2**27, "fp16": 2**27, "fp32": 2**26}
+QUICK_GRAD_NS = QUICK_NS
 
 
 @dataclass
@@ -113,6 +122,18 @@ def plan(
         if section not in p.sections:
             p.sections.append(section)
     return list(out.values())
+
+
+def grad_plan(
+    dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
+) -> list[Planned]:
+    """The gradient ops' shapes: the grid of GRAD_NS (QUICK_GRAD_NS with --quick), bf16 first,
+    then fp16, fp32; ``shapes`` replaces it as in ``plan``."""
+    if shapes:
+        return plan(dtypes, shapes=shapes)
+    ns = QUICK_GRAD_NS if quick else GRAD_NS
+    order = [d for d in ("bf16", "fp16", "fp32") if d in dtypes]
+    return [Planned(d, GRAD_ELEMENTS[d] // n, n, ["grid"]) for d in order for n in ns]
 
 
 def shape_class(dtype: str, n: int, small: bool) -> str:

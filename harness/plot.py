@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -97,20 +98,26 @@ def _lines(ax, recs: Sequence[dict], x_of, op: Op) -> None:
         ax.fill_between(xs, lo, hi, color=COLORS.get(name), alpha=0.18, lw=0)
 
 
-def _n_ticks(ax, ns: list[int]) -> None:
+def _n_ticks(ax, ns: list[int], grid_text: str = RMS_NORM.grid_text) -> None:
     """Label the powers of two among the widths; mark the others with unlabelled minor
     ticks, named in the axis label: on a log axis 1000/1024 and 4095/4096/4097 sit too
-    close for their labels not to print over each other."""
+    close for their labels not to print over each other. ``grid_text``: how M was chosen."""
     pow2 = [n for n in ns if n & (n - 1) == 0] or ns
     others = [n for n in ns if n not in pow2]
     ax.set_xticks(pow2, [str(n) for n in pow2], rotation=45, fontsize=8)
     ax.set_xticks(others, minor=True)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.tick_params(axis="x", which="minor", length=7, width=1.2, color="dimgray")
-    label = "N, row width (elements); M = 2^27 / N rows"
+    label = f"N, row width (elements); {grid_text} rows"
     if others:
         label += f"\nunlabelled ticks: N = {', '.join(map(str, others))}"
     ax.set_xlabel(label, fontsize=9)
+
+
+def _wrapped(label: str, width: int = 64) -> str:
+    """An axis label on lines of at most ``width`` characters (a gradient op's bytes model
+    is longer than a panel is tall)."""
+    return "\n".join(textwrap.wrap(label, width))
 
 
 def _legend_below(fig, axes) -> None:
@@ -143,8 +150,8 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         _lines(ax, rs, lambda r: r["shape"][1], op)
         _ceilings(ax, env)
         ax.set_xscale("log", base=2)
-        _n_ticks(ax, sorted({r["shape"][1] for r in rs}))
-        ax.set_ylabel(f"GB/s ({op.bytes_text})")
+        _n_ticks(ax, sorted({r["shape"][1] for r in rs}), op.grid_text)
+        ax.set_ylabel(_wrapped(f"GB/s ({op.bytes_text})"))
         ax.set_ylim(bottom=0)
         ax.set_title(f"{dtype}")
         ax.grid(alpha=0.3)
@@ -177,7 +184,7 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("M, rows (N = 4096, bf16)")
-    ax.set_ylabel(f"GB/s ({op.bytes_text}), log scale")
+    ax.set_ylabel(_wrapped(f"GB/s ({op.bytes_text}), log scale"))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(

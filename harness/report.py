@@ -21,9 +21,9 @@ from harness import analysis, records
 from harness.analysis import by_shape, impl_order, median_us, passed
 from harness.ops import Op
 
-#: (section, title) of the cold tables, in page order.
+#: (section, title) of the cold tables, in page order ({grid}: the op's grid_text).
 COLD_SECTIONS = (
-    ("grid", "Grid shapes (M = 2^27 / N), cold"),
+    ("grid", "Grid shapes ({grid}), cold"),
     ("reference", "Reference shapes (independent figures exist), cold"),
     ("custom", "Requested shapes, cold"),
 )
@@ -169,7 +169,7 @@ def _cold_sections(recs: Sequence[dict], op: Op) -> list[str]:
         table = _cold_table(recs, section, op)
         if table:
             lines += [
-                f"## {title}",
+                f"## {title.format(grid=op.grid_text)}",
                 "",
                 "Ratio = best baseline's time / ours (> 1: ours is faster).",
                 "",
@@ -357,8 +357,8 @@ def _clocks(recs: Sequence[dict]) -> list[str]:
     ]
 
 
-def _caveats() -> list[str]:
-    return [
+def _caveats(ops: Sequence[Op] = ()) -> list[str]:
+    lines = [
         "## Caveats",
         "",
         "- A kernel's speedup is not a whole-model speedup: RMSNorm is a few percent of a "
@@ -367,8 +367,16 @@ def _caveats() -> list[str]:
         "the previous kernel through L2, which favours every implementation at small shapes.",
         "- Liger also writes an fp32 rstd per row and eager moves fp32 temporaries: both are "
         "charged only the common bytes model, so GB/s compares useful work.",
-        "",
     ]
+    if any(op.grads for op in ops):
+        lines.append(
+            "- Gradient ops: each implementation's forward and torch.autograd.grad, checked "
+            "against float64 gradients; the backward alone is timed with the forward's graph "
+            "kept (retain_graph), the forward outside the timing. A saved rstd, dweight "
+            "partials and zeroed buffers are charged to none; in the fused add Liger and "
+            "QuACK return one tensor as both dx and dresidual, still charged for both."
+        )
+    return lines + [""]
 
 
 def _model(out: Path) -> list[str]:
@@ -401,7 +409,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
             lines += [f"# {op.title} ({op.name})", ""]
         mine = [p for p in plots if p.name in analysis.plot_names(op)]
         lines += _op_sections(op_recs, op, env, mine)
-    lines += _model(out) + _clocks(recs) + _caveats()
+    lines += _model(out) + _clocks(recs) + _caveats(ops)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -31,7 +31,7 @@ import torch
 
 from harness import measure, timing
 from harness.impls import Impl
-from harness.ops import OPS, RMS_NORM
+from harness.ops import FORWARD_OPS, RMS_NORM
 from harness.plan import DTYPES, EPS, Planned, grid, names_arg, parse_shapes
 from harness.records import DTYPE_BYTES
 
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--op",
         default=RMS_NORM.name,
-        choices=sorted(OPS),
+        choices=sorted(FORWARD_OPS),
         help="the op whose configs are swept (default rms_norm)",
     )
     p.add_argument(
@@ -167,7 +167,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for k in skipped:
         print(f"skip {k}: no forced configs of {args.op} to sweep")
     kernels = [k for k in kernels if k not in skipped]
-    b = measure.start(Path(args.out), append=False, seed=0, op=OPS[args.op])
+    b = measure.start(Path(args.out), append=False, seed=0, op=FORWARD_OPS[args.op])
     print(f"writing {args.out}")
     start, recs = time.perf_counter(), []
     for dtype in dtypes:

@@ -21,7 +21,6 @@ from harness.cases import Case, all_cases
 from harness.impls import Impl, registry, runnable
 from harness.ops import RMS_NORM, Op
 from harness.plan import names_arg
-from harness.reference import TOL
 
 
 @dataclass
@@ -49,29 +48,43 @@ def check(
     impl: Impl, *inputs_and_ref, op: Op = RMS_NORM
 ) -> tuple[float, float, bool, Optional[str]]:
     """check(impl, *inputs, ref): compare impl's outputs on the op's inputs (for rms_norm
-    x, weight, eps) with the reference output (a tensor, or a tuple of them); for our
-    kernels also the op's second form (rms_norm: out= into a NaN-poisoned tensor; the fused
-    add: in place)."""
+    x, weight, eps) with the reference output (a tensor, or a tuple of them; None where an
+    output does not exist, as dweight without a weight) by the op's ``compare`` (forward
+    ops: TOL; gradient ops: grad_close); for our kernels also the op's second form
+    (rms_norm: out= into a NaN-poisoned tensor; the fused add: in place; the gradient ops:
+    with every allocation NaN-filled)."""
     *inputs, ref = inputs_and_ref
     outputs = [impl.fn(*inputs)]
     if impl.ours and op.second_form is not None:
         outputs.append(op.second_form(impl, tuple(inputs), ref))
     refs = ref if isinstance(ref, tuple) else (ref,)
+    names = op.outputs
+    if len(names) != len(refs):
+        names = tuple(f"output {i}" for i in range(len(refs)))
+    nan = float("nan")
     worst_abs = worst_rel = 0.0
     for out in outputs:
         got = out if isinstance(out, tuple) else (out,)
         if len(got) != len(refs):
-            return float("nan"), float("nan"), False, f"got {len(got)} outputs, not {len(refs)}"
-        for y, want in zip(got, refs, strict=True):
+            return nan, nan, False, f"got {len(got)} outputs, not {len(refs)}"
+        for y, want, what in zip(got, refs, names, strict=True):
+            if want is None or y is None:
+                if y is not want:
+                    return nan, nan, False, f"{what}: got {_kind(y)}, expected {_kind(want)}"
+                continue
             if y.shape != want.shape or y.dtype != want.dtype:
-                return float("nan"), float("nan"), False, f"got {y.dtype}{tuple(y.shape)}"
+                return nan, nan, False, f"{what}: got {y.dtype}{tuple(y.shape)}"
             a, r = errors(y, want)
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
             try:
-                torch.testing.assert_close(y, want, equal_nan=True, **TOL[want.dtype])
+                op.compare(y, want, what)
             except AssertionError as e:
                 return worst_abs, worst_rel, False, str(e).splitlines()[0]
     return worst_abs, worst_rel, True, None
+
+
+def _kind(t: Optional[torch.Tensor]) -> str:
+    return "None" if t is None else f"{t.dtype}{tuple(t.shape)}"
 
 
 def run_case(case: Case, impl: Impl, device: str, seed: int, op: Op = RMS_NORM) -> Result:

@@ -25,7 +25,7 @@ from harness.impls import (
     registry,
     runnable,
 )
-from harness.ops import FUSED_ADD_RMS_NORM, OPS, RMS_NORM, rms_norm_bytes
+from harness.ops import FORWARD_OPS, FUSED_ADD_RMS_NORM, GRAD_OPS, OPS, RMS_NORM, rms_norm_bytes
 from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
 
 # ---------------------------------------------------------------------------------------
@@ -237,7 +237,8 @@ def test_op_bytes_model_of_its_inputs(case, want):
 
 
 def test_op_description():
-    assert OPS == {"rms_norm": RMS_NORM, "fused_add_rms_norm": FUSED_ADD_RMS_NORM}
+    assert FORWARD_OPS == {"rms_norm": RMS_NORM, "fused_add_rms_norm": FUSED_ADD_RMS_NORM}
+    assert OPS == {**FORWARD_OPS, **GRAD_OPS}  # every op a record may name
     assert RMS_NORM.name == "rms_norm"
     assert RMS_NORM.reference is rms_norm_ref  # the one definition, pointed to
     assert RMS_NORM.order == OURS + BASELINES
@@ -621,12 +622,13 @@ def test_registry_keeps_ours_by_default_and_adds_baselines():
 
 def test_eager_baseline_is_the_reference():
     """The eager baseline is defined once: it is the reference function itself, and
-    torch.compile's baseline compiles that function."""
+    torch.compile's baseline compiles that function (the gradient ops': their forward's,
+    tests/test_harness_backward.py)."""
     import inspect
 
     from harness import impls
 
-    for op in OPS.values():
+    for op in FORWARD_OPS.values():
         full = op.registry(baselines=True)
         assert full["eager"].fn is op.reference
         assert full["compile"].prepare.func is impls.compile_fresh
@@ -650,7 +652,8 @@ def test_bench_without_gpu(tmp_path, monkeypatch, capsys):
     assert bench.main(["--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("no CUDA GPU")
-    assert "FAIL" not in text and text.count("PASS") == 9 * len(OPS)  # 3 shapes x 3 dtypes
+    # 3 shapes x 3 dtypes of each default op
+    assert "FAIL" not in text and text.count("PASS") == 9 * len(bench.DEFAULT_OPS)
     assert (out / "bandwidth_vs_n.png").exists() and (out / "report.md").exists()
     # without: says so and still succeeds
     monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
