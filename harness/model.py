@@ -1,7 +1,7 @@
 """The whole-model answer (docs METHOD item 11): a Llama-3-8B-shaped decoder block timed
 with each RMSNorm variant, and Amdahl's law measured.
 
-    python -m harness.model [--out DIR] [--shapes prefill,decode]
+    python -m harness.model [--out DIR] [--shapes prefill,decode,train]
                             [--modes eager,graph,compile,compile_graph]
                             [--variants native,eager,triton,cuda,triton_fused,cuda_fused]
                             [--budget-s 360] [--append] [--seed 0] [--no-layer]
@@ -16,8 +16,9 @@ an add (the next block's first norm would fuse this block's last add):
     h, r = add_norm(prev_out, r, w1); a = attn(h); h, r = add_norm(a, r, w2); out = mlp(h)
 
 ``add_norm`` is ``r = x + r; h = norm(r)`` for the plain variants and one kernel for the
-fused ones. Shapes: prefill (1 x 4096 tokens, causal) and decode (64 sequences x 1 token,
-each attending over a preallocated 2048-token KV cache whose last slot the step writes).
+fused ones. Shapes: prefill (1 x 4096 tokens, causal), decode (64 sequences x 1 token,
+each attending over a preallocated 2048-token KV cache whose last slot the step writes) and
+train (4 x 4096 tokens, causal, a training step: see below).
 Variants: native (F.rms_norm), eager (the composite transformers' LlamaRMSNorm runs: float,
 pow, mean, rsqrt, mul, cast, weight mul), triton and cuda (ours), triton_fused and
 cuda_fused (our fused add). Modes: eager; graph (CUDA-graph replay of the eager block);
@@ -47,14 +48,28 @@ timed, and the run goes on. Each record then carries:
 - the same figures for the step, the residual add and the norm together, which is what a
   fused variant replaces: its bound counts the add.
 
+The training step (shape train): the block's forward, then autograd's gradients of its two
+outputs, given fixed random output gradients (N(0, 1), bf16), with respect to its input (x
+and residual) and its six weights; no loss reduction, no optimizer. Modes eager and compile
+(the forward compiled fullgraph, AOTAutograd's backward); the CUDA-graph modes do not apply.
+Checked as above, on the outputs (TRUTH_FACTOR) and on all eight gradients (GRAD_FACTOR of
+native's error on the same tensor), against the step in fp32. The norm's share is its
+forward kernels' plus its backward kernels' time in the step, each found as the forward's
+are (by name, else from the norm alone), the norm alone profiled forward only and forward +
+backward (its backward kernels are those the second launches beyond the first); s is the
+norm's forward + backward alone against native's. Ours must be differentiable: a backward
+that raises "forward-only" is a skip, with its message.
+
 A second client: transformers' LlamaDecoderLayer (the same sizes, attn_implementation
 "sdpa", the block's weights copied in) at prefill, with its own LlamaRMSNorm (variant
-eager), swapped to torch.nn.RMSNorm (native) and to ours (rmsnorm_api.swap).
+eager), swapped to torch.nn.RMSNorm (native) and to ours (rmsnorm_api.swap); and at train,
+its training step (the same gradients, checked against the fp32 step entered with a zero
+residual).
 
 Without a GPU: a tiny config runs each variant that runs on CPU (eager, native, and
-triton, triton_fused under the Triton interpreter) through the same check, and the
-transformers layer swapped where transformers imports; then prints the committed H200
-table (results/h200/model/).
+triton, triton_fused under the Triton interpreter) through the same check, the training
+step's gradients included, and the transformers layer swapped where transformers imports;
+then prints the committed H200 table (results/h200/model/).
 """
 
 from __future__ import annotations
@@ -84,7 +99,13 @@ from harness import hardware, measure, records, timing
 from harness.measure import kernel_times
 from harness.ops import FUSED_ADD_RMS_NORM, RMS_NORM
 from harness.plan import Planned, names_arg
-from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
+from harness.reference import (
+    fused_add_rms_norm_grads_ref,
+    fused_add_rms_norm_ref,
+    grad_close,
+    rms_norm_grads_ref,
+    rms_norm_ref,
+)
 from rmsnorm_api.swap import VERIFY_TOL, swap_rms_norm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,7 +116,9 @@ RECORDS_NAME, REPORT_NAME = "records.jsonl", "model.md"
 VARIANTS = ("native", "eager", "triton", "cuda", "triton_fused", "cuda_fused")
 FUSED = ("triton_fused", "cuda_fused")
 MODES = ("eager", "graph", "compile", "compile_graph")
-SHAPE_NAMES = ("prefill", "decode")
+SHAPE_NAMES = ("prefill", "decode", "train")
+#: The modes of the training step: the CUDA-graph ones are for inference here.
+TRAIN_MODES = ("eager", "compile")
 #: The variants whose norm torch.compile generates itself; ours are opaque ops to it, so
 #: their kernels, and kernel times, are those of the eager launch.
 COMPILED_NORMS = ("native", "eager")
@@ -109,6 +132,11 @@ DEFAULT_BUDGET_S = 360.0
 #: correct norms differ in their rounding (the composite rounds twice, the interpreter
 #: truncates), which moves the error a little; a wrong norm or wiring misses by far more.
 TRUTH_FACTOR = 2.0
+#: A gradient of the training step passes within this factor of native's error on the same
+#: gradient: a gradient carries the forward's rounding through the chain rule and adds the
+#: backward's own casts (the interpreter truncates at each of ours, a biased rounding of
+#: twice the size); a backward that drops a term or scales one misses by far more.
+GRAD_FACTOR = 3.0
 #: The most native's own block may be from the fp32 block (bf16 rounding through a block
 #: sits several times under it); also the limit where native's distance is not known.
 NATIVE_MAX = 5e-2
@@ -152,6 +180,7 @@ class Shape:
     tokens: int  # new tokens a sequence
     kv_len: int  # 0: prefill, causal over its own tokens; else the cache the step attends
     calls: int  # blocks back-to-back in one timed sample
+    train: bool = False  # a training step: the forward, then the backward
 
     @property
     def rows(self) -> int:
@@ -160,18 +189,21 @@ class Shape:
     def describe(self) -> str:
         if self.kv_len:
             return f"{self.batch} x {self.tokens} token over a {self.kv_len}-token KV cache"
-        return f"{self.batch} x {self.tokens} tokens, causal"
+        step = ", forward + backward" if self.train else ""
+        return f"{self.batch} x {self.tokens} tokens, causal{step}"
 
 
 # decode: one block is a few hundred microseconds, so a sample is 8 of them (see the
-# module docstring); a prefill block is milliseconds of matmuls
+# module docstring); a prefill block is milliseconds of matmuls, a training step tens
 GPU_SHAPES = {
     "prefill": Shape("prefill", batch=1, tokens=4096, kv_len=0, calls=1),
     "decode": Shape("decode", batch=64, tokens=1, kv_len=2048, calls=8),
+    "train": Shape("train", batch=4, tokens=4096, kv_len=0, calls=1, train=True),
 }
 CPU_SHAPES = {
     "prefill": Shape("prefill", batch=1, tokens=16, kv_len=0, calls=1),
     "decode": Shape("decode", batch=4, tokens=1, kv_len=32, calls=1),
+    "train": Shape("train", batch=2, tokens=16, kv_len=0, calls=1, train=True),
 }
 
 
@@ -407,6 +439,108 @@ def agreement(outs: tuple, truth: tuple, native: Optional[float] = None) -> dict
 
 
 # ---------------------------------------------------------------------------------------
+# the training step
+# ---------------------------------------------------------------------------------------
+
+#: What a training step of the block returns: its two outputs, then the gradients with
+#: respect to its input and its weights (in Weights' order).
+STEP_TENSORS = ("out", "residual", "d x", "d residual") + tuple(
+    f"d {f.name}" for f in dataclasses.fields(Weights)
+)
+
+
+def train_weights(w: Weights) -> Weights:
+    """The weights as leaves that require grad (sharing w's storage)."""
+    return Weights(**{k: t.detach().requires_grad_() for k, t in vars(w).items()})
+
+
+def train_inputs(inputs: Inputs) -> Inputs:
+    """The inputs with the stream (x, residual) as leaves that require grad."""
+    x, r = (t.detach().requires_grad_() for t in (inputs.x, inputs.residual))
+    return Inputs(x, r, inputs.cos, inputs.sin)
+
+
+def output_grads(cfg: BlockConfig, shape: Shape, device, seed: int) -> tuple:
+    """The fixed gradients of a step's two outputs (out, residual): N(0, 1), bf16, seeded
+    apart from the inputs. The same step as the backward of the loss sum(out * d_out +
+    residual * d_residual)."""
+    g = torch.Generator(device=device).manual_seed(seed + 104729 + shape.rows)
+    size = (shape.batch, shape.tokens, cfg.hidden)
+    return tuple(
+        torch.randn(size, generator=g, device=device, dtype=torch.float32).bfloat16()
+        for _ in range(2)
+    )
+
+
+def _forward(fn: Callable, args: tuple):
+    """fn's forward with autograd recording (what a training step's forward launches)."""
+    with torch.enable_grad():
+        return fn(*args)
+
+
+def _step(fn: Callable, args: tuple, wrt: tuple, dys: tuple) -> tuple:
+    """One training step without the optimizer: fn's forward, then autograd's gradients of
+    its outputs (given dys) with respect to wrt; returns the outputs, then the gradients
+    (None for one the outputs do not depend on)."""
+    with torch.enable_grad():
+        outs = fn(*args)
+        outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+        grads = torch.autograd.grad(outs, wrt, dys, allow_unused=True)
+    return (*(o.detach() for o in outs), *grads)
+
+
+def train_step(fn: Callable, inputs: Inputs, w: Weights, dys: tuple) -> Callable[[], tuple]:
+    """The block's training step as a call: fn (the block, eager or compiled) on inputs
+    whose stream requires grad, the gradients with respect to (x, residual, the weights of
+    w); returns STEP_TENSORS."""
+    args = (inputs.x, inputs.residual, inputs.cos, inputs.sin)
+    return functools.partial(_step, fn, args, (inputs.x, inputs.residual, *vars(w).values()), dys)
+
+
+def fp32_step(cfg: BlockConfig, w: Weights, inputs: Inputs, dys: tuple) -> tuple:
+    """The training step in fp32 (the bf16 weights, inputs and output gradients upcast, the
+    reference norm): what every bf16 step is measured against."""
+    w32 = train_weights(Weights(**{k: t.float() for k, t in vars(w).items()}))
+    up = Inputs(*(t.float() for t in (inputs.x, inputs.residual, inputs.cos, inputs.sin)))
+    fn = block_fn(cfg, w32, unfused(rms_norm_ref))
+    return train_step(fn, train_inputs(up), w32, tuple(d.float() for d in dys))()
+
+
+def train_agreement(
+    got: tuple, truth: tuple, names: tuple = STEP_TENSORS, native: Optional[list] = None
+) -> dict:
+    """{rel_err, limit, worst, errors, passed, error}: each tensor's relative L2 error from
+    the fp32 step's (errors, in names' order), within its limit: NATIVE_MAX where native
+    (native's errors on the same tensors) is None, else TRUTH_FACTOR (the outputs) or
+    GRAD_FACTOR (the gradients) times native's; rel_err and limit are those of the tensor
+    nearest its limit (worst). A missing gradient fails."""
+    errs, limits = [], []
+    for i, (name, g, t) in enumerate(zip(names, got, truth, strict=True)):
+        errs.append(math.inf if g is None else rel_err(g, t))
+        factor = GRAD_FACTOR if name.startswith("d ") else TRUTH_FACTOR
+        limits.append(NATIVE_MAX if native is None else min(NATIVE_MAX, factor * native[i]))
+    i = max(range(len(names)), key=lambda j: errs[j] / limits[j] if limits[j] else math.inf)
+    ok = all(e <= lim for e, lim in zip(errs, limits, strict=True))
+    error = None
+    if not ok:
+        what = "no gradient" if got[i] is None else f"relative L2 error {errs[i]:.3g}"
+        error = f"{names[i]}: {what} from the fp32 step > {limits[i]:.3g}"
+    return {
+        "rel_err": errs[i],
+        "limit": limits[i],
+        "worst": names[i],
+        "errors": dict(zip(names, errs, strict=True)),
+        "passed": ok,
+        "error": error,
+    }
+
+
+def is_forward_only(e: BaseException) -> bool:
+    """Whether e is a forward-only kernel's refusal of the backward (a skip, not a bug)."""
+    return isinstance(e, RuntimeError) and "forward-only" in str(e)
+
+
+# ---------------------------------------------------------------------------------------
 # Amdahl's law and the profiler's kernel times
 # ---------------------------------------------------------------------------------------
 
@@ -425,42 +559,117 @@ def exceeds(measured: float, lo: float, hi: float, bound: float) -> bool:
     return measured - bound > hi - lo
 
 
-#: Names of a norm's kernels in this block: ours (rms_norm), PyTorch's fused F.rms_norm
-#: (its layer-norm kernels in RMS mode, the vectorized one or the row-moments and forward
-#: pair; the block has no LayerNorm), and Inductor's
+#: Names of a norm's kernels in this block: ours (rms_norm; the dweight reduction of our
+#: backward, dw_reduce), PyTorch's fused F.rms_norm (its layer-norm kernels in RMS mode: the
+#: vectorized one or the row-moments and forward pair; in the backward the input-gradient
+#: kernel and the GammaBeta weight-gradient one, or the internal-gradients pair of older
+#: versions; the block has no LayerNorm), and Inductor's
 #: generated kernels that compute the norm's rsqrt or mean (nothing else in the block
 #: does; such a kernel is counted whole, with whatever Inductor fused into it).
-_NORM_NAME = re.compile(r"rms_?norm|layer_?norm|RowwiseMoments", re.IGNORECASE)
+_NORM_NAME = re.compile(
+    r"rms_?norm|layer_?norm|RowwiseMoments|GammaBeta|ComputeInternalGradients"
+    r"|ComputeGradientFusedParams|dw_reduce",
+    re.IGNORECASE,
+)
 _INDUCTOR_NORM = re.compile(r"^triton_\w*(rsqrt|mean)")
+#: Which of a norm's kernels are its backward's: ours say bwd (or are the dweight
+#: reduction), PyTorch's say grad or GammaBeta, Inductor's name their origin, the norm's
+#: backward op (descriptive names: the ATen op each kernel came from).
+_BACKWARD_NAME = re.compile(r"bwd|backward|grad|GammaBeta|dw_reduce", re.IGNORECASE)
 
 
-def is_norm_kernel(name: str) -> bool:
-    return bool(_NORM_NAME.search(name) or _INDUCTOR_NORM.search(name))
+def is_norm_kernel(name: str, part: Optional[str] = None) -> bool:
+    """Whether a kernel is a norm's by name; part "forward" or "backward" keeps that part's
+    (a backward kernel: _BACKWARD_NAME)."""
+    if not (_NORM_NAME.search(name) or _INDUCTOR_NORM.search(name)):
+        return False
+    return part is None or bool(_BACKWARD_NAME.search(name)) == (part == "backward")
 
 
-def norm_share(block_k: dict, piece_k: dict, per_block: int = 2) -> dict:
+def _times(k: dict, per_block: int) -> dict:
+    return {"count": per_block * k["count"], "us": per_block * k["us"]}
+
+
+def norm_share(
+    block_k: dict,
+    piece_k: dict,
+    per_block: int = 2,
+    part: Optional[str] = None,
+    mixed: bool = False,
+) -> dict:
     """A piece's (the norm's, or the step's) device time in one block: {us, method,
     kernels (name -> count, us a block), note}.
 
-    By name ("name") when every kernel the piece launches alone is a norm kernel by name and
-    the block launches as many of them as ``per_block`` pieces would: the block's own times
-    of those kernels. Else ("alone") ``per_block`` times the piece's kernel time run alone
-    at the in-block shape, since its kernels' names (PyTorch's mul, mean, cast, add) are
-    shared with other kernels of the block; then the kernels counted are the piece's."""
-    in_block = {n: k for n, k in block_k.items() if is_norm_kernel(n)}
+    By name ("name") when every kernel the piece launches alone is a norm kernel by name (of
+    ``part``, when given) and the block launches as many of them as ``per_block`` pieces
+    would: the block's own times of those kernels. Else ("alone") ``per_block`` times the
+    piece's kernel time run alone at the in-block shape, since its kernels' names
+    (PyTorch's mul, mean, cast, add) are shared with other kernels of the block; then the
+    kernels counted are the piece's. With ``mixed`` (the training step's rule), a piece
+    whose norm kernels by name are found so, beside others, is counted both ways
+    ("name+alone"): those from the block, the others ``per_block`` times alone (marked
+    "alone")."""
+    named = functools.partial(is_norm_kernel, part=part)
+    in_block = {n: k for n, k in block_k.items() if named(n)}
+    mine = {n: k for n, k in piece_k.items() if named(n)}
+    others = {n: k for n, k in piece_k.items() if n not in mine}
     note = None
-    if piece_k and all(is_norm_kernel(n) for n in piece_k):
-        want = per_block * sum(k["count"] for k in piece_k.values())
+    if mine and (mixed or not others):
+        want = per_block * sum(k["count"] for k in mine.values())
         got = sum(k["count"] for k in in_block.values())
         if abs(got - want) < 0.5:
-            us = sum(k["us"] for k in in_block.values())
-            return {"us": us, "method": "name", "kernels": in_block, "note": None}
-        note = f"{got:g} norm kernels a block by name, not the {want:g} of {per_block} pieces"
-    kernels = {
-        n: {"count": per_block * k["count"], "us": per_block * k["us"]} for n, k in piece_k.items()
-    }
+            kernels = dict(in_block)
+            kernels.update({n: {**_times(k, per_block), "alone": True} for n, k in others.items()})
+            us = sum(k["us"] for k in kernels.values())
+            method = "name+alone" if others else "name"
+            return {"us": us, "method": method, "kernels": kernels, "note": None}
+        what = "norm kernels" if part is None else f"norm {part} kernels"
+        note = f"{got:g} {what} a block by name, not the {want:g} of {per_block} pieces"
+    kernels = {n: _times(k, per_block) for n, k in piece_k.items()}
     us = sum(k["us"] for k in kernels.values())
     return {"us": us, "method": "alone", "kernels": kernels, "note": note}
+
+
+def kernels_beyond(all_k: dict, fwd_k: dict) -> dict:
+    """The kernels all_k launches beyond fwd_k's, by name (launches and device us less
+    fwd_k's): a backward's kernels, from the profiles of a forward + backward and of the
+    forward alone (a compiled backward cannot be run again on its own)."""
+    out = {}
+    for n, k in all_k.items():
+        f = fwd_k.get(n, {"count": 0.0, "us": 0.0})
+        if k["count"] - f["count"] > 0.5:
+            out[n] = {"count": k["count"] - f["count"], "us": max(0.0, k["us"] - f["us"])}
+    return out
+
+
+def train_share(block_k: dict, fwd_k: dict, bwd_k: dict, per_block: int = 2) -> dict:
+    """A piece's device time in one training step: its forward kernels' (norm_share of
+    fwd_k, the forward part, mixed) plus its backward kernels' (of bwd_k, the backward
+    part): {us, method ("forward's / backward's"), kernels (both, summed by name), note,
+    fwd, bwd (each norm_share's answer)}."""
+    fwd = norm_share(block_k, fwd_k, per_block, part="forward", mixed=True)
+    bwd = norm_share(block_k, bwd_k, per_block, part="backward", mixed=True)
+    kernels: dict[str, dict] = {}
+    for n, k in [*fwd["kernels"].items(), *bwd["kernels"].items()]:
+        if n in kernels:
+            kernels[n] = {
+                **k,
+                "count": kernels[n]["count"] + k["count"],
+                "us": kernels[n]["us"] + k["us"],
+            }
+        else:
+            kernels[n] = dict(k)
+    notes = [
+        f"{part}: {s['note']}" for part, s in (("forward", fwd), ("backward", bwd)) if s["note"]
+    ]
+    return {
+        "us": fwd["us"] + bwd["us"],
+        "method": f"{fwd['method']} / {bwd['method']}",
+        "kernels": kernels,
+        "note": "; ".join(notes) or None,
+        "fwd": fwd,
+        "bwd": bwd,
+    }
 
 
 def _total(kernels: dict) -> tuple[float, float]:
@@ -475,10 +684,13 @@ def _total(kernels: dict) -> tuple[float, float]:
 
 @dataclass
 class Piece:
-    """One variant's norm or step alone at the in-block shape, in one family."""
+    """One variant's norm or step alone at the in-block shape, in one family (at the train
+    shape: its forward + backward, fn and kernels, and the two parts' kernels apart)."""
 
     fn: Optional[Callable[[], object]] = None
     kernels: dict = field(default_factory=dict)
+    fwd_kernels: dict = field(default_factory=dict)
+    bwd_kernels: dict = field(default_factory=dict)
     cold_us: Optional[float] = None
     warm_us: Optional[float] = None
     error: Optional[str] = None
@@ -493,6 +705,12 @@ class ShapeState:
     pieces: dict = field(default_factory=dict)  # family -> {(what, variant): Piece}
     compiled: dict = field(default_factory=dict)  # variant -> (compiled fn, compile_s)
     piece_inputs: Optional[tuple] = None  # (x, residual, weight, eps) of the pieces
+    # the train shape: the weights as leaves, the output gradients (of the block, of the
+    # pieces) and native's errors on each of STEP_TENSORS
+    weights: Optional[Weights] = None
+    dys: tuple = ()
+    piece_dys: tuple = ()
+    native_errs: Optional[list] = None
 
 
 @dataclass
@@ -530,11 +748,26 @@ def _sync_time(fn: Callable[[], object]) -> float:
 def _state(run: Run, shape: Shape) -> ShapeState:
     if shape.name not in run.states:
         inputs = make_inputs(run.cfg, shape, run.device, run.seed)
+        if shape.train:
+            run.states[shape.name] = _train_state(run, shape, inputs)
+            return run.states[shape.name]
         truth = fp32_block(run.cfg, run.weights, inputs.args())
         native = block_fn(run.cfg, run.weights, run.variants["native"].add_norm)
         err = agreement(native(*inputs.args()), truth)["rel_err"]
         run.states[shape.name] = ShapeState(shape, inputs, truth, err)
     return run.states[shape.name]
+
+
+def _train_state(run: Run, shape: Shape, inputs: Inputs) -> ShapeState:
+    """The train shape's state: the stream and weights as leaves, the output gradients, the
+    fp32 step (truth) and native's eager step's errors from it."""
+    w = train_weights(run.weights)
+    dys = output_grads(run.cfg, shape, run.device, run.seed)
+    truth = fp32_step(run.cfg, run.weights, inputs, dys)
+    leaves = train_inputs(inputs)
+    native = train_step(block_fn(run.cfg, w, run.variants["native"].add_norm), leaves, w, dys)
+    errs = list(train_agreement(native(), truth)["errors"].values())
+    return ShapeState(shape, leaves, truth, max(errs), weights=w, dys=dys, native_errs=errs)
 
 
 def _compiled(run: Run, st: ShapeState, v: Variant) -> tuple[Callable, float]:
@@ -543,11 +776,15 @@ def _compiled(run: Run, st: ShapeState, v: Variant) -> tuple[Callable, float]:
     limit never silently sends a variant back to eager."""
     _enter_compile_shape(run, st)
     if v.name not in st.compiled:
-        fn = torch.compile(
-            block_fn(run.cfg, run.weights, v.add_norm), fullgraph=True, dynamic=False
+        w = st.weights or run.weights
+        fn = torch.compile(block_fn(run.cfg, w, v.add_norm), fullgraph=True, dynamic=False)
+        # a training step's first call compiles the forward and AOTAutograd's backward
+        first = (
+            train_step(fn, st.inputs, w, st.dys)
+            if st.shape.train
+            else functools.partial(fn, *st.inputs.args())
         )
-        args = st.inputs.args()
-        st.compiled[v.name] = (fn, _sync_time(lambda: fn(*args)))
+        st.compiled[v.name] = (fn, _sync_time(first))
     return st.compiled[v.name]
 
 
@@ -585,6 +822,59 @@ def _piece_fn(v: Variant, what: str, family: str, inputs: tuple) -> Callable[[],
     return functools.partial(fn, *args)
 
 
+def _piece_dys(run: Run, st: ShapeState) -> tuple:
+    """The pieces' output gradients at the train shape: (dy, d_residual_out) ~ N(0, 1)."""
+    if not st.piece_dys:
+        g = torch.Generator(device=run.device).manual_seed(run.seed + 2 + st.shape.rows)
+        like = st.inputs.x
+        st.piece_dys = tuple(
+            torch.randn(like.shape, generator=g, device=run.device).to(like.dtype) for _ in range(2)
+        )
+    return st.piece_dys
+
+
+def _train_piece_fns(v: Variant, what: str, family: str, inputs: tuple, dys: tuple) -> tuple:
+    """(forward, forward + backward) of a piece at the train shape: its x, residual and
+    weight as leaves that require grad, the backward autograd's gradients of its outputs
+    (dy; and d_residual_out for the step) with respect to them; the compile family's
+    compiled (fullgraph), AOTAutograd's backward."""
+    x, r, w, eps = inputs
+    x, r, w = (t.detach().requires_grad_() for t in (x, r, w))
+    if what == "norm":
+        fn, args, wrt, grads = v.norm, (x, w, eps), (x, w), dys[:1]
+    else:
+        fn, args, wrt, grads = v.add_norm, (x, r, w, eps), (x, r, w), dys
+    if family == "compile":
+        fn = torch.compile(fn, fullgraph=True, dynamic=False)
+    return functools.partial(_forward, fn, args), functools.partial(_step, fn, args, wrt, grads)
+
+
+def _check_train_piece(what: str, out: tuple, inputs: tuple, dys: tuple) -> Optional[str]:
+    """None if a piece's forward + backward computed the norm (or the step) and its
+    gradients: the outputs as _check_piece, the gradients within harness.reference's
+    gradient tolerance of its float64 gradients."""
+    x, r, w, eps = inputs
+    with torch.enable_grad():  # the references are autograd's, in float64
+        if what == "norm":
+            error = _check_piece(what, out[0], inputs)
+            names, grads = ("dx", "dweight"), out[1:]
+            refs = rms_norm_grads_ref(x, w, eps, dys[0])
+        else:
+            error = _check_piece(what, out[:2], inputs)
+            names, grads = ("dx", "dresidual", "dweight"), out[2:]
+            refs = fused_add_rms_norm_grads_ref(x, r, w, eps, dys[0], dys[1])
+    if error:
+        return error
+    for name, got, want in zip(names, grads, refs, strict=True):
+        if got is None:
+            return f"no gradient for {name}"
+        try:
+            grad_close(got, want, name)
+        except AssertionError as e:
+            return f"not the norm's gradient: {str(e).splitlines()[0]}"
+    return None
+
+
 def _check_piece(what: str, out, inputs: tuple) -> Optional[str]:
     """None if a piece computed the norm (or the step): within two bf16 ulps of the
     reference (the composite rounds twice, as LlamaRMSNorm does)."""
@@ -604,7 +894,10 @@ def pieces(run: Run, st: ShapeState, family: str) -> dict:
     step ("step": the add and the norm) alone at the in-block shape, checked, profiled, then
     timed cold (variants interleaved, L2 flushed) and warm (CUDA-graph replay); written as
     timing records (op rms_norm or fused_add_rms_norm, section "model"). The compile family
-    holds the norms torch.compile generates (COMPILED_NORMS); ours come from the eager one."""
+    holds the norms torch.compile generates (COMPILED_NORMS); ours come from the eager one.
+    At the train shape a piece is its forward + backward (_train_piece_fns), checked with
+    its gradients, profiled forward + backward and forward alone (its backward's kernels:
+    kernels_beyond), timed forward + backward."""
     if family in st.pieces:
         return st.pieces[family]
     if family == "compile":
@@ -617,10 +910,18 @@ def pieces(run: Run, st: ShapeState, family: str) -> dict:
         for what in ("step",) if v.fused else ("norm", "step"):
             p = out[(what, v.name)] = Piece()
             try:
-                fn = _piece_fn(v, what, family, inputs)
-                p.error = _check_piece(what, fn(), inputs)
+                if st.shape.train:
+                    dys = _piece_dys(run, st)
+                    fwd, fn = _train_piece_fns(v, what, family, inputs, dys)
+                    p.error = _check_train_piece(what, fn(), inputs, dys)
+                else:
+                    fn = _piece_fn(v, what, family, inputs)
+                    p.error = _check_piece(what, fn(), inputs)
                 if p.error is None:
                     p.fn, p.kernels = fn, kernel_times(fn, calls=3)
+                    if st.shape.train:
+                        p.fwd_kernels = kernel_times(fwd, calls=3)
+                        p.bwd_kernels = kernels_beyond(p.kernels, p.fwd_kernels)
             except Exception as e:  # this piece's failure: its s is missing, nothing else
                 p.error = measure.first_line(e)
             if p.error:
@@ -657,6 +958,11 @@ def _write_piece(run, st, family, what, name, p: Piece, blocks, warm, warm_err, 
     n, us = _total(p.kernels)
     kernels = {"names": sorted(p.kernels), "count": n, "us": us}
     how = f"{what} alone at the {st.shape.name} block's rows"
+    if st.shape.train:
+        impl += "+bwd"
+        base["bytes"] = train_bytes(what, op_inputs)
+        base["small"] = base["bytes"] < b.small_bytes
+        how = f"{what} forward + backward alone at the {st.shape.name} step's rows ({TRAIN_BYTES})"
     b.write(
         impl,
         mode="cold",
@@ -692,6 +998,23 @@ def _write_piece(run, st, family, what, name, p: Piece, blocks, warm, warm_err, 
         )
 
 
+#: The bytes model of a piece's forward + backward (METHOD item 2), in words.
+TRAIN_BYTES = (
+    "bytes: forward + backward, 5 M N e for the norm (the forward reads x, writes y; the "
+    "backward reads x and dy, writes dx), 9 M N e for the step (the fused add's 4, then the "
+    "backward reads residual_out, dy and d_residual_out, writes dx and dresidual); the "
+    "weight read twice and dweight written: 3 N e more"
+)
+
+
+def train_bytes(what: str, inputs: tuple) -> int:
+    """A piece's forward + backward bytes (TRAIN_BYTES)."""
+    x, w = inputs[0], inputs[-2]
+    n = x.shape[-1]
+    m_n, e = x.numel(), x.element_size()
+    return (5 if what == "norm" else 9) * m_n * e + 3 * n * w.element_size()
+
+
 def _piece(st: ShapeState, family: str, what: str, name: str) -> Optional[Piece]:
     """A piece in a family; ours are looked up in the eager family (their kernel is the same
     whether eager or compiled code launches it)."""
@@ -720,6 +1043,13 @@ class Ready:
 def _prepare(run: Run, st: ShapeState, v: Variant, mode: str) -> Ready:
     args = st.inputs.args()
     compile_s = None
+    if st.shape.train:  # a training step; its outputs are STEP_TENSORS
+        if mode == "compile":
+            block, compile_s = _compiled(run, st, v)
+        else:
+            block = block_fn(run.cfg, st.weights, v.add_norm)
+        step = train_step(block, st.inputs, st.weights, st.dys)
+        return Ready(step, step, step(), compile_s)
     if mode.startswith("compile"):
         compiled, compile_s = _compiled(run, st, v)
         fn = functools.partial(compiled, *args)
@@ -767,7 +1097,8 @@ def _profile(r: Ready, k: int) -> tuple[dict, str]:
 
 
 def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
-    """Prepare, check, profile and time every variant of one (shape, mode); write records."""
+    """Prepare, check, profile and time every variant of one (shape, mode); write records.
+    At the train shape a variant whose backward is refused as forward-only is a skip."""
     st = _state(run, shape)
     family = "compile" if mode.startswith("compile") else "eager"
     pieces(run, st, family)
@@ -789,11 +1120,21 @@ def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
             continue
         try:
             r = _prepare(run, st, v, mode)
-            native_err = None if name == "native" else st.native_err
-            correct = agreement(r.outputs, st.truth, native_err)
+            if shape.train:
+                native_errs = None if name == "native" else st.native_errs
+                correct = train_agreement(r.outputs, st.truth, STEP_TENSORS, native_errs)
+                r.outputs = ()  # a step's gradients: the weights' size again
+            else:
+                native_err = None if name == "native" else st.native_err
+                correct = agreement(r.outputs, st.truth, native_err)
             if correct["passed"]:
                 kernels, seen = _profile(r, shape.calls)
         except Exception as e:  # this variant's failure, recorded; the others go on
+            if shape.train and is_forward_only(e):
+                why = f"not run: its backward is forward-only ({measure.first_line(e)})"
+                _write_block(run, st.shape, mode, name, status="SKIP", notes=[why])
+                run.say(f"{where}: skip ({why})")
+                continue
             correct = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
         if not correct["passed"]:
             run.failed += 1
@@ -922,7 +1263,13 @@ def _finish(
         norm_piece = _piece(st, family, "step" if name in FUSED else "norm", name)
         step_piece = _piece(st, family, "step", name)
         for what, p in (("norm", norm_piece), ("step", step_piece)):
-            share = norm_share(row["kernels"], p.kernels) if p else None
+            share = None
+            if p and st.shape.train:
+                share = train_share(row["kernels"], p.fwd_kernels, p.bwd_kernels)
+                for part in (share["fwd"], share["bwd"]):
+                    part["f"] = part["us"] / us if us else None
+            elif p:
+                share = norm_share(row["kernels"], p.kernels)
             if share:
                 share["f"] = share["us"] / us if us else None
                 if share["f"] is not None and share["f"] > 1:
@@ -952,7 +1299,10 @@ def _finish(
                 "us": row["kernel_us"],
             },
             notes=[
-                f"{st.shape.calls} back-to-back blocks a sample, L2 flushed before each",
+                "one training step (forward + backward, no optimizer) a sample, L2 flushed "
+                "before each"
+                if st.shape.train
+                else f"{st.shape.calls} back-to-back blocks a sample, L2 flushed before each",
                 f"kernels profiled from {row['profiled']}",
             ],
             model=m,
@@ -1045,9 +1395,12 @@ def why_above(name: str, row: dict, native: dict, sp: dict, step: dict) -> list[
 
 
 def _progress_line(shape: str, mode: str, name: str, median_us: float, m: dict) -> str:
-    sp, f = m.get("speedup"), (m.get("norm") or {}).get("f")
+    norm = m.get("norm") or {}
+    sp, f = m.get("speedup"), norm.get("f")
     text = f"{shape}/{mode}/{name}: {median_us:9.1f} us a block"
-    if f is not None:
+    if "fwd" in norm and f is not None:
+        text += f", norm share {norm['fwd']['f']:.1%} fwd + {norm['bwd']['f']:.1%} bwd"
+    elif f is not None:
         text += f", norm share {f:.1%}"
     if sp:
         text += f", x{sp['median']:.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}] vs native"
@@ -1103,6 +1456,7 @@ def hf_layer(tf, cfg: BlockConfig, w: Weights, max_positions: int, device) -> tu
         "mlp.up_proj.weight": w.gate_up[cfg.mlp :],
         "mlp.down_proj.weight": w.down,
     }
+    assert list(copies) == [n for n, _ in LAYER_WEIGHTS]
     params = dict(layer.named_parameters())
     missing = [n for n in copies if n not in params]
     if missing:
@@ -1141,6 +1495,93 @@ def layer_call(layer: torch.nn.Module, rotary, hidden: torch.Tensor) -> LayerCal
     if "use_cache" in accepted:
         kwargs["use_cache"] = False
     return LayerCall(layer, hidden, kwargs)
+
+
+#: The layer's weights in hf_layer's order, each with the block weight it is (a row block of
+#: it: q, k, v of qkv; gate, up of gate_up).
+LAYER_WEIGHTS = (
+    ("input_layernorm.weight", "norm1"),
+    ("self_attn.q_proj.weight", "qkv"),
+    ("self_attn.k_proj.weight", "qkv"),
+    ("self_attn.v_proj.weight", "qkv"),
+    ("self_attn.o_proj.weight", "o"),
+    ("post_attention_layernorm.weight", "norm2"),
+    ("mlp.gate_proj.weight", "gate_up"),
+    ("mlp.up_proj.weight", "gate_up"),
+    ("mlp.down_proj.weight", "down"),
+)
+#: What a layer's training step is checked on: its output (the block's two summed), the
+#: gradients with respect to its input and to the block's weights.
+LAYER_STEP_TENSORS = ("out", "d x") + tuple(f"d {f.name}" for f in dataclasses.fields(Weights))
+
+
+@dataclass
+class LayerStep:
+    """A transformers layer's training step: its forward (the call's hidden state requires
+    grad), then the gradients of its output (given dy) with respect to the hidden state and
+    the layer's weights (LAYER_WEIGHTS' order); returns the output, then those."""
+
+    call: LayerCall
+    wrt: tuple
+    dy: torch.Tensor
+
+    def __call__(self) -> tuple:
+        with torch.enable_grad():
+            out = self.call()
+            grads = torch.autograd.grad(out, self.wrt, self.dy, allow_unused=True)
+        return (out.detach(), *grads)
+
+
+def layer_steps(calls: dict[str, LayerCall], dy: torch.Tensor) -> dict[str, LayerStep]:
+    """Each layer call as a training step (its hidden state must be a leaf that requires
+    grad)."""
+    out = {}
+    for name, call in calls.items():
+        params = dict(call.layer.named_parameters())
+        out[name] = LayerStep(call, (call.hidden, *(params[n] for n, _ in LAYER_WEIGHTS)), dy)
+    return out
+
+
+def block_layout(got: tuple) -> tuple:
+    """A layer step's tensors in LAYER_STEP_TENSORS' order: the row blocks' gradients of
+    each block weight joined (a missing one: None)."""
+    grads: dict[str, list] = {}
+    for (_, name), g in zip(LAYER_WEIGHTS, got[2:], strict=True):
+        grads.setdefault(name, []).append(g)
+    joined = [None if any(g is None for g in gs) else torch.cat(gs) for gs in grads.values()]
+    return (got[0], got[1], *joined)
+
+
+def layer_train_checks(cfg: BlockConfig, w: Weights, steps: dict[str, LayerStep]) -> dict:
+    """{variant: train_agreement, plus "against", or {"skipped": why} for a forward-only
+    backward}: each layer's step against the fp32 step of the block entered with a zero
+    residual and the layer's output gradient on both outputs (the layer's output is their
+    sum), native's within NATIVE_MAX, the others within the factors of native's errors. A
+    layer that computes its own rotary tables is checked against the native layer."""
+    native = steps["native"]
+    rope_in = native.call.kwargs.get("position_embeddings")
+    if rope_in is not None:
+        hidden, dy = native.call.hidden, native.dy
+        inputs = Inputs(hidden, torch.zeros_like(hidden), *rope_in)
+        t = fp32_step(cfg, w, inputs, (dy, dy))
+        truth, against = (t[0] + t[1], t[2], *t[4:]), "the step in fp32"
+    else:
+        truth, against = block_layout(native()), "the native layer"
+    checks: dict[str, dict] = {}
+    for name in ["native"] + [n for n in steps if n != "native"]:
+        from_native = checks["native"].get("errors") if name != "native" else None
+        errs = None if from_native is None else list(from_native.values())
+        try:
+            c = train_agreement(block_layout(steps[name]()), truth, LAYER_STEP_TENSORS, errs)
+        except Exception as e:
+            if is_forward_only(e):
+                checks[name] = {
+                    "skipped": f"its backward is forward-only ({measure.first_line(e)})"
+                }
+                continue
+            c = {"rel_err": None, "limit": None, "passed": False, "error": measure.first_line(e)}
+        checks[name] = {**c, "against": against}
+    return checks
 
 
 #: The layer's variants: its own LlamaRMSNorm (the eager composite), and the modules
@@ -1197,11 +1638,12 @@ def layer_checks(cfg: BlockConfig, w: Weights, calls: dict[str, LayerCall]) -> d
     return checks
 
 
-def run_layer_job(run: Run, names: list[str]) -> None:
-    """transformers' LlamaDecoderLayer at prefill, each variant checked (against the
-    native-swapped layer, which is checked against the block), profiled and timed
-    interleaved; shares and bounds as the block's, from the block's pieces."""
-    st = _state(run, GPU_SHAPES["prefill"])
+def run_layer_job(run: Run, names: list[str], shape: str = "prefill") -> None:
+    """transformers' LlamaDecoderLayer at prefill (or its training step at train), each
+    variant checked (against the native-swapped layer, which is checked against the block),
+    profiled and timed interleaved; shares and bounds as the block's, from the block's
+    pieces."""
+    st = _state(run, GPU_SHAPES[shape])
     tf, why = _import("transformers")
     if tf is None:
         _write_block(
@@ -1223,10 +1665,19 @@ def run_layer_job(run: Run, names: list[str]) -> None:
         )
     if "native" not in calls:
         return
-    checks = layer_checks(run.cfg, run.weights, calls)
+    if st.shape.train:
+        calls = layer_steps(calls, st.dys[0])
+        checks = layer_train_checks(run.cfg, run.weights, calls)
+    else:
+        checks = layer_checks(run.cfg, run.weights, calls)
     ready, rows = {}, {}
     for name, call in calls.items():
         correct = checks[name]
+        if "skipped" in correct:
+            why = f"not run: {correct['skipped']}"
+            _write_block(run, st.shape, "eager", name, status="SKIP", block=LAYER_OP, notes=[why])
+            run.say(f"{LAYER_OP} {st.shape.name}/{name}: skip ({why})")
+            continue
         if correct["passed"]:
             try:
                 kernels = kernel_times(call, calls=2)
@@ -1252,15 +1703,32 @@ def run_layer_job(run: Run, names: list[str]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+#: The jobs of the transformers layer, each with the shape it runs at.
+LAYER_JOBS = {"layer": "prefill", "layer_train": "train"}
+
+
+def applies(shape: str, mode: str) -> bool:
+    """Whether a mode applies to a shape: the training step has no CUDA-graph modes."""
+    return mode in TRAIN_MODES or not GPU_SHAPES[shape].train
+
+
 def plan_jobs(shapes: list[str], modes: list[str], layer: bool) -> list[tuple[str, str]]:
-    """(shape, mode) in the order they run: each shape's eager and graph modes, the
-    transformers layer (at prefill, in eager mode), then the compile modes, whose compiles
-    are the slow part: a spent budget drops them first."""
-    jobs = [(s, m) for s in shapes for m in ("eager", "graph") if m in modes]
-    if layer and "prefill" in shapes and "eager" in modes:
-        jobs.append(("layer", "eager"))
-    jobs += [(s, m) for s in shapes for m in ("compile", "compile_graph") if m in modes]
+    """(shape, mode) in the order they run: each shape's eager and graph modes (those that
+    apply), the transformers layer (at prefill, and its training step at train, in eager
+    mode), then the compile modes, whose compiles are the slow part: a spent budget drops
+    them first."""
+    jobs = [(s, m) for s in shapes for m in ("eager", "graph") if m in modes and applies(s, m)]
+    if layer and "eager" in modes:
+        jobs += [(job, "eager") for job, at in LAYER_JOBS.items() if at in shapes]
+    jobs += [
+        (s, m) for s in shapes for m in ("compile", "compile_graph") if m in modes and applies(s, m)
+    ]
     return jobs
+
+
+def not_applicable(shapes: list[str], modes: list[str]) -> list[str]:
+    """The asked (shape, mode) pairs that do not apply, as shape/mode."""
+    return [f"{s}/{m}" for s in shapes for m in modes if not applies(s, m)]
 
 
 def run_gpu(args, out: Path) -> int:
@@ -1284,27 +1752,29 @@ def run_gpu(args, out: Path) -> int:
         f"{len(jobs)} jobs ({', '.join(f'{s}/{m}' for s, m in jobs)}) x "
         f"{len(args.variants)} variants -> {path}"
     )
-    with torch.no_grad():
+    if skipped := not_applicable(args.shapes, args.modes):
+        run.say(f"not applicable (the training step has no CUDA-graph modes): {', '.join(skipped)}")
+    with torch.no_grad():  # the training step's calls turn autograd on for themselves
         for i, (shape, mode) in enumerate(jobs):
-            block = LAYER_OP if shape == "layer" else BLOCK_OP
-            where = GPU_SHAPES["prefill" if shape == "layer" else shape]
+            block = LAYER_OP if shape in LAYER_JOBS else BLOCK_OP
+            where = GPU_SHAPES[LAYER_JOBS.get(shape, shape)]
             if run.over_budget():
                 run.say(f"time budget of {args.budget_s:.0f} s spent: {len(jobs) - i} jobs not run")
                 for s, m in jobs[i:]:
                     _write_block(
                         run,
-                        GPU_SHAPES["prefill" if s == "layer" else s],
+                        GPU_SHAPES[LAYER_JOBS.get(s, s)],
                         m,
                         "all",
                         status="SKIP",
-                        block=LAYER_OP if s == "layer" else BLOCK_OP,
+                        block=LAYER_OP if s in LAYER_JOBS else BLOCK_OP,
                         notes=["not run: time budget spent"],
                     )
                 break
             run.say(f"{block} {where.name} ({where.describe()}), {mode} ...")
             try:
-                if shape == "layer":
-                    run_layer_job(run, args.variants)
+                if shape in LAYER_JOBS:
+                    run_layer_job(run, args.variants, LAYER_JOBS[shape])
                 else:
                     run_job(run, where, mode, args.variants)
             except Exception as e:  # one job's failure, recorded; the next job runs
@@ -1344,13 +1814,17 @@ def why_not_on(v: Variant, device: str) -> Optional[str]:
 @torch.no_grad()
 def check_blocks(shapes: list[str], names: list[str], seed: int, device: str = "cpu") -> list:
     """The tiny block of each shape with each variant that runs on device, against the fp32
-    block (native's within NATIVE_MAX, the others within TRUTH_FACTOR of native's error):
+    block (native's within NATIVE_MAX, the others within TRUTH_FACTOR of native's error; at
+    train, the step's outputs and gradients: check_train_block):
     [{shape, variant, rel_err, limit, passed, error, skipped}]."""
     vs = variants()
     w = make_weights(TINY, device, seed)
     out = []
     for shape_name in shapes:
         shape = CPU_SHAPES[shape_name]
+        if shape.train:
+            out += check_train_block(shape, vs, w, names, seed, device)
+            continue
         inputs = make_inputs(TINY, shape, device, seed)
         truth = fp32_block(TINY, w, inputs.args())
         native = agreement(block_fn(TINY, w, vs["native"].add_norm)(*inputs.args()), truth)
@@ -1368,18 +1842,60 @@ def check_blocks(shapes: list[str], names: list[str], seed: int, device: str = "
     return out
 
 
+def check_train_block(
+    shape: Shape, vs: dict[str, Variant], w: Weights, names: list[str], seed: int, device: str
+) -> list:
+    """check_blocks' rows for a training step: each variant's outputs and gradients against
+    the fp32 step (train_agreement; rel_err and limit of the tensor nearest its limit,
+    worst). A backward refused as forward-only is a skip, with its message."""
+    inputs = make_inputs(TINY, shape, device, seed)
+    dys = output_grads(TINY, shape, device, seed)
+    truth = fp32_step(TINY, w, inputs, dys)
+    wt, leaves = train_weights(w), train_inputs(inputs)
+
+    def step(name: str) -> tuple:
+        return train_step(block_fn(TINY, wt, vs[name].add_norm), leaves, wt, dys)()
+
+    native = train_agreement(step("native"), truth)
+    out = []
+    for name in names:
+        row = {"shape": shape.name, "variant": name, "skipped": why_not_on(vs[name], device)}
+        if name == "native":
+            row.update(native)
+        elif row["skipped"] is None:
+            try:
+                row.update(
+                    train_agreement(step(name), truth, native=list(native["errors"].values()))
+                )
+            except Exception as e:
+                if is_forward_only(e):
+                    row["skipped"] = f"its backward is forward-only ({measure.first_line(e)})"
+                else:
+                    row.update(rel_err=None, limit=None, passed=False, error=measure.first_line(e))
+        out.append(row)
+    return out
+
+
 @torch.no_grad()
-def check_layer(names: list[str], seed: int, device: str = "cpu") -> tuple[Optional[str], dict]:
-    """(why not, {variant: check}) for transformers' layer of the tiny config on device."""
+def check_layer(
+    names: list[str], seed: int, device: str = "cpu", shape: str = "prefill"
+) -> tuple[Optional[str], dict]:
+    """(why not, {variant: check}) for transformers' layer of the tiny config on device: its
+    forward at prefill, its training step at train (layer_train_checks)."""
     tf, why = _import("transformers")
     if tf is None:
         return why, {}
     vs = {n: v for n, v in variants().items() if why_not_on(v, device) is None}
     w = make_weights(TINY, device, seed)
-    hidden = make_inputs(TINY, CPU_SHAPES["prefill"], device, seed).x
+    at = CPU_SHAPES[shape]
+    inputs = make_inputs(TINY, at, device, seed)
+    hidden = train_inputs(inputs).x if at.train else inputs.x
     calls, skipped = layer_calls(tf, TINY, w, vs, [n for n in names if n in vs], hidden)
     if "native" not in calls:
         return skipped.get("native", "native did not build"), {}
+    if at.train:
+        dy = output_grads(TINY, at, device, seed)[0]
+        return None, layer_train_checks(TINY, w, layer_steps(calls, dy))
     return None, layer_checks(TINY, w, calls)
 
 
@@ -1408,7 +1924,8 @@ def run_cpu(args) -> int:
     print(
         f"no CUDA GPU: the tiny block ({_describe(TINY)}) with each variant that runs on "
         f"CPU, against the block in fp32 (native within {NATIVE_MAX:g}, the others within "
-        f"{TRUTH_FACTOR:g}x native's error)"
+        f"{TRUTH_FACTOR:g}x native's error; the training step's gradients within "
+        f"{GRAD_FACTOR:g}x native's on each, rel err and limit of the one nearest its limit)"
     )
     failed = 0
     with torch.no_grad():
@@ -1422,15 +1939,18 @@ def run_cpu(args) -> int:
         if args.no_layer:
             print("transformers layer: not checked (--no-layer)")
         else:
-            why, checks = check_layer(args.variants, args.seed)
-            if why:
-                print(f"transformers layer: not checked: {why}")
-            for name, c in checks.items():
-                failed += not c["passed"]
-                print(
-                    f"layer {'swapped to ' + name if name != 'eager' else 'own norm':<17}"
-                    f" {_verdict(c)} (against {c['against']})"
-                )
+            for shape in ["prefill"] + [s for s in args.shapes if s == "train"]:
+                why, checks = check_layer(args.variants, args.seed, shape=shape)
+                if why:
+                    print(f"transformers layer: not checked: {why}")
+                for name, c in checks.items():
+                    norm = "swapped to " + name if name != "eager" else "own norm"
+                    where = f"layer {shape:<8} {norm:<17}"
+                    if "skipped" in c:
+                        print(f"{where} skip: {c['skipped']}")
+                        continue
+                    failed += not c["passed"]
+                    print(f"{where} {_verdict(c)} (against {c['against']})")
     print()
     print(committed_text())
     return 1 if failed else 0
@@ -1439,6 +1959,8 @@ def run_cpu(args) -> int:
 def _verdict(c: dict) -> str:
     err = "-" if c["rel_err"] is None else f"{c['rel_err']:.2e}"
     limit = "" if c.get("limit") is None else f" (limit {c['limit']:.2e})"
+    if c.get("worst") and c.get("limit") is not None:
+        limit = f" (limit {c['limit']:.2e}, {c['worst']})"
     return f"rel err {err}{limit} " + ("PASS" if c["passed"] else f"FAIL {c['error']}")
 
 
@@ -1466,7 +1988,11 @@ def _fmt(v: Optional[float], spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _row(r: dict) -> str:
+def _norm_cell(norm: dict) -> str:
+    return f"{_fmt(norm.get('f'), '.1%')} ({norm.get('method', '-')})"
+
+
+def _row(r: dict, norm_cell: Callable[[dict], str] = _norm_cell) -> str:
     m = r["model"]
     if r["status"] != "PASS":
         why = (r.get("correct") or {}).get("error") or "; ".join(r["notes"]) or r["status"]
@@ -1484,8 +2010,8 @@ def _row(r: dict) -> str:
     return (
         f"| {m['exec']} | {m['variant']} | {st['median_us']:.1f} ({st['p20_us']:.1f}-"
         f"{st['p80_us']:.1f}) | {100 * (r['spread'] or 0):.1f}% | {m['kernel_count']:g} | "
-        f"{_fmt(m.get('device_busy'), '.0%')} | {_fmt(norm.get('f'), '.1%')} "
-        f"({norm.get('method', '-')}) | {_fmt(step.get('f'), '.1%')} | {s} | "
+        f"{_fmt(m.get('device_busy'), '.0%')} | {norm_cell(norm)} | "
+        f"{_fmt(step.get('f'), '.1%')} | {s} | "
         f"{_fmt(m.get('bound'))} | {speed} | {flag} |"
     )
 
@@ -1495,6 +2021,44 @@ _HEADER = (
     "step f | s cold / warm | bound | speedup vs native [range] | flag |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+_TRAIN_HEADER = _HEADER.replace("block us", "step us").replace(
+    "norm f (how)", "norm f: fwd + bwd = all (how)"
+)
+
+
+def _train_share(norm: dict) -> str:
+    """A training step's norm f: forward's + backward's = all (forward's / backward's
+    method)."""
+    if "fwd" not in norm:
+        return "-"
+    fwd, bwd = norm["fwd"], norm["bwd"]
+    return (
+        f"{_fmt(fwd.get('f'), '.1%')} + {_fmt(bwd.get('f'), '.1%')} = "
+        f"{_fmt(norm.get('f'), '.1%')} ({norm['method']})"
+    )
+
+
+def _train_row(r: dict) -> str:
+    """A training step's row: the block's, its norm f split into forward and backward."""
+    return _row(r, _train_share)
+
+
+def _against_native(rows: list[dict], mode: str) -> Optional[str]:
+    """The training step's target in one mode: each of ours against native, no slower
+    where 1 is within its range or below it."""
+    said = []
+    for r in rows:
+        m = r["model"]
+        if m["exec"] != mode or r["status"] != "PASS" or m["variant"] in COMPILED_NORMS:
+            continue
+        sp = m.get("speedup")
+        if not sp:
+            continue
+        verdict = "no slower" if sp["hi"] >= 1.0 else f"slower ({1 - sp['hi']:.1%} at best)"
+        said.append(
+            f"{m['variant']} x{sp['median']:.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}]: {verdict}"
+        )
+    return f"{mode}, ours against native: " + "; ".join(said) + "." if said else None
 
 
 def render(recs: list[dict]) -> str:
@@ -1522,14 +2086,30 @@ def render(recs: list[dict]) -> str:
         "speedup exceeds the bound by more than its range (the reasons below); NOT-COMPILED: "
         "a compile mode's block ran none of Inductor's kernels.",
     ]
+    if any(r["model"]["shape"] == "train" for r in recs):
+        out += [
+            "",
+            "The training step (train): forward, then autograd's gradients of both outputs "
+            "(fixed random output gradients) to the input and the weights, no optimizer; one "
+            "step a sample. norm f: fwd + bwd = all, the norm's forward kernels' and "
+            "backward kernels' share of the step's kernel time, each found by name in the "
+            "step where the norm alone's are (name), else twice the norm alone's (alone); "
+            "name+alone: the named ones from the step, the others the norm alone launches "
+            "twice their time alone; the norm alone's backward kernels are those its forward "
+            "+ backward launches beyond its forward. s: the norm's forward + backward alone.",
+        ]
     for block, title in ((BLOCK_OP, "the block"), (LAYER_OP, "transformers' LlamaDecoderLayer")):
         for shape in SHAPE_NAMES:
             rows = [r for r in recs if r["op"] == block and r["model"]["shape"] == shape]
             if not rows:
                 continue
             cfg = rows[0]["model"]["config"]
-            dims = Shape(**{k: cfg[k] for k in ("name", "batch", "tokens", "kv_len", "calls")})
-            out += ["", f"### {title}, {shape} ({dims.describe()})", "", _HEADER]
+            dims = Shape(
+                **{k: cfg[k] for k in ("name", "batch", "tokens", "kv_len", "calls")},
+                train=cfg.get("train", False),
+            )
+            header, row = (_TRAIN_HEADER, _train_row) if dims.train else (_HEADER, _row)
+            out += ["", f"### {title}, {shape} ({dims.describe()})", "", header]
             order = {v: i for i, v in enumerate(VARIANTS + ("all",))}
             mode_order = {m: i for i, m in enumerate(MODES)}
             rows.sort(
@@ -1538,7 +2118,10 @@ def render(recs: list[dict]) -> str:
                     order.get(r["model"]["variant"], 9),
                 )
             )
-            out += [_row(r) for r in rows]
+            out += [row(r) for r in rows]
+            said = [t for t in (_against_native(rows, m) for m in TRAIN_MODES) if t]
+            if dims.train and said:
+                out += ["", *said]
     flagged = [r for r in recs if r["status"] == "PASS" and r["model"].get("flag")]
     if flagged:
         out += ["", "Above the bound, and why:", ""]
@@ -1551,16 +2134,35 @@ def render(recs: list[dict]) -> str:
             )
     counted = [r for r in recs if r["status"] == "PASS" and (r["model"].get("norm") or {})]
     if counted:
-        out += ["", "Norm kernels counted (a block: launches x, device us):", ""]
+        train = any("fwd" in r["model"]["norm"] for r in counted)
+        apart = "; a training step's forward and backward apart, (alone): from the norm alone"
+        out += [
+            "",
+            f"Norm kernels counted (a block: launches x, device us{apart if train else ''}):",
+            "",
+        ]
         for r in counted:
             m, norm = r["model"], r["model"]["norm"]
-            names = ", ".join(
-                f"{short_kernel(n)} x{k['count']:g} {k['us']:.1f}"
-                for n, k in sorted(norm["kernels"].items())
-            )
             where = f"{m['block']} {m['shape']} {m['exec']} {m['variant']}"
-            out.append(f"- {where} ({norm['method']}): {names}")
+            if "fwd" in norm:
+                parts = [
+                    f"{p} ({norm[p]['method']}): {_kernel_list(norm[p])}" for p in ("fwd", "bwd")
+                ]
+                out.append(f"- {where}: " + "; ".join(parts))
+            else:
+                out.append(f"- {where} ({norm['method']}): {_kernel_list(norm)}")
     return "\n".join(out)
+
+
+def _kernel_list(share: dict) -> str:
+    return (
+        ", ".join(
+            f"{short_kernel(n)} x{k['count']:g} {k['us']:.1f}"
+            + (" (alone)" if k.get("alone") else "")
+            for n, k in sorted(share["kernels"].items())
+        )
+        or "none"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -1577,15 +2179,20 @@ GPU_ONLY = {
 
 EPILOG = f"""\
 native always runs: it is the baseline every speedup and bound is against.
+train is a training step (forward + backward) in the modes {", ".join(TRAIN_MODES)}; the
+others are named as not applicable to it. --shapes train --append runs it on its own (a
+device call of its own, its records added to a run's).
 
 without a GPU:
   A tiny block ({_describe(TINY)};
   prefill {CPU_SHAPES["prefill"].tokens} tokens, decode {CPU_SHAPES["decode"].batch} x 1 over \
-{CPU_SHAPES["decode"].kv_len}) runs each of --variants that runs on CPU
-  (native, eager, and triton, triton_fused under the Triton interpreter) in each of
-  --shapes, its outputs checked against the block in fp32; transformers'
-  LlamaDecoderLayer of the same sizes is checked swapped (when transformers imports;
-  not with --no-layer). Then the committed H200 table ({COMMITTED.relative_to(REPO)})
+{CPU_SHAPES["decode"].kv_len}, train {CPU_SHAPES["train"].batch} x \
+{CPU_SHAPES["train"].tokens}) runs each of --variants that runs
+  on CPU (native, eager, and triton, triton_fused under the Triton interpreter) in each of
+  --shapes, its outputs (at train: and gradients) checked against the block in fp32;
+  transformers' LlamaDecoderLayer of the same sizes is checked swapped (at prefill, and
+  at train when asked; when transformers imports; not with --no-layer). Then the
+  committed H200 table ({COMMITTED.relative_to(REPO)})
   is printed. Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
   --require-gpu exits 1 instead.
 """
@@ -1603,7 +2210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shapes",
         default=None,
-        help=f"comma-separated from {','.join(SHAPE_NAMES)} (default: both)",
+        help=f"comma-separated from {','.join(SHAPE_NAMES)} (default: all)",
     )
     p.add_argument(
         "--modes",

@@ -3,6 +3,8 @@
 # validation table and the benchmark, writing logs and records under $OUT.
 #   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
+# bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
+#        BENCH_APPEND=1 appends to a copy of the committed records.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
@@ -110,12 +112,27 @@ fi
 if mode all || mode bench || mode quick; then
   step "benchmark"
   flag=""; mode quick && flag="--quick"
-  $PY -m harness.bench $flag --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" --out "$OUT/results" 2>&1 || status=1
+  # BENCH_APPEND=1: the committed records first, this run's appended (the report takes the
+  # last record of each shape and implementation): a run of one op beside the others'
+  if [[ "${BENCH_APPEND:-0}" == 1 ]]; then
+    mkdir -p "$OUT/results" && cp results/h200/records.jsonl "$OUT/results/records.jsonl"
+    flag+=" --append"
+  fi
+  # shellcheck disable=SC2086
+  $PY -m harness.bench $flag ${BENCH_ARGS:-} --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" \
+    --out "$OUT/results" 2>&1 || status=1
 fi
 if mode model; then
   step "the whole-model answer"
   # shellcheck disable=SC2086
-  $PY -m harness.model --require-gpu ${MODEL_ARGS:-} --out "$OUT/model" 2>&1 || status=1
+  # MODEL_APPEND=1: appended to a copy of the committed model records (a run of some shapes)
+  margs=""
+  if [[ "${MODEL_APPEND:-0}" == 1 ]]; then
+    mkdir -p "$OUT/model" && cp results/h200/model/records.jsonl "$OUT/model/records.jsonl"
+    margs="--append"
+  fi
+  # shellcheck disable=SC2086
+  $PY -m harness.model --require-gpu ${MODEL_ARGS:-} $margs --out "$OUT/model" 2>&1 || status=1
 fi
 if mode sweep; then
   step "every compiled fused config, sweep-only ones included, against the reference"

@@ -1,9 +1,11 @@
 """harness.model and rmsnorm_api.swap: the tiny decoder block with each variant against the
-block in fp32, the swap helper, Amdahl's bound, the norm-share bookkeeping of the GPU run
-(run on CPU with the device parts stood in for), the command line, and the no-GPU path's
-committed table.
+block in fp32 (and its training step's gradients against the step in fp32), the swap
+helper, Amdahl's bound, the norm-share bookkeeping of the GPU run (run on CPU with the
+device parts stood in for; the training step's forward and backward shares apart), the
+command line, and the no-GPU path's committed table.
 """
 
+import dataclasses
 import json
 import time
 
@@ -30,13 +32,85 @@ def _runnable(name: str):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", model.SHAPE_NAMES)
+@pytest.mark.parametrize("shape", ("prefill", "decode"))
 @pytest.mark.parametrize("variant", model.VARIANTS)
 def test_tiny_block_is_as_close_to_fp32_as_native(variant, shape):
     _runnable(variant)
     (row,) = model.check_blocks([shape], [variant], seed=3, device=DEVICE)
     assert row["skipped"] is None
     assert row["passed"], row
+
+
+@pytest.fixture(scope="module")
+def train_rows():
+    """check_blocks' rows of the training step, every variant (one fp32 step for all)."""
+    rows = model.check_blocks(["train"], list(model.VARIANTS), seed=3, device=DEVICE)
+    return {row["variant"]: row for row in rows}
+
+
+@pytest.mark.parametrize("variant", model.VARIANTS)
+def test_tiny_training_step_is_as_close_to_fp32_as_native(variant, train_rows):
+    """The step's outputs and all eight gradients (of x, residual and the six weights)."""
+    _runnable(variant)
+    row = train_rows[variant]
+    if row["skipped"]:  # only a forward-only backward can be skipped here
+        assert "forward-only" in row["skipped"], row
+        pytest.skip(row["skipped"])
+    assert row["passed"], row
+    assert list(row["errors"]) == list(model.STEP_TENSORS)
+
+
+def _train_rows(norm, seed=0):
+    """check_train_block's rows for native and a variant of the given norm."""
+    vs = {"native": VARIANTS["native"], "mine": model.Variant("mine", model.unfused(norm), norm)}
+    vs["mine"] = dataclasses.replace(vs["mine"], cpu=True)
+    w = model.make_weights(model.TINY, DEVICE, seed)
+    shape = model.CPU_SHAPES["train"]
+    return model.check_train_block(shape, vs, w, ["native", "mine"], seed, DEVICE)
+
+
+def test_a_wrong_backward_fails_the_train_check():
+    """A norm whose forward is right but whose backward drops the variance's gradient (the
+    projection term of dx): the step's outputs pass, its gradients do not."""
+
+    def detached(x, weight, eps):
+        xf = x.float()
+        variance = xf.pow(2).mean(-1, keepdim=True).detach()
+        return weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+
+    native, mine = _train_rows(detached)
+    assert native["passed"] and not mine["passed"]
+    assert mine["errors"]["out"] <= 2 * native["errors"]["out"]  # the forward is right
+    assert mine["worst"].startswith("d ") and "from the fp32 step" in mine["error"]
+
+
+def test_a_forward_only_backward_is_a_skip():
+    class ForwardOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("mine: the kernels are forward-only for now (no backward yet)")
+
+    def norm(x, weight, eps):
+        return model.llama_rms_norm(ForwardOnly.apply(x), weight, eps)
+
+    _, mine = _train_rows(norm)
+    assert "forward-only" in mine["skipped"] and "passed" not in mine
+
+
+def test_train_agreement_limits_and_a_missing_gradient():
+    names = ("out", "d w")
+    truth = (torch.ones(4), torch.ones(4))
+    got = (torch.ones(4) * 1.01, torch.ones(4) * 1.025)
+    c = model.train_agreement(got, truth, names, native=[0.01, 0.01])
+    assert c["passed"] and c["limit"] == pytest.approx(0.03) and c["worst"] == "d w"
+    c = model.train_agreement((got[0], torch.ones(4) * 1.04), truth, names, native=[0.01, 0.01])
+    assert not c["passed"] and c["error"].startswith("d w: relative L2 error")
+    c = model.train_agreement((got[0], None), truth, names)
+    assert not c["passed"] and "d w: no gradient" in c["error"]
 
 
 def test_a_wrong_norm_fails_the_block_check():
@@ -185,6 +259,23 @@ def test_swapped_transformers_layer_agrees():
     assert checks["native"]["against"] == "the block in fp32"
 
 
+def test_swapped_transformers_layer_trains():
+    """The layer's training step (own norm, swapped to native, to ours) against the block's
+    step in fp32: its output and the gradients of its input and of every weight."""
+    names = list(model.LAYER_VARIANTS)
+    why, checks = model.check_layer(names, seed=0, device=DEVICE, shape="train")
+    if why:
+        pytest.skip(f"transformers layer: {why}")
+    assert {"native", "eager"} <= set(checks)
+    for name, c in checks.items():
+        if "skipped" in c:
+            assert name not in ("native", "eager") and "forward-only" in c["skipped"]
+            continue
+        assert c["passed"], (name, c)
+        assert list(c["errors"]) == list(model.LAYER_STEP_TENSORS)
+    assert checks["native"]["against"] == "the step in fp32"
+
+
 # ---------------------------------------------------------------------------------------
 # Amdahl's law and the norm's share
 # ---------------------------------------------------------------------------------------
@@ -247,6 +338,89 @@ def test_is_norm_kernel(name, norm):
     assert model.is_norm_kernel(name) is norm
 
 
+@pytest.mark.parametrize(
+    "name, part",
+    [
+        ("_rms_norm_fwd_fused", "forward"),
+        ("_rms_norm_bwd", "backward"),
+        ("_dw_reduce", "backward"),
+        (
+            "void cuda_impl::(anonymous namespace)::rms_norm_bwd_kernel<__nv_bfloat16>(BwdArgs)",
+            "backward",
+        ),
+        (
+            "void cuda_impl::(anonymous namespace)::dw_reduce_kernel<__nv_bfloat16>(float const*)",
+            "backward",
+        ),
+        (
+            "void at::native::(anon)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>",
+            "forward",
+        ),
+        (
+            "void at::native::(anon)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16>",
+            "backward",
+        ),
+        (
+            "void at::native::(anon)::GammaBetaBackwardCUDAKernelTemplate<c10::BFloat16, float>",
+            "backward",
+        ),
+        ("triton_red_fused__fused_rms_norm_add_0", "forward"),
+        ("triton_red_fused__fused_rms_norm_backward_add_5", "backward"),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "forward"),
+    ],
+)
+def test_norm_kernel_parts(name, part):
+    other = "forward" if part == "backward" else "backward"
+    assert model.is_norm_kernel(name) and model.is_norm_kernel(name, part)
+    assert not model.is_norm_kernel(name, other)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, func_wrapper>>",
+        "triton_poi_fused_mul_silu_silu_backward_4",
+        "triton_red_fused_sum_7",
+    ],
+)
+def test_a_block_backward_kernel_is_no_norm_kernel(name):
+    assert not model.is_norm_kernel(name) and not model.is_norm_kernel(name, "backward")
+
+
+def test_norm_share_of_a_part_mixed():
+    block = _k(gemm=(8, 800.0), _rms_norm_fwd_fused=(2, 20.0), _rms_norm_bwd=(2, 30.0))
+    block["fill"] = {"count": 3, "us": 3.0}  # shared with the rest of the step
+    bwd = _k(_rms_norm_bwd=(1, 14.0), fill=(1, 1.0))
+    got = model.norm_share(block, bwd, part="backward", mixed=True)
+    assert got["method"] == "name+alone" and got["us"] == 32.0
+    assert got["kernels"]["fill"] == {"count": 2, "us": 2.0, "alone": True}
+    assert "_rms_norm_fwd_fused" not in got["kernels"]  # the forward part is not counted
+    # without mixed (the forward-only blocks' rule) the same piece is counted alone
+    assert model.norm_share(block, bwd, part="backward")["method"] == "alone"
+    # the forward part, by name
+    fwd = model.norm_share(block, _k(_rms_norm_fwd_fused=(1, 10.0)), part="forward", mixed=True)
+    assert fwd["method"] == "name" and fwd["us"] == 20.0
+
+
+def test_kernels_beyond_and_train_share():
+    both = _k(_rms_norm_fwd_fused=(1, 10.0), _rms_norm_bwd=(1, 14.0), mul=(3, 6.0))
+    fwd_alone = _k(_rms_norm_fwd_fused=(1, 9.0), mul=(1, 2.0))
+    bwd = model.kernels_beyond(both, fwd_alone)
+    assert bwd == _k(_rms_norm_bwd=(1, 14.0), mul=(2, 4.0))
+    block = _k(gemm=(8, 900.0), _rms_norm_fwd_fused=(2, 20.0), _rms_norm_bwd=(2, 30.0))
+    block["mul"] = {"count": 9, "us": 20.0}
+    got = model.train_share(block, fwd_alone, bwd)
+    assert got["fwd"]["method"] == "name+alone" and got["fwd"]["us"] == 24.0  # 20 + 2 x 2
+    assert got["bwd"]["method"] == "name+alone" and got["bwd"]["us"] == 38.0  # 30 + 2 x 4
+    assert got["us"] == 62.0 and got["method"] == "name+alone / name+alone"
+    assert got["kernels"]["mul"]["count"] == 6 and got["kernels"]["mul"]["us"] == 12.0
+    # a step whose norm kernels do not add up: the part is counted alone, with a note
+    short = {**block, "_rms_norm_bwd": {"count": 1, "us": 15.0}}
+    got = model.train_share(short, fwd_alone, bwd)
+    assert got["bwd"]["method"] == "alone" and "norm backward kernels" in got["note"]
+
+
 def test_short_kernel_names():
     ln = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16>(int)"
     assert model.short_kernel(ln) == "vectorized_layer_norm_kernel"
@@ -305,8 +479,8 @@ def test_gpu_run_bookkeeping(dry_run):
     run, path = dry_run
     names = list(run.variants)
     with torch.no_grad():
-        for shape in model.CPU_SHAPES.values():
-            model.run_job(run, shape, "eager", names)
+        for shape in ("prefill", "decode"):
+            model.run_job(run, model.CPU_SHAPES[shape], "eager", names)
     run.b.writer.close()
     recs = records.read_records(path)
     blocks = [r for r in recs if r["kind"] == "model"]
@@ -347,6 +521,108 @@ def test_a_variant_that_fails_is_recorded_and_the_rest_run(dry_run, monkeypatch)
     assert run.failed == 1
 
 
+_FWD, _BWD = "_rms_norm_fwd_fused", "_rms_norm_bwd"
+
+
+def _fake_train_kernels(call, calls=1):
+    """A training step's kernels: the block's (or the layer's) step, a piece's forward +
+    backward, or a piece's forward; fill is a kernel the rest of the step launches too."""
+    call()
+    name = getattr(getattr(call, "func", None), "__name__", "")
+    if isinstance(call, model.LayerStep) or (name == "_step" and call.args[0].__name__ == "run"):
+        return _k(
+            gemm=(12, 1000.0), add=(4, 8.0), fill=(3, 6.0), **{_FWD: (2, 20.0), _BWD: (2, 30.0)}
+        )
+    if name == "_step":
+        return _k(fill=(1, 1.0), **{_FWD: (1, 10.0), _BWD: (1, 14.0)})
+    return _k(**{_FWD: (1, 10.0)})
+
+
+def test_train_step_bookkeeping(dry_run, monkeypatch):
+    """The train shape's records: the step's forward and backward norm shares apart (by
+    name, the backward's fill from the norm alone), s of the forward + backward alone, the
+    bound and the measured speedup; the transformers layer's step beside them; the table."""
+    run, path = dry_run
+    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+    del run.variants["eager"]
+    names = list(run.variants)
+    with torch.no_grad():  # as run_gpu: the step turns autograd on for itself
+        model.run_job(run, model.CPU_SHAPES["train"], "eager", names)
+    run.b.writer.close()
+    recs = records.read_records(path)
+    blocks = [r for r in recs if r["kind"] == "model"]
+    assert len(blocks) == len(names) and all(r["status"] == "PASS" for r in blocks), blocks
+    by = {r["impl"]: r["model"] for r in blocks}
+    native = by["native"]["norm"]
+    assert native["method"] == "name / name+alone"
+    assert native["fwd"]["f"] == pytest.approx(20 / 1064)
+    assert native["bwd"]["f"] == pytest.approx((30 + 2) / 1064)
+    assert native["f"] == pytest.approx(52 / 1064)
+    assert native["bwd"]["kernels"]["fill"]["alone"]
+    assert by["triton"]["speedup"]["median"] == pytest.approx(1 / 0.99)
+    assert by["triton"]["bound"] == pytest.approx(1.0)  # every piece alone takes 10 us
+    assert by["native"]["config"]["train"] is True
+    timed = [r for r in recs if r["kind"] == "timing"]
+    assert {r["impl"] for r in timed} >= {"native+bwd", "triton_fused+bwd"}
+    assert all("forward + backward" in r["notes"][0] for r in timed)
+    norm_rec = next(r for r in timed if r["impl"] == "native+bwd" and r["op"] == "rms_norm")
+    assert norm_rec["bytes"] == 5 * norm_rec["shape"][0] * norm_rec["shape"][1] * 2 + 3 * 256 * 2
+    text = model.render(recs)
+    assert "### the block, train (2 x 16 tokens, causal, forward + backward)" in text
+    assert "norm f: fwd + bwd = all (how)" in text and "step us (p20-p80)" in text
+    assert "| 1.9% + 3.0% = 4.9% (name / name+alone) |" in text
+    assert "eager, ours against native: triton x1.010" in text and "no slower" in text
+    assert "fwd (name): _rms_norm_fwd_fused x2 20.0; bwd (name+alone): " in text
+    assert "fill x2 2.0 (alone)" in text
+    json.dumps(recs)
+
+
+def test_train_step_layer_bookkeeping(dry_run, monkeypatch):
+    if model._import("transformers")[0] is None:
+        pytest.skip("transformers not importable")
+    run, path = dry_run
+    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+    monkeypatch.setitem(model.GPU_SHAPES, "train", model.CPU_SHAPES["train"])
+    with torch.no_grad():
+        model.run_layer_job(run, ["native", "eager"], "train")
+    run.b.writer.close()
+    recs = [r for r in records.read_records(path) if r["kind"] == "model"]
+    assert {r["impl"] for r in recs} == {"native", "eager"}
+    assert all(r["status"] == "PASS" and r["op"] == model.LAYER_OP for r in recs), recs
+    assert all(r["model"]["shape"] == "train" and r["model"]["norm"]["fwd"] for r in recs)
+    assert "### transformers' LlamaDecoderLayer, train" in model.render(recs)
+
+
+def test_a_forward_only_variant_is_a_skip_in_the_train_job(dry_run, monkeypatch):
+    run, path = dry_run
+    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+
+    def forward_only(x, residual, weight, eps):
+        class Refuse(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                raise RuntimeError("ours: the kernels are forward-only for now")
+
+        return model.fused_add_rms_norm_ref(Refuse.apply(x), residual, weight, eps)
+
+    run.variants = {
+        "native": run.variants["native"],
+        "triton_fused": model.Variant("triton_fused", forward_only, None, cpu=True),
+    }
+    with torch.no_grad():
+        model.run_job(run, model.CPU_SHAPES["train"], "eager", list(run.variants))
+    run.b.writer.close()
+    recs = [r for r in records.read_records(path) if r["op"] == model.BLOCK_OP]
+    status = {r["impl"]: r["status"] for r in recs}
+    assert status.pop("triton_fused") == "SKIP" and set(status.values()) == {"PASS"}
+    skip = next(r for r in recs if r["impl"] == "triton_fused")
+    assert "forward-only" in skip["notes"][0] and run.failed == 0
+
+
 def test_plan_jobs_runs_the_compiles_last():
     jobs = model.plan_jobs(["prefill", "decode"], list(model.MODES), layer=True)
     assert jobs[:5] == [
@@ -358,6 +634,31 @@ def test_plan_jobs_runs_the_compiles_last():
     ]
     assert all(m.startswith("compile") for _, m in jobs[5:]) and len(jobs) == 9
     assert ("layer", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
+
+
+def test_plan_jobs_of_the_training_step():
+    """train: eager and compile only (its graph modes are named as not applicable), its
+    layer job after the eager jobs, its compile among the compiles."""
+    jobs = model.plan_jobs(["prefill", "train"], list(model.MODES), layer=True)
+    assert jobs == [
+        ("prefill", "eager"),
+        ("prefill", "graph"),
+        ("train", "eager"),
+        ("layer", "eager"),
+        ("layer_train", "eager"),
+        ("prefill", "compile"),
+        ("prefill", "compile_graph"),
+        ("train", "compile"),
+    ]
+    assert model.plan_jobs(["train"], ["eager", "compile"], layer=False) == [
+        ("train", "eager"),
+        ("train", "compile"),
+    ]
+    assert model.not_applicable(["train"], list(model.MODES)) == [
+        "train/graph",
+        "train/compile_graph",
+    ]
+    assert model.not_applicable(["prefill", "decode"], list(model.MODES)) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,6 +709,16 @@ def test_cpu_path_says_the_committed_table_is_absent(tmp_path, monkeypatch, caps
     assert "ignored: --modes" in out and "--append" in out and "--budget-s" not in out
     assert "block decode   triton" in out and "PASS" in out
     assert "no committed H200 model results yet" in out
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+def test_cpu_path_checks_the_training_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
+    assert model.main(["--shapes", "train", "--variants", "eager", "--no-layer"]) == 0
+    out = capsys.readouterr().out
+    assert "the training step's gradients within 3x native's" in out
+    assert "block train    native" in out and "block train    eager" in out
+    assert "block prefill" not in out and "FAIL" not in out
 
 
 @pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
