@@ -20,10 +20,10 @@ from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
     call_op,
+    check_backward_inputs,
     check_fused_inputs,
     check_in_place,
     check_inputs,
-    check_backward_inputs,
     check_out,
     register_autograd,
 )
@@ -88,13 +88,18 @@ _BWD = "cuda_impl.rms_norm_backward"
 _FUSED_BWD = "cuda_impl.fused_add_rms_norm_backward"
 
 
+def _dweight_fake(weight, like):
+    """dweight as the backward ops return it: weight's shape and dtype, empty without one."""
+    if weight is None:
+        return torch.empty(0, dtype=like.dtype, device=like.device)
+    return torch.empty(weight.shape, dtype=weight.dtype, device=like.device)
+
+
 @torch.library.register_fake("cuda_impl::rms_norm_backward")
 def _rms_norm_backward_fake(dy, x, weight, eps):
     check_backward_inputs(dy, x, weight, eps, impl=_BWD)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty(weight.shape if weight is not None else (0,),
-                     dtype=weight.dtype if weight is not None else x.dtype, device=x.device)  # fmt: skip
-    return dx, dw
+    return dx, _dweight_fake(weight, x)
 
 
 @torch.library.register_fake("cuda_impl::fused_add_rms_norm_backward")
@@ -104,9 +109,7 @@ def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps):
     s = residual_out
     dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
     dres = torch.empty(s.shape, dtype=s.dtype, device=s.device)
-    dw = torch.empty(weight.shape if weight is not None else (0,),
-                     dtype=weight.dtype if weight is not None else s.dtype, device=s.device)  # fmt: skip
-    return dx, dres, dw
+    return dx, dres, _dweight_fake(weight, s)
 
 
 register_autograd("cuda_impl")
@@ -173,7 +176,10 @@ def fused_add_rms_norm_(
 
 
 def rms_norm_backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = DEFAULT_EPS
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
     dweight in weight's dtype, None without a weight. Deterministic. Raises

@@ -181,13 +181,17 @@ def check_backward_inputs(
         )
     n = dy.shape[-1]
     if n > MAX_N:
-        raise ValueError(f"{impl}: dy's last dimension is {n}; the supported maximum is N = {MAX_N}")
+        raise ValueError(
+            f"{impl}: dy's last dimension is {n}; the supported maximum is N = {MAX_N}"
+        )
     if fused:
         _check_beside_x(saved, saved_name, dy, impl)
     elif saved.dtype != dy.dtype:
         raise TypeError(f"{impl}: dy has dtype {dy.dtype} but x has dtype {saved.dtype}")
     if saved.device != dy.device:
-        raise ValueError(f"{impl}: dy is on device '{dy.device}' but {saved_name} is on '{saved.device}'")
+        raise ValueError(
+            f"{impl}: dy is on device '{dy.device}' but {saved_name} is on '{saved.device}'"
+        )
     if saved.numel() > 0 and saved.stride(-1) != 1:
         raise ValueError(
             f"{impl}: {saved_name} has stride {saved.stride(-1)} in its last dimension; expected 1"

@@ -8,6 +8,7 @@ only, for the predict-change-measure loop.
 """
 
 import argparse
+import functools
 import statistics
 
 import torch
@@ -52,16 +53,17 @@ def main() -> int:
             wg = w.clone().requires_grad_()
             y = F.rms_norm(xg, (n,), wg, 1e-6)
             fns = {
-                "triton": lambda: triton_impl.rms_norm_backward(dy, x, w, 1e-6),
-                "cuda": lambda: cuda_impl.rms_norm_backward(dy, x, w, 1e-6),
-                "native": lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True),
+                "triton": functools.partial(triton_impl.rms_norm_backward, dy, x, w, 1e-6),
+                "cuda": functools.partial(cuda_impl.rms_norm_backward, dy, x, w, 1e-6),
+                "native": functools.partial(
+                    torch.autograd.grad, y, (xg, wg), dy, retain_graph=True
+                ),
             }
             nbytes = 3 * m * n * elem + 2 * n * elem
             for name, fn in fns.items():
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
                 print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f}", flush=True)
-            del x, w, dy, xg, wg, y
     return 0
 
 

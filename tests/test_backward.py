@@ -129,7 +129,7 @@ def test_fused_add_grads_match_reference(name, shape, rdtype, used):
         dro if used != "y-only" else None,
     )  # fmt: skip
     scale = grad_scale(ro, w, dy) + float(dro.abs().max()) * (used != "y-only")
-    for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight")):
+    for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight"), strict=True):
         if g is None:  # residual_out alone: the weight gets no gradient
             assert what == "dweight" and used == "residual_out-only"
             continue
@@ -224,13 +224,13 @@ def test_compile_fullgraph_backward(name):
 
     def step(x, r, w):
         y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
-        return (mod.rms_norm(y, w, 1e-6).float().square().sum() + ro.float().sum())
+        return mod.rms_norm(y, w, 1e-6).float().square().sum() + ro.float().sum()
 
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
     eager = torch.autograd.grad(step(x, r, w), (x, r, w))
     got = torch.autograd.grad(compiled(x, r, w), (x, r, w))
-    for g, e in zip(got, eager):
+    for g, e in zip(got, eager, strict=True):
         torch.testing.assert_close(g, e)
 
 

@@ -251,11 +251,15 @@ def test_backward_gives_every_gradient(name):
     for t in (x, r, w):
         t.requires_grad_(True)
     y, ro = impl.fn(x, r, w, 1e-6)
-    torch.testing.assert_close(y, fused_add_rms_norm_ref(x.detach(), r.detach(), w.detach(), 1e-6)[0])
+    torch.testing.assert_close(
+        y, fused_add_rms_norm_ref(x.detach(), r.detach(), w.detach(), 1e-6)[0]
+    )
     dy, dro = torch.randn_like(y), torch.randn_like(ro)
     torch.autograd.backward((y, ro), (dy, dro))
     want = fused_add_rms_norm_grads_ref(x.detach(), r.detach(), w.detach(), 1e-6, dy, dro)
-    for got, exp, what in zip((x.grad, r.grad, w.grad), want, ("dx", "dresidual", "dweight")):
+    for got, exp, what in zip(
+        (x.grad, r.grad, w.grad), want, ("dx", "dresidual", "dweight"), strict=True
+    ):
         grad_close(got, exp, what)
 
 

@@ -103,7 +103,9 @@ def test_module_forward_with_parameter_weight(name):
         mod.weight.copy_(1 + 0.5 * torch.randn(256))
     x = torch.randn(3, 256, device=DEVICE, requires_grad=True)
     y = mod(x)
-    torch.testing.assert_close(y, rms_norm_ref(x.detach(), mod.weight.detach(), 1e-6), **TOL[x.dtype])
+    torch.testing.assert_close(
+        y, rms_norm_ref(x.detach(), mod.weight.detach(), 1e-6), **TOL[x.dtype]
+    )
     dy = torch.randn_like(y)
     y.backward(dy)
     want_dx, want_dw = rms_norm_grads_ref(x.detach(), mod.weight.detach(), 1e-6, dy)

@@ -56,7 +56,6 @@ def _fused_add_in_place_op(
         launch(plan_fused_add(x, residual, weight, eps, x, residual))
 
 
-
 def fused_add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
