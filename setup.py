@@ -18,8 +18,11 @@ import sys
 
 from setuptools import setup
 
-SOURCES = ["cuda_impl/csrc/rms_norm.cpp", "cuda_impl/csrc/rms_norm_kernel.cu",
-           "cuda_impl/csrc/rms_norm_backward.cu"]
+SOURCES = [
+    "cuda_impl/csrc/rms_norm.cpp",
+    "cuda_impl/csrc/rms_norm_kernel.cu",
+    "cuda_impl/csrc/rms_norm_backward.cu",
+]
 CXX_FLAGS = ["-O3"]  # the C++ standard is torch's own choice (C++20 for torch >= 2.10)
 NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
 
