@@ -19,6 +19,7 @@ from cuda_impl.configs import Config
 from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
+    call_backward,
     call_op,
     check_backward_inputs,
     check_fused_inputs,
@@ -184,9 +185,7 @@ def rms_norm_backward(
     """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
     dweight in weight's dtype, None without a weight. Deterministic. Raises
     TypeError/ValueError naming the argument for unsupported input."""
-    check_backward_inputs(dy, x, weight, eps, impl=_BWD)
-    dx, dw = torch.ops.cuda_impl.rms_norm_backward(dy, x, weight, float(eps))
-    return dx, dw if weight is not None else None
+    return call_backward("cuda_impl", dy, x, weight, eps, impl=_BWD)
 
 
 def fused_add_rms_norm_backward(
@@ -198,12 +197,9 @@ def fused_add_rms_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype) and
     of residual_out (None: zero), given the forward's residual_out. Deterministic."""
-    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                          impl=_FUSED_BWD)  # fmt: skip
-    dx, dres, dw = torch.ops.cuda_impl.fused_add_rms_norm_backward(
-        dy, d_residual_out, residual_out, weight, float(eps)
+    return call_backward(
+        "cuda_impl", dy, residual_out, weight, eps, d_residual_out, fused=True, impl=_FUSED_BWD
     )
-    return dx, dres, dw if weight is not None else None
 
 
 def fused_add_rms_norm_with_config(

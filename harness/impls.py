@@ -255,7 +255,9 @@ def _ones_if_none(weight: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tens
     return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
 
 
-def _liger() -> Impl:
+def _liger(in_place: bool = True, notes: Optional[list] = None) -> Impl:
+    """Liger's RMSNorm; in_place=False for the gradient ops (True writes dX over dY, the
+    output gradient every implementation is checked and timed on)."""
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except Exception as e:  # ImportError, or a broken install failing at import
@@ -263,12 +265,14 @@ def _liger() -> Impl:
 
     def liger_rms_norm(x, weight=None, eps=1e-6):
         # (X, W, eps, offset, casting_mode, in_place): gemma = fp32 math, one final cast
-        return LigerRMSNormFunction.apply(x, _ones_if_none(weight, x), eps, 0.0, "gemma", True)
+        w = _ones_if_none(weight, x)
+        return LigerRMSNormFunction.apply(x, w, eps, 0.0, "gemma", in_place)
 
     return Impl(
         "liger",
         liger_rms_norm,
-        notes=[
+        notes=notes
+        or [
             "casting_mode='gemma' (fp32 x and weight, one cast); refuses N > 65536",
             "also writes one fp32 rstd per row (not counted in the bytes model)",
         ],
@@ -543,19 +547,8 @@ def _liger_grads(fused: bool) -> Impl:
                 "fewer written than charged); dweight partials per SM in fp32",
             ],
         )
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    except Exception as e:
-        return Impl("liger", None, unavailable=f"liger-kernel not importable ({e})")
-
-    def liger_rms_norm(x, weight=None, eps=1e-6):
-        # in_place=False: dX in a buffer of its own (True writes it over dY, the output
-        # gradient every implementation is checked and timed on)
-        return LigerRMSNormFunction.apply(x, _ones_if_none(weight, x), eps, 0.0, "gemma", False)
-
-    return Impl(
-        "liger",
-        liger_rms_norm,
+    return _liger(
+        in_place=False,
         notes=[
             "casting_mode='gemma', in_place=False (dX zero-filled, then written); refuses "
             "N > 65536",

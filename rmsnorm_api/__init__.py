@@ -90,19 +90,25 @@ def _check_args(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, imp
             f"{impl}: x has stride {x.stride(-1)} in its last dimension; expected 1"
             " (call x.contiguous() first; rows may have any stride)"
         )
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(
-                f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}"
-            )
-        _check_dense(weight, "weight", impl)
-        if weight.shape != (n,):
-            raise ValueError(
-                f"{impl}: weight has shape {tuple(weight.shape)} but x's last dimension"
-                f" is {n}; expected ({n},)"
-            )
-        _check_beside_x(weight, "weight", x, impl)
+    _check_weight(weight, x, impl)
     check_eps(eps, impl=impl)
+
+
+def _check_weight(weight: Optional[torch.Tensor], x: torch.Tensor, impl: str, name: str = "x"):
+    """None, or a dense (N,) tensor of x's dtype or float32 on x's device (x is dy, named
+    so, in the backward)."""
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}")
+    _check_dense(weight, "weight", impl)
+    n = x.shape[-1]
+    if weight.shape != (n,):
+        raise ValueError(
+            f"{impl}: weight has shape {tuple(weight.shape)} but {name}'s last dimension"
+            f" is {n}; expected ({n},)"
+        )
+    _check_beside_x(weight, "weight", x, impl)
 
 
 def _check_device(x: torch.Tensor, allow_cpu: bool, impl: str) -> None:
@@ -196,18 +202,7 @@ def check_backward_inputs(
         raise ValueError(
             f"{impl}: {saved_name} has stride {saved.stride(-1)} in its last dimension; expected 1"
         )
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(
-                f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}"
-            )
-        _check_dense(weight, "weight", impl)
-        if weight.shape != (n,):
-            raise ValueError(
-                f"{impl}: weight has shape {tuple(weight.shape)} but dy's last dimension"
-                f" is {n}; expected ({n},)"
-            )
-        _check_beside_x(weight, "weight", dy, impl)
+    _check_weight(weight, dy, impl, name="dy")
     if d_residual_out is not None:
         if not isinstance(d_residual_out, torch.Tensor):
             raise TypeError(
@@ -386,6 +381,31 @@ def register_autograd(ns: str) -> None:
     torch.library.register_autograd(
         f"{ns}::fused_add_rms_norm", fused_add_grad, setup_context=setup_fused_add
     )
+
+
+def call_backward(
+    ns: str,
+    dy: torch.Tensor,
+    saved: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    d_residual_out: Optional[torch.Tensor] = None,
+    *,
+    fused: bool = False,
+    impl: str,
+    allow_cpu: bool = False,
+) -> tuple:
+    """The body of both backends' public backward functions: check the arguments, run
+    ``<ns>::rms_norm_backward`` (saved: x) or, fused, ``<ns>::fused_add_rms_norm_backward``
+    (saved: residual_out), and give dweight as None without a weight."""
+    check_backward_inputs(dy, saved, weight, eps, d_residual_out, fused=fused,
+                          allow_cpu=allow_cpu, impl=impl)  # fmt: skip
+    ops = getattr(torch.ops, ns)
+    if fused:
+        grads = ops.fused_add_rms_norm_backward(dy, d_residual_out, saved, weight, float(eps))
+    else:
+        grads = ops.rms_norm_backward(dy, saved, weight, float(eps))
+    return (*grads[:-1], grads[-1] if weight is not None else None)
 
 
 def call_op(

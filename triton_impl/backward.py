@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from rmsnorm_api import as_rows, check_backward_inputs
+from rmsnorm_api import as_rows, call_backward, check_backward_inputs
 from triton_impl.kernels import INTERPRET
 
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
@@ -55,6 +55,27 @@ BWD_WARPS_PER_SM = 32
 #: The final reduction's tile: partial rows and dweight columns a program loads at once.
 DW_BLOCK_P = 64
 DW_BLOCK_N = 64
+
+
+@triton.jit
+def _load_row(s_row, dy_row, cc, ok, POLICY: tl.constexpr):
+    # s and dy at columns cc, in fp32 (masked lanes 0)
+    s = tl.load(s_row + cc, mask=ok, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    dy = tl.load(dy_row + cc, mask=ok, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    return s, dy
+
+
+@triton.jit
+def _store_ds(
+    ds, row, cc, ok, dro_ptr, stride_dro, ds_row, ds2_ptr, stride_ds2,
+    HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+):  # fmt: skip
+    # d_residual_out's own gradient added, then ds stored once in each output's dtype
+    if HAS_DRO:
+        ds += tl.load(dro_ptr + row * stride_dro + cc, mask=ok, other=0.0).to(tl.float32)
+    tl.store(ds_row + cc, ds.to(ds_row.dtype.element_ty), mask=ok)
+    if HAS_DS2:
+        tl.store(ds2_ptr + row * stride_ds2 + cc, ds.to(ds2_ptr.dtype.element_ty), mask=ok)
 
 
 # fmt: off
@@ -84,19 +105,12 @@ def _rms_norm_bwd(
         ds_row = ds_ptr + row * stride_ds
         if not CHUNKED:
             # the row in registers: load, both sums, ds, dweight's share
-            s = tl.load(s_row + cols, mask=col_ok, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+            s, dy = _load_row(s_row, dy_row, cols, col_ok, "")
             g = dy * w if HAS_WEIGHT else dy
             rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
             c = tl.sum(g * s, axis=0) / N * rstd * rstd
-            ds = (g - s * c) * rstd
-            if HAS_DRO:
-                ds += tl.load(dro_ptr + row * stride_dro + cols, mask=col_ok, other=0.0).to(
-                    tl.float32)  # fmt: skip
-            tl.store(ds_row + cols, ds.to(ds_ptr.dtype.element_ty), mask=col_ok)
-            if HAS_DS2:
-                tl.store(ds2_ptr + row * stride_ds2 + cols, ds.to(ds2_ptr.dtype.element_ty),
-                         mask=col_ok)  # fmt: skip
+            _store_ds((g - s * c) * rstd, row, cols, col_ok, dro_ptr, stride_dro, ds_row,
+                      ds2_ptr, stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
             if HAS_WEIGHT:
                 dw += dy * s * rstd
         else:
@@ -106,10 +120,7 @@ def _rms_norm_bwd(
             for start in range(0, N, BLOCK_N):
                 cc = start + cols
                 ok = cc < N
-                s = tl.load(s_row + cc, mask=ok, other=0.0, eviction_policy="evict_last")
-                dy = tl.load(dy_row + cc, mask=ok, other=0.0, eviction_policy="evict_last")
-                s = s.to(tl.float32)
-                g = dy.to(tl.float32)
+                s, g = _load_row(s_row, dy_row, cc, ok, "evict_last")
                 if HAS_WEIGHT:
                     g = g * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
                 ss += s * s
@@ -120,21 +131,12 @@ def _rms_norm_bwd(
             for start in range(0, N, BLOCK_N):
                 cc = start + cols
                 ok = cc < N
-                s = tl.load(s_row + cc, mask=ok, other=0.0, eviction_policy="evict_first")
-                dy = tl.load(dy_row + cc, mask=ok, other=0.0, eviction_policy="evict_first")
-                s = s.to(tl.float32)
-                dy = dy.to(tl.float32)
+                s, dy = _load_row(s_row, dy_row, cc, ok, "evict_first")
                 g = dy
                 if HAS_WEIGHT:
                     g = dy * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
-                ds = (g - s * c) * rstd
-                if HAS_DRO:
-                    ds += tl.load(dro_ptr + row * stride_dro + cc, mask=ok, other=0.0).to(
-                        tl.float32)  # fmt: skip
-                tl.store(ds_row + cc, ds.to(ds_ptr.dtype.element_ty), mask=ok)
-                if HAS_DS2:
-                    tl.store(ds2_ptr + row * stride_ds2 + cc, ds.to(ds2_ptr.dtype.element_ty),
-                             mask=ok)  # fmt: skip
+                _store_ds((g - s * c) * rstd, row, cc, ok, dro_ptr, stride_dro, ds_row,
+                          ds2_ptr, stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
                 if HAS_WEIGHT:
                     # the same thread holds these columns for every row of this program
                     part = tl.load(dwp_row + cc, mask=ok, other=0.0)
@@ -268,9 +270,7 @@ def rms_norm_backward(
     """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
     dweight in weight's dtype, None without a weight. Deterministic. Raises
     TypeError/ValueError naming the argument for unsupported input."""
-    check_backward_inputs(dy, x, weight, eps, allow_cpu=INTERPRET, impl=_BWD)
-    dx, dw = torch.ops.triton_impl.rms_norm_backward(dy, x, weight, float(eps))
-    return dx, dw if weight is not None else None
+    return call_backward("triton_impl", dy, x, weight, eps, impl=_BWD, allow_cpu=INTERPRET)
 
 
 def fused_add_rms_norm_backward(
@@ -282,9 +282,5 @@ def fused_add_rms_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype) and
     of residual_out (None: zero), given the forward's residual_out. Deterministic."""
-    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                          allow_cpu=INTERPRET, impl=_FUSED_BWD)  # fmt: skip
-    dx, dres, dw = torch.ops.triton_impl.fused_add_rms_norm_backward(
-        dy, d_residual_out, residual_out, weight, float(eps)
-    )
-    return dx, dres, dw if weight is not None else None
+    return call_backward("triton_impl", dy, residual_out, weight, eps, d_residual_out,
+                         fused=True, impl=_FUSED_BWD, allow_cpu=INTERPRET)  # fmt: skip

@@ -136,6 +136,28 @@ def _rms_norm_fwd_persistent(
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
+@triton.jit
+def _split_at(x_row, N, VEC: tl.constexpr):
+    # (head, nbody) of a row split at x's 16-byte boundaries (VEC elements): the scalar
+    # head's length, from x's address itself (so any pointer is safe), and the aligned
+    # body's, a whole number of vectors
+    elem: tl.constexpr = 16 // VEC
+    x_off = (x_row.to(tl.int64, bitcast=True) % 16) // elem  # elements past a boundary
+    head = tl.minimum((VEC - x_off) % VEC, N).to(tl.int32)
+    return head, tl.multiple_of((N - head) // VEC * VEC, VEC)
+
+
+@triton.jit
+def _split_edges(head, nbody, N, VEC: tl.constexpr):
+    # (columns, mask) of the row's scalar edges: lanes [0, VEC) the head, [VEC, 2 VEC) the
+    # tail
+    e = tl.arange(0, 2 * VEC)
+    is_head = e < VEC
+    e_col = tl.where(is_head, e, head + nbody + e - VEC)
+    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    return e_col, e_ok
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_split(
@@ -153,18 +175,11 @@ def _rms_norm_fwd_split(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
-    elem: tl.constexpr = 16 // VEC
-    x_off = (x_row.to(tl.int64, bitcast=True) % 16) // elem  # elements past a boundary
-    head = tl.minimum((VEC - x_off) % VEC, N).to(tl.int32)
-    nbody = tl.multiple_of((N - head) // VEC * VEC, VEC)
+    head, nbody = _split_at(x_row, N, VEC)
     y_aligned = (y_row + head).to(tl.int64, bitcast=True) % 16 == 0
     cols = tl.arange(0, BLOCK_N)
     body = cols < nbody
-    # edges: lanes [0, VEC) are the head, [VEC, 2 VEC) the tail
-    e = tl.arange(0, 2 * VEC)
-    is_head = e < VEC
-    e_col = tl.where(is_head, e, head + nbody + e - VEC)
-    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    e_col, e_ok = _split_edges(head, nbody, N, VEC)
     # load body and edges; masked lanes read 0
     xb_ptr = tl.multiple_of(x_row + head, 16)  # bytes: a 16-byte boundary
     xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
@@ -250,10 +265,7 @@ def _fused_add_split_row(
     # caller checked their addresses), so all four move in 16-byte vectors.
     cols = tl.arange(0, BLOCK_N)
     body = cols < nbody
-    e = tl.arange(0, 2 * VEC)  # lanes [0, VEC): the head, [VEC, 2 VEC): the tail
-    is_head = e < VEC
-    e_col = tl.where(is_head, e, head + nbody + e - VEC)
-    e_ok = tl.where(is_head, e < head, e - VEC < N - head - nbody)
+    e_col, e_ok = _split_edges(head, nbody, N, VEC)
     if ALIGNED:
         rb_ptr = tl.multiple_of(r_row + head, 16)
         yb_ptr = tl.multiple_of(y_row + head, 16)
@@ -303,10 +315,7 @@ def _fused_add_rms_norm_fwd_split(
     r_row = r_ptr + row * stride_r
     y_row = y_ptr + row * stride_y
     ro_row = ro_ptr + row * stride_ro
-    elem: tl.constexpr = 16 // VEC
-    x_off = (x_row.to(tl.int64, bitcast=True) % 16) // elem  # elements past a boundary
-    head = tl.minimum((VEC - x_off) % VEC, N).to(tl.int32)
-    nbody = tl.multiple_of((N - head) // VEC * VEC, VEC)
+    head, nbody = _split_at(x_row, N, VEC)
     aligned = ((r_row + head).to(tl.int64, bitcast=True) % 16 == 0) & (
         (y_row + head).to(tl.int64, bitcast=True) % 16 == 0) & (
         (ro_row + head).to(tl.int64, bitcast=True) % 16 == 0)  # fmt: skip
