@@ -38,24 +38,10 @@
 #include <cstdint>
 
 #include "rms_norm.h"
+#include "rms_norm_device.cuh"
 
 namespace cuda_impl {
 namespace {
-
-__device__ __forceinline__ float f32(float v) { return v; }
-__device__ __forceinline__ float f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T cast_to(float v);
-template <>
-__device__ __forceinline__ float cast_to<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half cast_to<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 cast_to<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // VEC consecutive elements of E at p as floats: 16-byte loads when VEC * sizeof(E) is a
 // whole number of them (the caller guarantees alignment), element loads otherwise.
@@ -71,11 +57,11 @@ __device__ __forceinline__ void load_group(const E* __restrict__ p, float (&out)
       } u;
       u.raw = *reinterpret_cast<const uint4*>(p + v * kPer);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = f32(u.e[i]);
+      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = to_float(u.e[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = f32(p[i]);
+    for (int i = 0; i < VEC; ++i) out[i] = to_float(p[i]);
   }
 }
 
@@ -90,12 +76,12 @@ __device__ __forceinline__ void store_group(E* __restrict__ p, const float (&in)
         E e[kPer];
       } u;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) u.e[i] = cast_to<E>(in[v * kPer + i]);
+      for (int i = 0; i < kPer; ++i) u.e[i] = from_float<E>(in[v * kPer + i]);
       *reinterpret_cast<uint4*>(p + v * kPer) = u.raw;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) p[i] = cast_to<E>(in[i]);
+    for (int i = 0; i < VEC; ++i) p[i] = from_float<E>(in[i]);
   }
 }
 
@@ -117,7 +103,7 @@ template <typename E, int VEC>
 __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]) {
   const E* e = reinterpret_cast<const E*>(raw.r);
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = f32(e[i]);
+  for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
 }
 
 // The two row sums over the CTA: warp shuffles, then the warps' partials through shared
@@ -311,7 +297,7 @@ __global__ void __launch_bounds__(32 * kSlices) dw_reduce_kernel(const float* __
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kSlices; ++j) sum += part[j][lane];
-    dw[c] = cast_to<W>(sum);
+    dw[c] = from_float<W>(sum);
   }
 }
 

@@ -40,27 +40,12 @@
 #include <vector>
 
 #include "rms_norm.h"
+#include "rms_norm_device.cuh"
 
 namespace cuda_impl {
 namespace {
 
 namespace cg = cooperative_groups;
-
-// ---- element conversions -------------------------------------------------------------
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // VEC elements of T make one 16-byte vector.
 template <typename T>
