@@ -12,8 +12,8 @@ and the sum passes it to x and residual alike: dx = ds in x's dtype, dresidual =
 residual's.
 
 Parallelisation
-- main kernel: a few programs an SM (BWD_PROGRAMS_PER_SM of them for the tile's warps),
-  each walking rows pid, pid + programs, ... A row that fits BWD_MAX_N is held in registers:
+- main kernel: a few programs an SM (BWD_WARPS_PER_SM warps of them), each
+  walking rows pid, pid + programs, ... A row that fits BWD_MAX_N is held in registers:
   s and dy read once, both row sums (s^2, g*s) taken together, ds stored. rstd is recomputed
   from s, not saved by the forward: s is read anyway, so it costs no bytes, and the forward
   saves nothing but references to its inputs. Each program keeps its rows' dweight
