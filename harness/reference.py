@@ -37,11 +37,8 @@ def fused_add_rms_norm_ref(
     residual's dtype; y, in x's dtype, is RMSNorm of residual_out (fp32 math, one cast), so
     the fused op equals the unfused ``r = x + r; y = rms_norm(r)``."""
     residual_out = (x.float() + residual.float()).to(residual.dtype)
-    rf = residual_out.float()
-    y = rf * torch.rsqrt(rf.square().mean(dim=-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype), residual_out
+    # rms_norm_ref rounds to residual_out's dtype, which is x's or fp32 (exact): one rounding
+    return rms_norm_ref(residual_out, weight, eps).to(x.dtype), residual_out
 
 
 def norm64(s: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:

@@ -363,15 +363,14 @@ def register_autograd(ns: str) -> None:
         return dx, dw if weight is not None else None, None
 
     def setup_fused_add(ctx, inputs, output) -> None:
-        x, _residual, weight, eps = inputs
+        _x, _residual, weight, eps = inputs
         ctx.eps = eps
-        ctx.x_dtype = x.dtype
         ctx.save_for_backward(output[1], weight)  # residual_out: what y normalised
 
+    # autograd hands an unused output's gradient in as zeros, so dy and d_residual_out are
+    # both tensors here
     def fused_add_grad(ctx, dy, d_residual_out):
         residual_out, weight = ctx.saved_tensors
-        if dy is None:  # only residual_out was used: its gradient passes to x and residual
-            dy = residual_out.new_zeros(residual_out.shape, dtype=ctx.x_dtype)
         dx, dres, dw = ops.fused_add_rms_norm_backward(
             dy, d_residual_out, residual_out, weight, ctx.eps
         )

@@ -34,7 +34,6 @@ rmsnorm backward (partials per CTA, a fixed-order final reduction).
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -44,6 +43,7 @@ from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import as_rows, call_backward, check_backward_inputs
 from triton_impl.kernels import INTERPRET
+from triton_impl.launch import sm_count
 
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
 BWD_MAX_N = 16384
@@ -166,11 +166,6 @@ def _dw_reduce(
 
 
 # ---- the launch -----------------------------------------------------------------------
-@functools.cache
-def _sm_count(device: Optional[int]) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def bwd_config(n: int) -> tuple[int, bool, int]:
     """(block_n, chunked, num_warps) of the main kernel for rows of n elements."""
     block_n = triton.next_power_of_2(n)
@@ -195,7 +190,7 @@ def _run_backward(
     block_n, chunked, warps = bwd_config(n)
     if s.is_cuda:
         per_sm = max(1, BWD_WARPS_PER_SM // warps)
-        programs = max(1, min(m, per_sm * _sm_count(s.device.index)))
+        programs = max(1, min(m, per_sm * sm_count(s.device.index)))
     else:  # the interpreter: two programs, so the partials reduction still sums several
         programs = max(1, min(m, 2))
     has_w = weight is not None

@@ -158,6 +158,19 @@ def _split_edges(head, nbody, N, VEC: tl.constexpr):
     return e_col, e_ok
 
 
+@triton.jit
+def _split_scale(b, e, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT: tl.constexpr):
+    # the body's and the edges' values (fp32) times the whole row's rstd and the weight
+    ss = tl.sum(b * b, axis=0) + tl.sum(e * e, axis=0)
+    rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
+    yb = b * rstd
+    ye = e * rstd
+    if HAS_WEIGHT:
+        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    return yb, ye
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_split(
@@ -184,14 +197,8 @@ def _rms_norm_fwd_split(
     xb_ptr = tl.multiple_of(x_row + head, 16)  # bytes: a 16-byte boundary
     xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
     xe = tl.load(x_row + e_col, mask=e_ok, other=0.0).to(tl.float32)
-    # accumulate in fp32, divide by the true width
-    ss = tl.sum(xb * xb, axis=0) + tl.sum(xe * xe, axis=0)
-    rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
-    yb = xb * rstd
-    ye = xe * rstd
-    if HAS_WEIGHT:
-        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
-        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    # accumulate in fp32, divide by the true width, scale
+    yb, ye = _split_scale(xb, xe, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT)
     # one cast, at the store
     yb = yb.to(y_ptr.dtype.element_ty)
     if y_aligned:
@@ -282,15 +289,8 @@ def _fused_add_split_row(
     se = _round_to(xe.to(tl.float32) + re.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
     tl.store(rob_ptr + cols, sb, mask=body)
     tl.store(ro_row + e_col, se, mask=e_ok)
-    sb = sb.to(tl.float32)
-    se = se.to(tl.float32)
-    ss = tl.sum(sb * sb, axis=0) + tl.sum(se * se, axis=0)
-    rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
-    yb = sb * rstd
-    ye = se * rstd
-    if HAS_WEIGHT:
-        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
-        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+    sb, se = sb.to(tl.float32), se.to(tl.float32)
+    yb, ye = _split_scale(sb, se, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT)
     tl.store(yb_ptr + cols, yb.to(y_row.dtype.element_ty), mask=body)
     tl.store(y_row + e_col, ye.to(y_row.dtype.element_ty), mask=e_ok)
 
