@@ -58,6 +58,9 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
 void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
                          const std::optional<at::Tensor>& weight, double eps);
 
+// SMs of a device, asked once per device (rms_norm_kernel.cu).
+int sm_count(int device);
+
 // The backward ops (rms_norm_backward.cu): (dx, dweight), and the fused add's (dx,
 // dresidual, dweight); dweight is empty without a weight.
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,

@@ -36,6 +36,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "rms_norm.h"
 #include "rms_norm_device.cuh"
@@ -48,13 +51,10 @@ namespace {
 template <typename E, int VEC>
 __device__ __forceinline__ void load_group(const E* __restrict__ p, float (&out)[VEC]) {
   if constexpr ((VEC * sizeof(E)) % 16 == 0) {
-    constexpr int kPer = 16 / sizeof(E);
+    constexpr int kPer = kVec<E>;
 #pragma unroll
     for (int v = 0; v < VEC / kPer; ++v) {
-      union {
-        uint4 raw;
-        E e[kPer];
-      } u;
+      Pack<E> u;
       u.raw = *reinterpret_cast<const uint4*>(p + v * kPer);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) out[v * kPer + i] = to_float(u.e[i]);
@@ -68,13 +68,10 @@ __device__ __forceinline__ void load_group(const E* __restrict__ p, float (&out)
 template <typename E, int VEC>
 __device__ __forceinline__ void store_group(E* __restrict__ p, const float (&in)[VEC]) {
   if constexpr ((VEC * sizeof(E)) % 16 == 0) {
-    constexpr int kPer = 16 / sizeof(E);
+    constexpr int kPer = kVec<E>;
 #pragma unroll
     for (int v = 0; v < VEC / kPer; ++v) {
-      union {
-        uint4 raw;
-        E e[kPer];
-      } u;
+      Pack<E> u;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) u.e[i] = from_float<E>(in[v * kPer + i]);
       *reinterpret_cast<uint4*>(p + v * kPer) = u.raw;
@@ -302,25 +299,35 @@ __global__ void __launch_bounds__(32 * kSlices) dw_reduce_kernel(const float* __
 }
 
 // ---- launch ---------------------------------------------------------------------------
-template <typename T>
-constexpr int kVecOf = 16 / sizeof(T);
 // Groups a thread for the register-resident rows; the widest such row is 1024 threads' worth.
 constexpr int kVpt = 2;
 constexpr int kScalarVpt = 4;  // elements a thread a chunk, one-element groups
 
 using KernelPtr = void (*)(BwdArgs);
 
-// The CTAs that fit the GPU at once for this kernel (a persistent grid), at most M.
+// The CTAs that fit the GPU at once for this kernel (a persistent grid), at most M. The
+// occupancy is asked once per kernel and device.
 int persistent_ctas(KernelPtr kernel, int threads, int64_t M, int device) {
-  int per_sm = 0, sms = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, int64_t(per_sm) * sms)));
+  static std::mutex mu;
+  static std::map<std::pair<KernelPtr, int>, int> per_sm_of;
+  int per_sm = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    auto it = per_sm_of.find({kernel, device});
+    if (it == per_sm_of.end()) {
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      per_sm_of[{kernel, device}] = per_sm;
+    } else {
+      per_sm = it->second;
+    }
+  }
+  const int64_t fit = int64_t(per_sm) * sm_count(device);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
 template <typename T, typename S>
 void pick(int N, bool vec_ok, KernelPtr& kernel, int& threads) {
-  constexpr int V = kVecOf<T>;
+  constexpr int V = kVec<T>;
   const int groups = (N + V - 1) / V;
   if (vec_ok && groups <= 1024 * kVpt) {
     if (groups <= 64 * kVpt) {
@@ -408,20 +415,19 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   at::Tensor dw = at::empty({N}, weight->options().memory_format(at::MemoryFormat::Contiguous));
   if (M == 0) return dw.zero_();
   const int blocks = (N + 31) / 32;
-  const int P = ctas;
   constexpr int kReduceThreads = 32 * kSlices;
   switch (weight->scalar_type()) {
     case at::kFloat:
       dw_reduce_kernel<float><<<blocks, kReduceThreads, 0, stream>>>(dwp.data_ptr<float>(),
-                                                          dw.data_ptr<float>(), P, N);
+                                                          dw.data_ptr<float>(), ctas, N);
       break;
     case at::kHalf:
       dw_reduce_kernel<__half><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), P, N);
+          dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), ctas, N);
       break;
     default:
       dw_reduce_kernel<__nv_bfloat16><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), P, N);
+          dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), ctas, N);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return dw;

@@ -1,11 +1,22 @@
 // Device helpers shared by the forward (rms_norm_kernel.cu) and the backward
-// (rms_norm_backward.cu): element conversions to and from fp32.
+// (rms_norm_backward.cu): 16-byte vectors of elements, element conversions to and from fp32.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 namespace cuda_impl {
+
+// VEC elements of T make one 16-byte vector.
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);
+
+template <typename T>
+union Pack {
+  uint4 raw;
+  T e[kVec<T>];
+};
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }

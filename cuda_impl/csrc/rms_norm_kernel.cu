@@ -47,16 +47,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// VEC elements of T make one 16-byte vector.
-template <typename T>
-constexpr int kVec = 16 / sizeof(T);
-
-template <typename T>
-union Pack {
-  uint4 raw;
-  T e[kVec<T>];
-};
-
 // One of x's 16-byte vectors as the values a thread holds through the reduction: x's own
 // (Pack<T>) for the plain op and for a fused add whose residual has x's dtype; fp32 sums,
 // two 16-byte registers' worth, for an fp32 residual stream beside 16-bit x.
@@ -711,6 +701,8 @@ constexpr bool valid_table() {
 static_assert(valid_table<PlainTable>(), "each config compiled once; rungs hold their rows, in order");
 static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold their rows, in order");
 
+}  // namespace
+
 // SMs of a device, asked once per device (a benign race: every writer writes the same).
 int sm_count(int device) {
   static int cache[64] = {};
@@ -722,6 +714,8 @@ int sm_count(int device) {
   }
   return cache[device];
 }
+
+namespace {
 
 // Which config of a table, and how many CTAs share a row (1 unless the config is a cluster).
 struct Plan {
