@@ -114,7 +114,7 @@ def _n_ticks(ax, ns: list[int], grid_text: str = RMS_NORM.grid_text) -> None:
     ax.set_xlabel(label, fontsize=9)
 
 
-def _wrapped(label: str, width: int = 64) -> str:
+def _wrapped(label: str, width: int = 46) -> str:
     """An axis label on lines of at most ``width`` characters (a gradient op's bytes model
     is longer than a panel is tall)."""
     return "\n".join(textwrap.wrap(label, width))
