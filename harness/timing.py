@@ -40,9 +40,12 @@ TARGET_BLOCK_S = 0.015
 MIN_REPS, MAX_REPS = 10, 100
 #: Warm-up per shape, shared round-robin by all implementations (hundreds of ms).
 WARMUP_S = 0.2
-#: Host time budgeted to enqueue one cold repetition (flush, two events, one call); the
-#: GPU sleeps this long per repetition before a batch, so it never waits for the host.
+#: Host time budgeted to enqueue one cold repetition (flush, two events, one call), at
+#: least; the GPU sleeps this long per repetition before a batch, so it never waits for the
+#: host. A call whose host time is longer (autograd's forward + backward) is budgeted
+#: HOST_LEAD_MARGIN times its own, measured on an untimed call before the batch.
 HOST_LEAD_S_PER_REP = 250e-6
+HOST_LEAD_MARGIN = 2.0
 #: Cycles per second assumed for torch.cuda._sleep: the highest SM clock of the GPUs in
 #: view (H100/H200 boost at 1.98 GHz); a slower clock only lengthens the sleep.
 SLEEP_CLOCK_HZ = 2.0e9
@@ -129,15 +132,24 @@ def elapsed_s(pairs: Sequence[tuple[torch.cuda.Event, torch.cuda.Event]]) -> lis
     return [start.elapsed_time(end) * 1e-3 for start, end in pairs]
 
 
-def lead_cycles(reps: int) -> int:
-    """GPU sleep cycles that give the host time to enqueue ``reps`` cold repetitions."""
-    return int(reps * HOST_LEAD_S_PER_REP * SLEEP_CLOCK_HZ)
+def lead_cycles(reps: int, host_s_per_rep: float = 0.0) -> int:
+    """GPU sleep cycles that give the host time to enqueue ``reps`` cold repetitions, each
+    taking host_s_per_rep of host time (measured; HOST_LEAD_S_PER_REP at least)."""
+    per_rep = max(HOST_LEAD_S_PER_REP, HOST_LEAD_MARGIN * host_s_per_rep)
+    return int(reps * per_rep * SLEEP_CLOCK_HZ)
 
 
 def cold_samples(fn: Callable[[], object], reps: int, flush: L2Flush) -> list[float]:
     """Seconds per call for ``reps`` calls, each after an L2 flush outside its events."""
     pairs = event_pairs(reps)
-    torch.cuda._sleep(lead_cycles(reps))  # outside every event pair: not timed
+    # one untimed repetition's host time sizes the lead: when the host falls behind, the
+    # GPU idles inside event pairs and the samples time the host
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    flush()
+    fn()
+    host_s = time.perf_counter() - t0
+    torch.cuda._sleep(lead_cycles(reps, host_s))  # outside every event pair: not timed
     for start, end in pairs:
         flush()
         start.record()

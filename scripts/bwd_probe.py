@@ -1,10 +1,11 @@
 """A quick look at the backward kernels while tuning them: cold median device time of the
 backward op alone (ours: the backward op called directly; native: autograd of F.rms_norm
 with its graph kept), as a fraction of the copy ceiling by the backward bytes model (read
-x, dy, write dx). Figures of record come from ``python -m harness.bench``; this prints
+x, dy, write dx; the fused add's backward also reads d_residual_out and writes dresidual).
+Figures of record come from ``python -m harness.bench``; this prints
 only, for the predict-change-measure loop.
 
-    python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32]
+    python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32] [--impls cuda]
 """
 
 import argparse
@@ -30,6 +31,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--shapes", default="")
+    p.add_argument("--impls", default="triton,cuda,native")
     args = p.parse_args()
     import cuda_impl
     import triton_impl
@@ -59,8 +61,16 @@ def main() -> int:
                     torch.autograd.grad, y, (xg, wg), dy, retain_graph=True
                 ),
             }
-            nbytes = 3 * m * n * elem + 2 * n * elem
-            for name, fn in fns.items():
+            dro = torch.randn(m, n, device="cuda").to(dtype)
+            for lib, mod in (("triton", triton_impl), ("cuda", cuda_impl)):
+                fns[f"{lib}_fused"] = functools.partial(
+                    mod.fused_add_rms_norm_backward, dy, dro, x, w, 1e-6
+                )
+            for name in args.impls.split(","):
+                fn = fns[name]
+                # read s, dy (and d_residual_out), write dx (and dresidual), the weights
+                tensors = 5 if name.endswith("_fused") else 3
+                nbytes = tensors * m * n * elem + 2 * n * elem
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
                 print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f}", flush=True)

@@ -312,6 +312,9 @@ def test_host_lead_covers_the_batch():
     seconds = timing.lead_cycles(reps) / timing.SLEEP_CLOCK_HZ
     assert seconds == pytest.approx(reps * timing.HOST_LEAD_S_PER_REP)
     assert timing.HOST_LEAD_S_PER_REP >= 100e-6  # above a Python launcher's cost per call
+    # a call whose host time is longer (autograd's forward + backward) gets a longer lead
+    slow = timing.lead_cycles(reps, 1e-3) / timing.SLEEP_CLOCK_HZ
+    assert slow == pytest.approx(reps * timing.HOST_LEAD_MARGIN * 1e-3)
 
 
 def test_hardware_pure_helpers():

@@ -9,16 +9,16 @@
 // (VEC-element groups t, t + THREADS, ...), so its share of dweight stays in registers
 // across the CTA's rows and is written once, as the CTA's fp32 row of a partials buffer;
 // a second kernel sums the partials rows in a fixed order: dweight is deterministic, no
-// atomics (its warps read rows of the partials in parallel, each column in one order). A
-// row that fits the CTA (VPT groups a thread) is held in registers: s and dy
-// read once, both row sums (s^2, g * s) reduced together. Wider rows go in CTA-wide chunks,
-// twice: sum, then re-read (from L2), ds, and the chunk's dweight share added into the
-// CTA's partials row (its own: no other CTA touches it). rstd is recomputed from s, which
-// is read anyway, so the forward saves nothing.
+// atomics (its warps read rows of the partials in parallel, each column in one order).
+// rstd is recomputed from s, which is read anyway, so the forward saves nothing.
 //
-// Vectors: 16-byte groups of dy's elements where every row of every tensor starts on a
-// 16-byte boundary and N is a whole number of groups (the host checks); otherwise one
-// element a group (odd widths, offsets), in the chunked kernel.
+// Rows up to 2048 groups (16384 16-bit elements, 8192 fp32) are staged: two rows of s and
+// dy in shared memory a CTA, the next one's copy in flight while this one is reduced and
+// stored (see rms_norm_bwd_staged); any alignment, odd widths included. Wider rows, and
+// rows whose tensors do not share one alignment, go in CTA-wide chunks, twice: sum, then
+// re-read (from L2), ds, and the chunk's dweight share added into the CTA's partials row
+// (its own: no other CTA touches it); 16-byte groups where every row of every tensor is
+// aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements).
@@ -36,7 +36,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <numeric>
+#include <tuple>
+#include <vector>
 #include <mutex>
 #include <utility>
 
@@ -144,6 +148,7 @@ struct BwdArgs {
   int64_t M;
   int N;
   float eps;
+  int cap;  // the staged kernel's groups a stage holds
 };
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
@@ -272,6 +277,189 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   }
 }
 
+// ---- rows staged through shared memory -------------------------------------------------
+// The default for every row that fits: each CTA keeps two rows of s and dy in shared
+// memory, the next row's copy (cp.async, 16 bytes a thread at a time, no registers held)
+// in flight while the current row is reduced and stored, so a CTA never waits on a row's
+// loads with nothing else to do. The row's values are read from shared memory twice (the
+// sums, then ds), the fp32 weight once a CTA into shared memory; dweight's share stays in
+// registers.
+//
+// Any row alignment: a row's groups are counted from the 16-byte boundary at or before its
+// start (its phase: elements past that boundary), so every group is one aligned 16-byte
+// copy; the first and last groups may hold elements of the neighbouring rows, or (the
+// tensor's first and last rows) bytes outside it, always inside the same aligned 16 bytes
+// as an element of the row, so never outside its memory page. Those lanes are zeroed
+// before use and never stored. A thread owns the same groups in every row, and so the same
+// columns, because every row a CTA takes has the same phase: the host makes gridDim.x a
+// multiple of the rows it takes the phase to repeat (and requires one phase, row by row,
+// of every tensor).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_prior() {  // all but the latest group landed
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// Bytes of shared memory a CTA of the staged kernel needs: two stages of s and dy, and the
+// weight, `cap` groups each.
+template <typename T, typename S>
+int staged_smem_bytes(int cap) {
+  const int elems = cap * kVec<T>;
+  return 2 * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
+}
+
+// At most 64 registers a thread (1024 threads' worth an SM): more CTAs stay resident.
+template <typename T, typename S, int THREADS, int VPT>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
+  constexpr int VEC = kVec<T>;
+  extern __shared__ uint4 smem_raw[];
+  __shared__ float red[2 * (THREADS / 32)];
+  const int t = threadIdx.x;
+  const int N = a.N;
+  const int stage_elems = a.cap * VEC;
+  // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
+  S* const s_sm = reinterpret_cast<S*>(smem_raw);
+  T* const dy_sm = reinterpret_cast<T*>(s_sm + 2 * stage_elems);
+  float* const w_sm = reinterpret_cast<float*>(dy_sm + 2 * stage_elems);
+
+  const S* s_base = static_cast<const S*>(a.s);
+  const T* dy_base = static_cast<const T*>(a.dy);
+  // this CTA's phase (the same in every tensor and every row it takes) and the groups a
+  // row spans from its aligned start
+  const int phase = static_cast<int>(
+      (reinterpret_cast<uintptr_t>(s_base + blockIdx.x * a.stride_s) % 16) / sizeof(S));
+  const int groups = (phase + N + VEC - 1) / VEC;
+  const float inv_n = 1.f / static_cast<float>(N);
+
+  // the weight of this thread's groups (0 outside the row), read by this thread alone
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int g = k * THREADS + t;
+    if (g >= groups) continue;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const int col = g * VEC + i - phase;
+      w_sm[g * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
+    }
+  }
+  auto issue = [&](int64_t row, int st) {
+    const S* sr = s_base + row * a.stride_s - phase;
+    const T* dyr = dy_base + row * a.stride_dy - phase;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int g = k * THREADS + t;
+      if (g >= groups) continue;
+#pragma unroll
+      for (int v = 0; v < VEC * static_cast<int>(sizeof(S)) / 16; ++v)
+        cp_async16(s_sm + st * stage_elems + g * VEC + v * kVec<S>, sr + g * VEC + v * kVec<S>);
+      cp_async16(dy_sm + st * stage_elems + g * VEC, dyr + g * VEC);
+    }
+  };
+  // a group's values from the stage, the lanes outside the row zeroed
+  auto fetch = [&](int st, int g, float (&sv)[VEC], float (&dv)[VEC]) {
+    load_group<S, VEC>(s_sm + st * stage_elems + g * VEC, sv);
+    load_group<T, VEC>(dy_sm + st * stage_elems + g * VEC, dv);
+    if (g == 0 || g == groups - 1) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const int col = g * VEC + i - phase;
+        if (col < 0 || col >= N) sv[i] = dv[i] = 0.f;
+      }
+    }
+  };
+
+  float dw[VPT * VEC];
+#pragma unroll
+  for (int e = 0; e < VPT * VEC; ++e) dw[e] = 0.f;
+  int st = 0;
+  issue(blockIdx.x, 0);
+  cp_async_commit();
+  for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x, st ^= 1) {
+    if (row + gridDim.x < a.M) issue(row + gridDim.x, st ^ 1);
+    cp_async_commit();
+    cp_async_wait_prior();  // this thread's copies of `row` landed (it reads no others)
+    float ss = 0.f, gs = 0.f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int g = k * THREADS + t;
+      if (g >= groups) continue;
+      float sv[VEC], dv[VEC], wv[VEC];
+      fetch(st, g, sv, dv);
+      load_group<float, VEC>(w_sm + g * VEC, wv);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        ss = fmaf(sv[i], sv[i], ss);
+        gs = fmaf(dv[i] * wv[i], sv[i], gs);
+      }
+    }
+    const float2 sums = block_sum2<THREADS>(ss, gs, red);
+    const float rstd = rsqrtf(sums.x * inv_n + a.eps);
+    const float c2 = sums.y * inv_n * rstd * rstd;
+    const int64_t off = -phase;
+    T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
+    S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
+    const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int g = k * THREADS + t;
+      if (g >= groups) continue;
+      float sv[VEC], dv[VEC], wv[VEC];
+      fetch(st, g, sv, dv);
+      load_group<float, VEC>(w_sm + g * VEC, wv);
+      const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
+        sv[i] = (dv[i] * wv[i] - sv[i] * c2) * rstd;  // ds, in place
+      }
+      if (dror) {  // d_residual_out's own gradient
+        float dro[VEC];
+        if (whole) {
+          load_group<S, VEC>(dror + g * VEC, dro);
+        } else {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const int col = g * VEC + i - phase;
+            dro[i] = col < 0 || col >= N ? 0.f : to_float(dror[g * VEC + i]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sv[i] += dro[i];
+      }
+      const float (&out)[VEC] = sv;
+      if (whole) {
+        store_group<T, VEC>(dsr + g * VEC, out);
+        if (ds2r) store_group<S, VEC>(ds2r + g * VEC, out);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const int col = g * VEC + i - phase;
+          if (col < 0 || col >= N) continue;
+          dsr[g * VEC + i] = from_float<T>(out[i]);
+          if (ds2r) ds2r[g * VEC + i] = from_float<S>(out[i]);
+        }
+      }
+    }
+  }
+  if (a.w == nullptr) return;
+  float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int g = k * THREADS + t;
+    if (g >= groups) continue;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const int col = g * VEC + i - phase;
+      if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
+    }
+  }
+}
+
 // dweight[c] = sum over the P partials rows, cast once. A block takes 32 columns (a warp's
 // coalesced 128 bytes) and kSlices warps: warp j sums rows j, j + kSlices, ... in order,
 // then one thread a column adds the warps' sums in order; the same order every run.
@@ -299,24 +487,45 @@ __global__ void __launch_bounds__(32 * kSlices) dw_reduce_kernel(const float* __
 }
 
 // ---- launch ---------------------------------------------------------------------------
-// Groups a thread for the register-resident rows; the widest such row is 1024 threads' worth.
+// Groups a thread for the staged and register-resident rows; the widest such row is 1024
+// threads' worth.
 constexpr int kVpt = 2;
 constexpr int kScalarVpt = 4;  // elements a thread a chunk, one-element groups
 
 using KernelPtr = void (*)(BwdArgs);
 
+// The most shared memory a CTA may ask for on a device, asked once per device.
+int smem_optin(int device) {
+  static int cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cache[device] = n;
+  }
+  return cache[device];
+}
+
 // The CTAs that fit the GPU at once for this kernel (a persistent grid), at most M. The
-// occupancy is asked once per kernel and device.
-int persistent_ctas(KernelPtr kernel, int threads, int64_t M, int device) {
+// occupancy is asked once per kernel, device and shared memory size.
+int persistent_ctas(KernelPtr kernel, int threads, int smem, int64_t M, int device) {
   static std::mutex mu;
-  static std::map<std::pair<KernelPtr, int>, int> per_sm_of;
+  static std::map<std::tuple<KernelPtr, int, int>, int> per_sm_of;
   int per_sm = 0;
   {
     const std::lock_guard<std::mutex> lock(mu);
-    auto it = per_sm_of.find({kernel, device});
+    auto it = per_sm_of.find({kernel, device, smem});
     if (it == per_sm_of.end()) {
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-      per_sm_of[{kernel, device}] = per_sm;
+      if (smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
+        const void* k = reinterpret_cast<const void*>(kernel);
+        C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            smem_optin(device)));
+        C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
+      }
+      C10_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      per_sm_of[{kernel, device, smem}] = per_sm;
     } else {
       per_sm = it->second;
     }
@@ -325,32 +534,64 @@ int persistent_ctas(KernelPtr kernel, int threads, int64_t M, int device) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
+struct Launch {
+  KernelPtr kernel = nullptr;
+  int threads = 0;
+  int smem = 0;  // dynamic shared memory bytes
+  int cap = 0;   // the staged kernel's groups a stage holds (0: another kernel)
+};
+
+// The staged kernel with the fewest threads that span `cap` groups, if its stages fit.
 template <typename T, typename S>
-void pick(int N, bool vec_ok, KernelPtr& kernel, int& threads) {
-  constexpr int V = kVec<T>;
-  const int groups = (N + V - 1) / V;
-  if (vec_ok && groups <= 1024 * kVpt) {
-    if (groups <= 64 * kVpt) {
-      kernel = rms_norm_bwd_kernel<T, S, 64, kVpt, V, false>, threads = 64;
-    } else if (groups <= 128 * kVpt) {
-      kernel = rms_norm_bwd_kernel<T, S, 128, kVpt, V, false>, threads = 128;
-    } else if (groups <= 256 * kVpt) {
-      kernel = rms_norm_bwd_kernel<T, S, 256, kVpt, V, false>, threads = 256;
-    } else if (groups <= 512 * kVpt) {
-      kernel = rms_norm_bwd_kernel<T, S, 512, kVpt, V, false>, threads = 512;
-    } else {
-      kernel = rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>, threads = 1024;
-    }
-  } else if (vec_ok) {
-    kernel = rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>, threads = 1024;
+bool pick_staged(int cap, int smem_optin, Launch& l) {
+  const int smem = staged_smem_bytes<T, S>(cap);
+  // (the static shared memory, the row sums' 2 floats a warp, within the margin)
+  if (cap > 1024 * kVpt || smem > smem_optin - 1024) return false;
+  l.cap = cap;
+  l.smem = smem;
+  if (cap <= 64 * kVpt) {
+    l.kernel = rms_norm_bwd_staged<T, S, 64, kVpt>, l.threads = 64;
+  } else if (cap <= 128 * kVpt) {
+    l.kernel = rms_norm_bwd_staged<T, S, 128, kVpt>, l.threads = 128;
+  } else if (cap <= 256 * kVpt) {
+    l.kernel = rms_norm_bwd_staged<T, S, 256, kVpt>, l.threads = 256;
+  } else if (cap <= 512 * kVpt) {
+    l.kernel = rms_norm_bwd_staged<T, S, 512, kVpt>, l.threads = 512;
   } else {
-    kernel = rms_norm_bwd_kernel<T, S, 1024, kScalarVpt, 1, true>, threads = 1024;
+    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt>, l.threads = 1024;
   }
+  return true;
 }
 
-// Whether every row of t starts on a 16-byte boundary, for groups of `vec` elements.
-bool rows_aligned(const at::Tensor& t, int64_t stride, int vec) {
-  return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0 && stride % vec == 0;
+// staged: the rows may be staged (one phase in every tensor; aligned, whole groups where
+// s's elements are wider than dy's); vec_ok: every row aligned, N whole groups.
+template <typename T, typename S>
+Launch pick(int N, bool staged, bool vec_ok, int smem_optin) {
+  constexpr int V = kVec<T>;
+  Launch l;
+  const int cap = vec_ok ? N / V : (N + 2 * V - 2) / V;  // groups a row spans, any phase
+  static const bool registers = std::getenv("RMSNORM_BWD_CUDA_REGISTERS") != nullptr;
+  if (registers && vec_ok && cap <= 1024 * kVpt) {
+    const int threads = cap <= 64 * kVpt ? 64 : cap <= 128 * kVpt ? 128 : cap <= 256 * kVpt ? 256 : cap <= 512 * kVpt ? 512 : 1024;
+    l.threads = threads;
+    l.kernel = threads == 64 ? rms_norm_bwd_kernel<T, S, 64, kVpt, V, false>
+             : threads == 128 ? rms_norm_bwd_kernel<T, S, 128, kVpt, V, false>
+             : threads == 256 ? rms_norm_bwd_kernel<T, S, 256, kVpt, V, false>
+             : threads == 512 ? rms_norm_bwd_kernel<T, S, 512, kVpt, V, false>
+             : rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>;
+    return l;
+  }
+  if (staged && pick_staged<T, S>(cap, smem_optin, l)) return l;
+  l.threads = 1024;
+  l.kernel = vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
+                    : rms_norm_bwd_kernel<T, S, 1024, kScalarVpt, 1, true>;
+  return l;
+}
+
+// The rows after which a tensor's rows come back to the same 16-byte phase.
+int phase_period(int64_t stride, int64_t elem) {
+  const int64_t bytes = (stride * elem) % 16;
+  return bytes == 0 ? 1 : static_cast<int>(16 / std::gcd<int64_t>(16, bytes));
 }
 
 at::Tensor rows_of(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
@@ -370,26 +611,44 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const int64_t M = s.size(0);
   const bool has_w = weight.has_value() && weight->defined();
   const at::Tensor w32 = has_w ? weight->to(at::kFloat).contiguous() : at::Tensor();
-  const int vec = 16 / static_cast<int>(dy.element_size());
-  bool vec_ok = N % vec == 0 && rows_aligned(s, s.stride(0), vec) &&
-                rows_aligned(dy, dy.stride(0), vec) && rows_aligned(ds_rows, N, vec);
-  if (dro.defined()) vec_ok = vec_ok && rows_aligned(dro, dro.stride(0), vec);
-  if (ds2) vec_ok = vec_ok && rows_aligned(ds2_rows, N, vec);
 
-  KernelPtr kernel = nullptr;
-  int threads = 0;
+  // every row tensor: its address and row stride in bytes, for the alignment checks
+  std::vector<std::pair<uintptr_t, int64_t>> rows = {
+      {reinterpret_cast<uintptr_t>(s.data_ptr()), s.stride(0) * s.element_size()},
+      {reinterpret_cast<uintptr_t>(dy.data_ptr()), dy.stride(0) * dy.element_size()},
+      {reinterpret_cast<uintptr_t>(ds_rows.data_ptr()), int64_t(N) * ds.element_size()}};
+  if (dro.defined())
+    rows.push_back({reinterpret_cast<uintptr_t>(dro.data_ptr()), dro.stride(0) * dro.element_size()});
+  if (ds2) rows.push_back({reinterpret_cast<uintptr_t>(ds2_rows.data_ptr()), int64_t(N) * ds2->element_size()});
+  const int vec = 16 / static_cast<int>(dy.element_size());
+  bool vec_ok = N % vec == 0;
+  bool one_phase = true;
+  int period = 1;
+  for (const auto& [addr, stride] : rows) {
+    vec_ok = vec_ok && addr % 16 == 0 && stride % 16 == 0;
+    one_phase = one_phase && addr % 16 == rows[0].first % 16 && stride % 16 == rows[0].second % 16;
+    period = std::max(period, phase_period(stride, 1));
+  }
+  const bool same_width = s.element_size() == dy.element_size();
+  const bool staged = same_width ? one_phase : vec_ok;
+
+  const int device = s.get_device();
+  const int optin = smem_optin(device);
+  Launch l;
   const auto dt = dy.scalar_type();
   const bool s32 = s.scalar_type() == at::kFloat;
   if (dt == at::kFloat) {
-    pick<float, float>(N, vec_ok, kernel, threads);
+    l = pick<float, float>(N, staged, vec_ok, optin);
   } else if (dt == at::kHalf) {
-    s32 ? pick<__half, float>(N, vec_ok, kernel, threads)
-        : pick<__half, __half>(N, vec_ok, kernel, threads);
+    l = s32 ? pick<__half, float>(N, staged, vec_ok, optin)
+            : pick<__half, __half>(N, staged, vec_ok, optin);
   } else {
-    s32 ? pick<__nv_bfloat16, float>(N, vec_ok, kernel, threads)
-        : pick<__nv_bfloat16, __nv_bfloat16>(N, vec_ok, kernel, threads);
+    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, optin)
+            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, optin);
   }
-  const int ctas = persistent_ctas(kernel, threads, M, s.get_device());
+  int ctas = persistent_ctas(l.kernel, l.threads, l.smem, M, device);
+  // the staged kernel's CTAs each keep one phase: a whole number of periods of CTAs
+  if (l.cap > 0 && ctas < M) ctas = static_cast<int>(std::min<int64_t>(M, std::max(period, ctas / period * period)));
   at::Tensor dwp = at::empty({has_w ? ctas : 1, N}, s.options().dtype(at::kFloat));
   auto stream = at::cuda::getCurrentCUDAStream();
   if (M > 0) {
@@ -407,8 +666,9 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               N,
               M,
               N,
-              static_cast<float>(eps)};
-    kernel<<<ctas, threads, 0, stream>>>(a);
+              static_cast<float>(eps),
+              l.cap};
+    l.kernel<<<ctas, l.threads, l.smem, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (!has_w) return at::Tensor();
