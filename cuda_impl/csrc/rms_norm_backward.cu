@@ -38,11 +38,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <tuple>
-#include <vector>
-#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "rms_norm.h"
 #include "rms_norm_device.cuh"
@@ -313,38 +313,84 @@ int staged_smem_bytes(int cap) {
   return 2 * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
 }
 
+// Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
+// `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
+// CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
+constexpr int kMaxRanks = 8;  // portable cluster size
+
+// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
+// `rank` of every CTA's slots[parity], then one release/acquire barrier, then each adds
+// its own slots in rank order (the same result in every CTA). Rows alternate parity, so a
+// fast CTA writing the next row's sums never overwrites slots a slow one is still reading:
+// to write the parity again it must pass the next barrier, which the slow CTA reaches only
+// after its reads. `first`: the first exchange also completes the barrier phase every CTA
+// opened at its start (so none writes into a peer that is not running yet).
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRanks], int parity,
+                                                int rank, int ranks, bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (first) cluster_wait();
+  if (static_cast<int>(threadIdx.x) < ranks)
+    *cluster.map_shared_rank(&slots[parity][rank], threadIdx.x) = v;
+  cluster_arrive_release();
+  cluster_wait();
+  v = make_float2(0.f, 0.f);
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[parity][r].x;
+    v.y += slots[parity][r].y;
+  }
+#endif
+  return v;
+}
+
 // At most 64 registers a thread (1024 threads' worth an SM): more CTAs stay resident.
-template <typename T, typename S, int THREADS, int VPT>
+template <typename T, typename S, int THREADS, int VPT, bool CLUSTER>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
+  __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxRanks];
   const int t = threadIdx.x;
   const int N = a.N;
-  const int stage_elems = a.cap * VEC;
+  const int cap = a.cap;
+  const int stage_elems = cap * VEC;
   // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
   T* const dy_sm = reinterpret_cast<T*>(s_sm + 2 * stage_elems);
   float* const w_sm = reinterpret_cast<float*>(dy_sm + 2 * stage_elems);
 
+  int rank = 0, ranks = 1;
+  if constexpr (CLUSTER) {
+    cluster_position(rank, ranks);
+    cluster_arrive_relaxed();
+  }
+  const int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
+  const int64_t row_step = gridDim.x / ranks;    // the clusters
+  const int g0 = rank * cap;                     // this CTA's first group of a row
   const S* s_base = static_cast<const S*>(a.s);
   const T* dy_base = static_cast<const T*>(a.dy);
   // this CTA's phase (the same in every tensor and every row it takes) and the groups a
   // row spans from its aligned start
   const int phase = static_cast<int>(
-      (reinterpret_cast<uintptr_t>(s_base + blockIdx.x * a.stride_s) % 16) / sizeof(S));
+      (reinterpret_cast<uintptr_t>(s_base + first_row * a.stride_s) % 16) / sizeof(S));
   const int groups = (phase + N + VEC - 1) / VEC;
   const float inv_n = 1.f / static_cast<float>(N);
+  // this thread's k-th group: local index l (its place in the stage), row group g
+  auto owns = [&](int k, int& l, int& g) {
+    l = k * THREADS + t;
+    g = g0 + l;
+    return l < cap && g < groups;
+  };
 
   // the weight of this thread's groups (0 outside the row), read by this thread alone
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int g = k * THREADS + t;
-    if (g >= groups) continue;
+    int l, g;
+    if (!owns(k, l, g)) continue;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       const int col = g * VEC + i - phase;
-      w_sm[g * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
+      w_sm[l * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
     }
   }
   auto issue = [&](int64_t row, int st) {
@@ -352,18 +398,18 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     const T* dyr = dy_base + row * a.stride_dy - phase;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int g = k * THREADS + t;
-      if (g >= groups) continue;
+      int l, g;
+      if (!owns(k, l, g)) continue;
 #pragma unroll
       for (int v = 0; v < VEC * static_cast<int>(sizeof(S)) / 16; ++v)
-        cp_async16(s_sm + st * stage_elems + g * VEC + v * kVec<S>, sr + g * VEC + v * kVec<S>);
-      cp_async16(dy_sm + st * stage_elems + g * VEC, dyr + g * VEC);
+        cp_async16(s_sm + st * stage_elems + l * VEC + v * kVec<S>, sr + g * VEC + v * kVec<S>);
+      cp_async16(dy_sm + st * stage_elems + l * VEC, dyr + g * VEC);
     }
   };
   // a group's values from the stage, the lanes outside the row zeroed
-  auto fetch = [&](int st, int g, float (&sv)[VEC], float (&dv)[VEC]) {
-    load_group<S, VEC>(s_sm + st * stage_elems + g * VEC, sv);
-    load_group<T, VEC>(dy_sm + st * stage_elems + g * VEC, dv);
+  auto fetch = [&](int st, int l, int g, float (&sv)[VEC], float (&dv)[VEC]) {
+    load_group<S, VEC>(s_sm + st * stage_elems + l * VEC, sv);
+    load_group<T, VEC>(dy_sm + st * stage_elems + l * VEC, dv);
     if (g == 0 || g == groups - 1) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -377,27 +423,28 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
 #pragma unroll
   for (int e = 0; e < VPT * VEC; ++e) dw[e] = 0.f;
   int st = 0;
-  issue(blockIdx.x, 0);
+  issue(first_row, 0);
   cp_async_commit();
-  for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x, st ^= 1) {
-    if (row + gridDim.x < a.M) issue(row + gridDim.x, st ^ 1);
+  for (int64_t row = first_row; row < a.M; row += row_step, st ^= 1) {
+    if (row + row_step < a.M) issue(row + row_step, st ^ 1);
     cp_async_commit();
     cp_async_wait_prior();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int g = k * THREADS + t;
-      if (g >= groups) continue;
+      int l, g;
+      if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, g, sv, dv);
-      load_group<float, VEC>(w_sm + g * VEC, wv);
+      fetch(st, l, g, sv, dv);
+      load_group<float, VEC>(w_sm + l * VEC, wv);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
       }
     }
-    const float2 sums = block_sum2<THREADS>(ss, gs, red);
+    float2 sums = block_sum2<THREADS>(ss, gs, red);
+    if constexpr (CLUSTER) sums = cluster_sums2(sums, slots, st, rank, ranks, row == first_row);
     const float rstd = rsqrtf(sums.x * inv_n + a.eps);
     const float c2 = sums.y * inv_n * rstd * rstd;
     const int64_t off = -phase;
@@ -406,11 +453,11 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int g = k * THREADS + t;
-      if (g >= groups) continue;
+      int l, g;
+      if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, g, sv, dv);
-      load_group<float, VEC>(w_sm + g * VEC, wv);
+      fetch(st, l, g, sv, dv);
+      load_group<float, VEC>(w_sm + l * VEC, wv);
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -431,7 +478,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
 #pragma unroll
         for (int i = 0; i < VEC; ++i) sv[i] += dro[i];
       }
-      const float (&out)[VEC] = sv;
+      const float(&out)[VEC] = sv;
       if (whole) {
         store_group<T, VEC>(dsr + g * VEC, out);
         if (ds2r) store_group<S, VEC>(ds2r + g * VEC, out);
@@ -447,11 +494,11 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   }
   if (a.w == nullptr) return;
-  float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
+  float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int g = k * THREADS + t;
-    if (g >= groups) continue;
+    int l, g;
+    if (!owns(k, l, g)) continue;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       const int col = g * VEC + i - phase;
@@ -506,67 +553,110 @@ int smem_optin(int device) {
   return cache[device];
 }
 
-// The CTAs that fit the GPU at once for this kernel (a persistent grid), at most M. The
-// occupancy is asked once per kernel, device and shared memory size.
-int persistent_ctas(KernelPtr kernel, int threads, int smem, int64_t M, int device) {
+struct Launch {
+  KernelPtr kernel = nullptr;
+  int threads = 0;
+  int smem = 0;   // dynamic shared memory bytes
+  int cap = 0;    // the staged kernel's groups a stage holds (0: another kernel)
+  int ranks = 1;  // CTAs a cluster (sharing each row)
+};
+
+// The cluster launch of a staged kernel (ranks > 1), over `walkers` clusters.
+cudaLaunchConfig_t cluster_config(const Launch& l, int walkers, cudaStream_t stream,
+                                  cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(walkers * l.ranks));
+  cfg.blockDim = dim3(l.threads);
+  cfg.dynamicSmemBytes = l.smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = l.ranks;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// The row walkers (CTAs, or clusters of l.ranks CTAs) that fit the GPU at once for this
+// launch (a persistent grid), at most M. The occupancy is asked once per kernel, device
+// and shared memory size.
+int persistent_walkers(const Launch& l, int64_t M, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<KernelPtr, int, int>, int> per_sm_of;
-  int per_sm = 0;
+  static std::map<std::tuple<KernelPtr, int, int>, int> fit_of;
+  int fit = 0;
   {
     const std::lock_guard<std::mutex> lock(mu);
-    auto it = per_sm_of.find({kernel, device, smem});
-    if (it == per_sm_of.end()) {
-      if (smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
-        const void* k = reinterpret_cast<const void*>(kernel);
+    auto it = fit_of.find({l.kernel, device, l.smem});
+    if (it == fit_of.end()) {
+      if (l.smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
+        const void* k = reinterpret_cast<const void*>(l.kernel);
         C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             smem_optin(device)));
         C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
       }
-      C10_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-      per_sm_of[{kernel, device, smem}] = per_sm;
+      if (l.ranks > 1) {
+        cudaLaunchAttribute attr;
+        const cudaLaunchConfig_t cfg = cluster_config(l, 1, nullptr, &attr);
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, l.kernel, &cfg));
+      } else {
+        int per_sm = 0;
+        C10_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, l.threads, l.smem));
+        fit = per_sm * sm_count(device);
+      }
+      fit_of[{l.kernel, device, l.smem}] = fit;
     } else {
-      per_sm = it->second;
+      fit = it->second;
     }
   }
-  const int64_t fit = int64_t(per_sm) * sm_count(device);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
-struct Launch {
-  KernelPtr kernel = nullptr;
-  int threads = 0;
-  int smem = 0;  // dynamic shared memory bytes
-  int cap = 0;   // the staged kernel's groups a stage holds (0: another kernel)
-};
-
-// The staged kernel with the fewest threads that span `cap` groups, if its stages fit.
+// The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
+// them, if its stages fit; else a cluster of the fewest CTAs (2, 4, 8; sm_90) of 1024
+// threads whose shares of the row fit.
 template <typename T, typename S>
-bool pick_staged(int cap, int smem_optin, Launch& l) {
-  const int smem = staged_smem_bytes<T, S>(cap);
+bool pick_staged(int row_groups, int smem_optin, bool clusters, Launch& l) {
   // (the static shared memory, the row sums' 2 floats a warp, within the margin)
-  if (cap > 1024 * kVpt || smem > smem_optin - 1024) return false;
-  l.cap = cap;
-  l.smem = smem;
-  if (cap <= 64 * kVpt) {
-    l.kernel = rms_norm_bwd_staged<T, S, 64, kVpt>, l.threads = 64;
-  } else if (cap <= 128 * kVpt) {
-    l.kernel = rms_norm_bwd_staged<T, S, 128, kVpt>, l.threads = 128;
-  } else if (cap <= 256 * kVpt) {
-    l.kernel = rms_norm_bwd_staged<T, S, 256, kVpt>, l.threads = 256;
-  } else if (cap <= 512 * kVpt) {
-    l.kernel = rms_norm_bwd_staged<T, S, 512, kVpt>, l.threads = 512;
-  } else {
-    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt>, l.threads = 1024;
+  auto fits = [&](int cap) {
+    return cap <= 1024 * kVpt && staged_smem_bytes<T, S>(cap) <= smem_optin - 1024;
+  };
+  if (fits(row_groups)) {
+    const int cap = row_groups;
+    l.cap = cap;
+    l.smem = staged_smem_bytes<T, S>(cap);
+    if (cap <= 64 * kVpt) {
+      l.kernel = rms_norm_bwd_staged<T, S, 64, kVpt, false>, l.threads = 64;
+    } else if (cap <= 128 * kVpt) {
+      l.kernel = rms_norm_bwd_staged<T, S, 128, kVpt, false>, l.threads = 128;
+    } else if (cap <= 256 * kVpt) {
+      l.kernel = rms_norm_bwd_staged<T, S, 256, kVpt, false>, l.threads = 256;
+    } else if (cap <= 512 * kVpt) {
+      l.kernel = rms_norm_bwd_staged<T, S, 512, kVpt, false>, l.threads = 512;
+    } else {
+      l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, false>, l.threads = 1024;
+    }
+    return true;
   }
-  return true;
+  if (!clusters) return false;
+  for (int ranks = 2; ranks <= kMaxRanks; ranks *= 2) {
+    const int cap = (row_groups + ranks - 1) / ranks;
+    if (!fits(cap)) continue;
+    l.cap = cap;
+    l.smem = staged_smem_bytes<T, S>(cap);
+    l.ranks = ranks;
+    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, true>, l.threads = 1024;
+    return true;
+  }
+  return false;
 }
 
 // staged: the rows may be staged (one phase in every tensor; aligned, whole groups where
 // s's elements are wider than dy's); vec_ok: every row aligned, N whole groups.
 template <typename T, typename S>
-Launch pick(int N, bool staged, bool vec_ok, int smem_optin) {
+Launch pick(int N, bool staged, bool vec_ok, int smem_optin, bool clusters) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = vec_ok ? N / V : (N + 2 * V - 2) / V;  // groups a row spans, any phase
@@ -581,7 +671,7 @@ Launch pick(int N, bool staged, bool vec_ok, int smem_optin) {
              : rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>;
     return l;
   }
-  if (staged && pick_staged<T, S>(cap, smem_optin, l)) return l;
+  if (staged && pick_staged<T, S>(cap, smem_optin, clusters, l)) return l;
   l.threads = 1024;
   l.kernel = vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
                     : rms_norm_bwd_kernel<T, S, 1024, kScalarVpt, 1, true>;
@@ -634,22 +724,26 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
 
   const int device = s.get_device();
   const int optin = smem_optin(device);
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool clusters = major >= 9;
   Launch l;
   const auto dt = dy.scalar_type();
   const bool s32 = s.scalar_type() == at::kFloat;
   if (dt == at::kFloat) {
-    l = pick<float, float>(N, staged, vec_ok, optin);
+    l = pick<float, float>(N, staged, vec_ok, optin, clusters);
   } else if (dt == at::kHalf) {
-    l = s32 ? pick<__half, float>(N, staged, vec_ok, optin)
-            : pick<__half, __half>(N, staged, vec_ok, optin);
+    l = s32 ? pick<__half, float>(N, staged, vec_ok, optin, clusters)
+            : pick<__half, __half>(N, staged, vec_ok, optin, clusters);
   } else {
-    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, optin)
-            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, optin);
+    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, optin, clusters)
+            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, optin, clusters);
   }
-  int ctas = persistent_ctas(l.kernel, l.threads, l.smem, M, device);
-  // the staged kernel's CTAs each keep one phase: a whole number of periods of CTAs
-  if (l.cap > 0 && ctas < M) ctas = static_cast<int>(std::min<int64_t>(M, std::max(period, ctas / period * period)));
-  at::Tensor dwp = at::empty({has_w ? ctas : 1, N}, s.options().dtype(at::kFloat));
+  int walkers = persistent_walkers(l, M, device);
+  // the staged kernel's CTAs each keep one phase: a whole number of periods of walkers
+  if (l.cap > 0 && walkers < M)
+    walkers = static_cast<int>(std::min<int64_t>(M, std::max(period, walkers / period * period)));
+  at::Tensor dwp = at::empty({has_w ? walkers : 1, N}, s.options().dtype(at::kFloat));
   auto stream = at::cuda::getCurrentCUDAStream();
   if (M > 0) {
     BwdArgs a{s.data_ptr(),
@@ -668,7 +762,13 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               N,
               static_cast<float>(eps),
               l.cap};
-    l.kernel<<<ctas, l.threads, l.smem, stream>>>(a);
+    if (l.ranks > 1) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_config(l, walkers, stream, &attr);
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, l.kernel, a));
+    } else {
+      l.kernel<<<walkers, l.threads, l.smem, stream>>>(a);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (!has_w) return at::Tensor();
@@ -679,15 +779,15 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   switch (weight->scalar_type()) {
     case at::kFloat:
       dw_reduce_kernel<float><<<blocks, kReduceThreads, 0, stream>>>(dwp.data_ptr<float>(),
-                                                          dw.data_ptr<float>(), ctas, N);
+                                                          dw.data_ptr<float>(), walkers, N);
       break;
     case at::kHalf:
       dw_reduce_kernel<__half><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), ctas, N);
+          dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), walkers, N);
       break;
     default:
       dw_reduce_kernel<__nv_bfloat16><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), ctas, N);
+          dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), walkers, N);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return dw;

@@ -1,7 +1,9 @@
 // Device helpers shared by the forward (rms_norm_kernel.cu) and the backward
-// (rms_norm_backward.cu): 16-byte vectors of elements, element conversions to and from fp32.
+// (rms_norm_backward.cu): 16-byte vectors of elements, element conversions to and from fp32,
+// thread-block cluster barriers.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,6 +34,33 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Cluster barrier halves (sm_90): arrive without ordering, arrive releasing this thread's
+// writes (shared::cluster included), and wait (acquire).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// This CTA's rank within its cluster, and the cluster's size (left as they are before sm_90).
+__device__ __forceinline__ void cluster_position(int& rank, int& ranks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  rank = static_cast<int>(cluster.block_rank());
+  ranks = static_cast<int>(cluster.num_blocks());
+#endif
 }
 
 }  // namespace cuda_impl

@@ -76,24 +76,6 @@ __device__ __forceinline__ void prefetch_l1(const W* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-// Cluster barrier halves (sm_90): arrive without ordering, arrive releasing this thread's
-// writes (shared::cluster included), and wait (acquire).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
 // Kernel variants (bits of Config::variant):
 // - kPlainLoads: x through a plain `ld.global.v4` (SASS LDG.E.128), what Triton emits for
 //   the same access, instead of the read-only, non-allocating load (LDG.E.NA.128.CONSTANT):
@@ -206,15 +188,6 @@ __device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
     for (int i = 0; i < WARPS_PER_ROW; ++i) ss += warp_sums[first + i];
   }
   return ss;
-}
-
-// This CTA's rank within its cluster, and the cluster's size (left as they are before sm_90).
-__device__ __forceinline__ void cluster_position(int& rank, int& ranks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::cluster_group cluster = cg::this_cluster();
-  rank = static_cast<int>(cluster.block_rank());
-  ranks = static_cast<int>(cluster.num_blocks());
-#endif
 }
 
 // The sum over the CTAs of a cluster, through distributed shared memory: each CTA writes
