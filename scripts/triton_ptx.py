@@ -1,8 +1,12 @@
 """What Triton generates for the default configs, without a GPU: compile each kernel ahead
 of time for sm_90 and report its global memory instructions (vector widths) and, from the
-cubin, registers and local memory.
+cubin, registers, stack (where spills go) and local memory.
 
     python scripts/triton_ptx.py [--dtypes bf16,fp32] [--ns 128,1000,4096,4097,65536]
+    python scripts/triton_ptx.py --backward   # the backward's main kernel
+
+The backward's environment knobs (RMSNORM_BWD_STAGES, RMSNORM_BWD_MAXNREG, ...) apply here
+as in the launcher.
 
 Specialisation as at run time for contiguous rows of a fresh tensor: pointers 16-byte
 aligned; row strides and N marked divisible by 16 when they are.
@@ -18,13 +22,28 @@ import subprocess
 import tempfile
 from typing import Optional
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from triton_impl import backward
 from triton_impl.configs import Config, default_config, kernel_for
 
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
+TORCH_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _compile(kernel, sig: dict, consts: dict, div: list, warps: int, **options):
+    names = kernel.arg_names
+    src = ASTSource(
+        fn=kernel,
+        signature={**sig, **{k: "constexpr" for k in consts}},
+        constexprs={(names.index(k),): v for k, v in consts.items()},
+        attrs={(names.index(a),): [["tt.divisibility", 16]] for a in div},
+    )
+    target = GPUTarget("cuda", 90, 32)
+    return triton.compile(src, target=target, options=dict(num_warps=warps, **options))
 
 
 def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
@@ -38,17 +57,29 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     if cfg.kernel != "split":
         sig["M"] = "i32"
     sig.update(N="i32", eps="fp32")
-    names = kernel.arg_names
     div = ["x_ptr", "w_ptr", "y_ptr"] + (["stride_x", "stride_y", "N"] if n % 16 == 0 else [])
-    src = ASTSource(
-        fn=kernel,
-        signature={**sig, **{k: "constexpr" for k in consts}},
-        constexprs={(names.index(k),): v for k, v in consts.items()},
-        attrs={(names.index(a),): [["tt.divisibility", 16]] for a in div},
-    )
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps))  # fmt: skip
-    return cfg, compiled
+    return cfg, _compile(kernel, sig, consts, div, warps)
+
+
+def compile_backward(dtype: str, n: int):
+    """Compile the backward's main kernel (rms_norm's, with a weight) as the launcher
+    builds it for many contiguous rows of (dtype, n): the split variant where split_vec
+    takes them."""
+    ty, elem = TYPES[dtype]
+    rows = torch.empty(2, n, dtype=TORCH_TYPES[dtype], device="meta")
+    vec = backward.split_vec(n, rows, rows, rows)
+    consts = backward.bwd_meta(n, elem, vec, has_weight=True)
+    warps = consts.pop("num_warps")
+    options = {k: consts.pop(k) for k in ("maxnreg",) if k in consts}
+    ptrs = ["s_ptr", "dy_ptr", "w_ptr", "dro_ptr", "ds_ptr", "ds2_ptr"]
+    strides = ["stride_s", "stride_dy", "stride_dro", "stride_ds", "stride_ds2"]
+    sig = {**{p: f"*{ty}" for p in ptrs}, "dwp_ptr": "*fp32", **{s: "i32" for s in strides}}
+    sig.update(M="i32", N="i32", eps="fp32")
+    div = ptrs + ["dwp_ptr"] + (strides + ["N"] if n % 16 == 0 else [])
+    kind = "chunked" if consts["CHUNKED"] else "split" if consts["SPLIT"] else "whole row"
+    cfg = dict(kernel=kind, block_n=consts["BLOCK_N"], num_warps=warps, stages=consts["STAGES"],
+               **options)  # fmt: skip
+    return cfg, _compile(backward._rms_norm_bwd, sig, consts, div, warps, **options)
 
 
 def memory_ops(ptx: str) -> dict:
@@ -75,20 +106,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--ns", default="128,512,1000,4095,4096,4097,5120,8192,12288,32768,65536,131072")
+    p.add_argument("--backward", action="store_true", help="the backward's main kernel")
     args = p.parse_args()
     cols = ["dtype", "N", "config", "global memory instructions in the PTX", "registers",
-            "local bytes"]  # fmt: skip
+            "stack bytes", "local bytes"]  # fmt: skip
     print("| " + " | ".join(cols) + " |")
-    print("|---|---|---|---|---|---|")
+    print("|" + "---|" * len(cols))
     for dtype in args.dtypes.split(","):
         for n in map(int, args.ns.split(",")):
-            cfg, k = compile_default(dtype, n)
-            regs, _stack, local = resources(k.asm["cubin"])
+            if args.backward:
+                short, k = compile_backward(dtype, n)
+            else:
+                cfg, k = compile_default(dtype, n)
+                plain = Config(cfg.kernel, cfg.block_n, cfg.num_warps).as_dict()
+                short = {k: v for k, v in cfg.as_dict().items() if k in plain and v != plain[k]
+                         or k in ("kernel", "block_n", "num_warps")}  # fmt: skip
+            regs, stack, local = resources(k.asm["cubin"])
             ops = ", ".join(f"{c} {o}" for o, c in sorted(memory_ops(k.asm["ptx"]).items()))
-            plain = Config(cfg.kernel, cfg.block_n, cfg.num_warps).as_dict()
-            short = {k: v for k, v in cfg.as_dict().items() if k in plain and v != plain[k] or
-                     k in ("kernel", "block_n", "num_warps")}  # fmt: skip
-            print(f"| {dtype} | {n} | {short} | {ops} | {regs} | {local} |")
+            print(f"| {dtype} | {n} | {short} | {ops} | {regs} | {stack} | {local} |")
 
 
 if __name__ == "__main__":

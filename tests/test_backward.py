@@ -1,7 +1,8 @@
 """The backward of both ops, both kernels: gradients against the float64 reference over a
-grid (three dtypes, odd widths, wide rows, strided rows and dy, no weight, fp32 weight),
-the fused add's gradients, determinism of dweight, gradcheck of the reference, invalid
-gradients' errors, and the ops (opcheck with gradients, torch.compile, modules training).
+grid (three dtypes, odd widths, wide rows, strided rows and dy, dy off a 16-byte boundary,
+no weight, fp32 weight), the fused add's gradients, determinism of dweight, gradcheck of
+the reference, invalid gradients' errors, and the ops (opcheck with gradients,
+torch.compile, modules training).
 
 Without a GPU the Triton backward runs under the interpreter (small M), and the CUDA
 backward ops' argument checks run on CPU tensors (they come before the device check).
@@ -21,10 +22,15 @@ from harness.reference import (
 
 BACKENDS = ["triton", "cuda"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-#: (M, N): odd widths, a register-resident width, rows wider than a program holds.
-SHAPES = [(7, 1), (5, 17), (6, 1000), (4, 4095), (4, 4096), (3, 4097), (2, 40000)]
+#: (M, N): odd widths, a register-resident width, rows wider than a program holds; more
+#: rows than the Triton split variant's programs (16 // element size of them without a
+#: GPU), so each program walks several rows and the programs start at different 16-byte
+#: phases.
+SHAPES = [(7, 1), (5, 17), (6, 1000), (13, 1000), (19, 33), (4, 4095), (4, 4096), (3, 4097),
+          (2, 40000)]  # fmt: skip
 if HAS_GPU:
-    SHAPES += [(1031, 4096), (257, 16384), (64, 65536), (9000, 1024)]
+    SHAPES += [(1031, 4096), (257, 16384), (64, 65536), (9000, 1024), (2000, 4095), (1500, 4097),
+               (800, 12289), (600, 32771)]  # fmt: skip
 
 
 def backend(name: str):
@@ -43,6 +49,29 @@ def rows(m: int, n: int, dtype, pad: int = 0) -> torch.Tensor:
     """Fresh randn rows, as a view into wider rows when pad > 0 (row stride n + pad)."""
     base = torch.randn(m, n + pad, device=DEVICE).to(dtype)
     return base[:, pad : pad + n] if pad else base
+
+
+def off_boundary(t: torch.Tensor) -> torch.Tensor:
+    """t's values (contiguous) in memory that starts 2 bytes past a 16-byte boundary, which
+    no stride or storage offset shows: only the data pointer."""
+    nbytes = t.numel() * t.element_size()
+    if t.is_cuda:
+        raw = torch.empty(nbytes + 16, dtype=torch.uint8, device=t.device)
+        at = raw.data_ptr() + (2 - raw.data_ptr()) % 16
+
+        class Raw:  # a zero-copy view from an address (the tensor keeps this object alive)
+            keep = raw
+            __cuda_array_interface__ = dict(shape=(nbytes,), typestr="|u1", data=(at, False),
+                                            version=2)  # fmt: skip
+
+        flat = torch.as_tensor(Raw(), device=t.device)
+    else:
+        buf = bytearray(nbytes + 16)
+        start = torch.frombuffer(buf, dtype=torch.uint8).data_ptr()
+        flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=(2 - start) % 16)
+    out = flat.view(t.dtype).view(t.shape).copy_(t)
+    assert out.data_ptr() % 16 == 2 and out.storage_offset() == 0
+    return out
 
 
 def weight_of(n: int, dtype, kind: str):
@@ -70,19 +99,28 @@ def test_rms_norm_grads_match_reference(name, dtype, shape):
     grad_close(dw, want_dw, "dweight")
 
 
-@pytest.mark.parametrize("layout", ["strided-rows", "dy-transposed", "dy-expanded", "3d"])
+LAYOUTS = ["strided-rows", "strided-in-phase", "dy-transposed", "dy-expanded", "dy-off-boundary",
+           "3d"]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("wkind", ["none", "fp32", "dtype"])
+@pytest.mark.parametrize("shape", [(6, 1000), (18, 33)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("name", BACKENDS)
-def test_rms_norm_grads_layouts(name, wkind, layout):
-    """Rows of x at an offset and odd stride, dy of any strides (a transposed copy, an
-    expanded row: handled, not refused), 3-D x; no weight (no dweight) or an fp32 weight
-    beside bf16 x (an fp32 dweight)."""
+def test_rms_norm_grads_layouts(name, shape, wkind, layout):
+    """Rows of x at an offset and odd stride, or a stride one 16-byte vector wider than the
+    width (each row as far from a boundary as dx's and dy's), dy of any strides (a
+    transposed copy, an expanded row: handled, not refused) or 2 bytes off a 16-byte
+    boundary that only its address shows, 3-D x; no weight (no dweight) or an fp32 weight
+    beside bf16 x (an fp32 dweight). Widths even and odd, more rows than the Triton split
+    variant's programs."""
     mod = backend(name)
     dtype = torch.bfloat16
-    m, n = 6, 1000
-    x = rows(m, n, dtype, pad=3 if layout == "strided-rows" else 0)
+    m, n = shape
+    pad = {"strided-rows": 3, "strided-in-phase": 8}.get(layout, 0)
+    x = rows(m, n, dtype, pad=pad)
     if layout == "3d":
-        x = x.view(2, 3, n)
+        x = x.view(2, m // 2, n)
     x.requires_grad_()
     w = weight_of(n, dtype, wkind)
     if w is not None:
@@ -91,6 +129,8 @@ def test_rms_norm_grads_layouts(name, wkind, layout):
         dy = torch.randn(n, m, device=DEVICE).to(dtype).t()
     elif layout == "dy-expanded":
         dy = torch.randn(n, device=DEVICE).to(dtype).expand(m, n)
+    elif layout == "dy-off-boundary":
+        dy = off_boundary(torch.randn(x.shape, device=DEVICE).to(dtype))
     else:
         dy = torch.randn(x.shape, device=DEVICE).to(dtype)
     y = mod.rms_norm(x, w, 1e-6)
@@ -108,7 +148,8 @@ def test_rms_norm_grads_layouts(name, wkind, layout):
 
 @pytest.mark.parametrize("used", ["both", "y-only", "residual_out-only"])
 @pytest.mark.parametrize("rdtype", ["dtype", "fp32"])
-@pytest.mark.parametrize("shape", [(5, 17), (4, 4097), (2, 40000)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", [(5, 17), (19, 33), (4, 4097), (2, 40000)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")  # fmt: skip
 @pytest.mark.parametrize("name", BACKENDS)
 def test_fused_add_grads_match_reference(name, shape, rdtype, used):
     """dx, dresidual, dweight of the fused add, with the gradient reaching y, residual_out
@@ -213,14 +254,16 @@ def test_opcheck_with_gradients(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 1000])
 @pytest.mark.parametrize("name", BACKENDS)
-def test_compile_fullgraph_backward(name):
+def test_compile_fullgraph_backward(name, n):
     """torch.compile(fullgraph=True) of a forward whose loss is backpropagated: the same
-    gradients as eager, both ops."""
+    gradients as eager, both ops; a width that is a multiple of 16 and one that is not
+    (the Triton backward's split variant, chosen while traced)."""
     mod = backend(name)
-    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(64, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     r = torch.randn_like(x, requires_grad=True)
-    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def step(x, r, w):
         y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)

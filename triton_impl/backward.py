@@ -19,6 +19,12 @@ Parallelisation
   saves nothing but references to its inputs. Each program keeps its rows' dweight
   contributions in registers (a thread holds the same columns for every row) and writes
   them once, as one fp32 row of a partials buffer.
+- split rows (a width or row stride not a multiple of 16 elements: the whole-row tile
+  cannot be proven 16-byte aligned, so it moves every element alone): as the forward's
+  split kernel, a row split at s's 16-byte boundaries into a scalar head, an aligned body
+  (16-byte vectors) and a scalar tail. The programs are a multiple of VEC (a vector's
+  elements), so all the rows a program walks are equally far from a boundary: one split
+  holds for them all, and each lane keeps its column for the dweight sum.
 - wider rows: the row in BWD_CHUNK chunks, twice: sweep 1 takes both sums, sweep 2 re-reads
   the chunks (from L2: the rows in flight fit in it), stores ds and adds the row's dweight
   chunk to the program's partials row in memory (its own row: no other program touches it).
@@ -34,6 +40,7 @@ rmsnorm backward (partials per CTA, a fixed-order final reduction).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -42,7 +49,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import as_rows, call_backward, check_backward_inputs
-from triton_impl.kernels import INTERPRET
+from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import sm_count
 
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
@@ -50,8 +57,21 @@ BWD_MAX_N = 16384
 BWD_CHUNK = 4096
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
-#: Warps of a program the register-resident rows aim at an SM, and the programs that makes.
-BWD_WARPS_PER_SM = 32
+#: Warps of a program the register-resident rows aim at an SM, and the programs that makes;
+#: RMSNORM_BWD_WARPS_PER_SM overrides it at import, for sweeps.
+BWD_WARPS_PER_SM = int(os.environ.get("RMSNORM_BWD_WARPS_PER_SM", "32"))
+#: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
+#: each row's loads when its turn comes, more keep later rows' loads in flight (through
+#: shared memory) while one is reduced; RMSNORM_BWD_STAGES overrides it at import.
+BWD_STAGES = int(os.environ.get("RMSNORM_BWD_STAGES", "1"))
+#: Registers a thread of the main kernel may use (Triton's maxnreg): None, the default rule
+#: (bwd_meta); RMSNORM_BWD_MAXNREG overrides it at import, for sweeps: a number caps every
+#: variant, 0 none.
+BWD_MAXNREG = (
+    int(os.environ["RMSNORM_BWD_MAXNREG"]) if "RMSNORM_BWD_MAXNREG" in os.environ else None
+)
+#: 32-bit registers of an SM (sm_80 and sm_90 alike), shared by the programs resident on it.
+SM_REGISTERS = 65536
 #: The final reduction's tile: partial rows and dweight columns a program loads at once.
 DW_BLOCK_P = 64
 DW_BLOCK_N = 64
@@ -66,16 +86,24 @@ def _load_row(s_row, dy_row, cc, ok, POLICY: tl.constexpr):
 
 
 @triton.jit
-def _store_ds(
-    ds, row, cc, ok, dro_ptr, stride_dro, ds_row, ds2_ptr, stride_ds2,
-    HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-):  # fmt: skip
+def _store_ds(ds, cc, ok, dro_row, ds_row, ds2_row, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr):
     # d_residual_out's own gradient added, then ds stored once in each output's dtype
     if HAS_DRO:
-        ds += tl.load(dro_ptr + row * stride_dro + cc, mask=ok, other=0.0).to(tl.float32)
+        ds += tl.load(dro_row + cc, mask=ok, other=0.0).to(tl.float32)
     tl.store(ds_row + cc, ds.to(ds_row.dtype.element_ty), mask=ok)
     if HAS_DS2:
-        tl.store(ds2_ptr + row * stride_ds2 + cc, ds.to(ds2_ptr.dtype.element_ty), mask=ok)
+        tl.store(ds2_row + cc, ds.to(ds2_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _body(row, head, ON16: tl.constexpr):
+    # where a row's body starts; ON16: promised to the compiler to be a 16-byte boundary
+    # (the launcher made sure), so the body's accesses can take 16-byte vectors. The hint
+    # goes on the addition made here: one on an argument would not reach the compiler.
+    if ON16:
+        return tl.multiple_of(row + head, 16)
+    else:
+        return row + head
 
 
 # fmt: off
@@ -86,8 +114,9 @@ def _rms_norm_bwd(
                                # dweight partials (programs x N, fp32)
     stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,  # elements between rows
     M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -95,25 +124,69 @@ def _rms_norm_bwd(
     eps = tl.cast(eps, tl.float32)  # torch.compile passes it as fp64
     dwp_row = dwp_ptr + pid.to(tl.int64) * N
     if not CHUNKED:
-        col_ok = cols < N
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for row in range(pid.to(tl.int64), M, tl.num_programs(0)):
-        s_row = s_ptr + row * stride_s
-        dy_row = dy_ptr + row * stride_dy
-        ds_row = ds_ptr + row * stride_ds
-        if not CHUNKED:
-            # the row in registers: load, both sums, ds, dweight's share
-            s, dy = _load_row(s_row, dy_row, cols, col_ok, "")
-            g = dy * w if HAS_WEIGHT else dy
-            rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
-            c = tl.sum(g * s, axis=0) / N * rstd * rstd
-            _store_ds((g - s * c) * rstd, row, cols, col_ok, dro_ptr, stride_dro, ds_row,
-                      ds2_ptr, stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
+        # a lane holds the same column on every row of the program (head + lane in the body,
+        # e_col in the edges), so the rows' dweight shares add up in registers
+        if SPLIT:
+            # rows split at s's 16-byte boundaries (VEC elements): a scalar head, an aligned
+            # body, a scalar tail (the edges, 2 VEC lanes). The launcher runs a multiple of
+            # VEC programs (or one a row) and gives every row tensor s's element size and
+            # phase, so each row of a program is as far from a boundary as its first, in
+            # all of them: one split, from the first row's address, holds for every row.
+            head, nbody = _split_at(s_ptr + pid.to(tl.int64) * stride_s, N, VEC)
+            e_col, e_ok = _split_edges(head, nbody, N, VEC)
+            dwe = tl.zeros([2 * VEC], dtype=tl.float32)
             if HAS_WEIGHT:
-                dw += dy * s * rstd
+                we = tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
         else:
+            head = 0
+            nbody = N
+        body = cols < nbody
+        if HAS_WEIGHT:
+            wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+        dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
+        for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
+            s_row = s_ptr + row * stride_s
+            dy_row = dy_ptr + row * stride_dy
+            dro_row = dro_ptr + row * stride_dro
+            ds_row = ds_ptr + row * stride_ds
+            ds2_row = ds2_ptr + row * stride_ds2
+            # the row in registers: load, both sums (s^2, g*s), ds, dweight's share
+            sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
+                                body, "")  # fmt: skip
+            gb = dyb * wb if HAS_WEIGHT else dyb
+            ss = tl.sum(sb * sb, axis=0)
+            if SPLIT:
+                se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
+                ge = dye * we if HAS_WEIGHT else dye
+                ss += tl.sum(se * se, axis=0)
+            rstd = tl.rsqrt(ss / N + eps)
+            gs = tl.sum(gb * sb, axis=0)
+            if SPLIT:
+                gs += tl.sum(ge * se, axis=0)
+            c = gs / N * rstd * rstd
+            _store_ds((gb - sb * c) * rstd, cols, body, _body(dro_row, head, SPLIT),
+                      _body(ds_row, head, SPLIT), _body(ds2_row, head, SPLIT), HAS_DRO,
+                      HAS_DS2)  # fmt: skip
+            if HAS_WEIGHT:
+                dwb += dyb * sb * rstd
+            if SPLIT:
+                _store_ds((ge - se * c) * rstd, e_col, e_ok, dro_row, ds_row, ds2_row, HAS_DRO,
+                          HAS_DS2)  # fmt: skip
+                if HAS_WEIGHT:
+                    dwe += dye * se * rstd
+        if HAS_WEIGHT:
+            # the program's dweight shares, one fp32 partials row
+            tl.store(dwp_row + head + cols, dwb, mask=body)
+            if SPLIT:
+                tl.store(dwp_row + e_col, dwe, mask=e_ok)
+    else:
+        for row in range(pid.to(tl.int64), M, tl.num_programs(0)):
+            s_row = s_ptr + row * stride_s
+            dy_row = dy_ptr + row * stride_dy
+            dro_row = dro_ptr + row * stride_dro
+            ds_row = ds_ptr + row * stride_ds
+            ds2_row = ds2_ptr + row * stride_ds2
             # sweep 1: both sums over the row's chunks
             ss = tl.zeros([BLOCK_N], dtype=tl.float32)
             gs = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -135,14 +208,12 @@ def _rms_norm_bwd(
                 g = dy
                 if HAS_WEIGHT:
                     g = dy * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
-                _store_ds((g - s * c) * rstd, row, cc, ok, dro_ptr, stride_dro, ds_row,
-                          ds2_ptr, stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
+                _store_ds((g - s * c) * rstd, cc, ok, dro_row, ds_row, ds2_row, HAS_DRO,
+                          HAS_DS2)  # fmt: skip
                 if HAS_WEIGHT:
                     # the same thread holds these columns for every row of this program
                     part = tl.load(dwp_row + cc, mask=ok, other=0.0)
                     tl.store(dwp_row + cc, part + dy * s * rstd, mask=ok)
-    if HAS_WEIGHT and not CHUNKED:
-        tl.store(dwp_row + cols, dw, mask=col_ok)
 
 
 @triton.jit
@@ -166,12 +237,79 @@ def _dw_reduce(
 
 
 # ---- the launch -----------------------------------------------------------------------
-def bwd_config(n: int) -> tuple[int, bool, int]:
-    """(block_n, chunked, num_warps) of the main kernel for rows of n elements."""
-    block_n = triton.next_power_of_2(n)
-    if block_n > BWD_MAX_N:
+def bwd_config(n: int, split_vec: int = 0) -> tuple[int, bool, int]:
+    """(block_n, chunked, num_warps) of the main kernel for rows of n elements; split_vec:
+    the split variant's VEC, its tile the aligned body (whole vectors of VEC elements)."""
+    if triton.next_power_of_2(n) > BWD_MAX_N:
         return BWD_CHUNK, True, 16
+    block_n = triton.next_power_of_2(n // split_vec * split_vec if split_vec else n)
     return block_n, False, max(1, min(16, block_n // (32 * BWD_THREAD_ELEMS)))
+
+
+def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:
+    """VEC (elements of a 16-byte vector) of the split variant for the rows s2 and the
+    kernel's other row tensors (dy, ds; the fused add's d_residual_out and ds2), or 0 for
+    the whole-row tile.
+
+    Split: register-resident rows at least a vector wide that the whole-row tile would move
+    one element at a time (Triton proves 16-byte alignment only where the width and the row
+    strides are multiples of 16 elements and the rows start on 16-byte boundaries), when
+    every tensor has s's element size and each row is as far from a 16-byte boundary in all
+    of them. The kernel takes that on trust (its body accesses are 16-byte vectors), so it
+    is judged from the data pointers; while traced there are none, and storage offsets
+    stand in for them (allocations are 16-byte aligned, as launch.split_ok takes them)."""
+    elem = s2.element_size()
+    vec = 16 // elem
+    if triton.next_power_of_2(n) > BWD_MAX_N or n < vec:
+        return 0
+
+    def phase(t: torch.Tensor) -> tuple[int, int]:
+        # bytes past a 16-byte boundary: of the first row, and added by each row
+        traced = type(t) is not torch.Tensor  # FakeTensor, functional wrappers
+        first = t.storage_offset() * t.element_size() if traced else t.data_ptr()
+        return first % 16, t.stride(0) * t.element_size() % 16
+
+    rows = (s2, *others)
+    if n % 16 == 0 and all(t.stride(0) % 16 == 0 and phase(t)[0] == 0 for t in rows):
+        return 0  # the whole-row tile takes 16-byte vectors already
+    same = all(t.element_size() == elem and phase(t) == phase(s2) for t in others)
+    return vec if same else 0
+
+
+def bwd_meta(
+    n: int,
+    element_size: int,
+    vec: int,
+    has_weight: bool,
+    has_dro: bool = False,
+    has_ds2: bool = False,
+) -> dict:
+    """The main kernel's compile-time arguments (constexprs, num_warps, maxnreg) for rows of n
+    elements of element_size bytes; vec: split_vec's answer. Shared by the launcher and
+    scripts/triton_ptx.py, so what is compiled there is what runs.
+
+    maxnreg: the split variant with BWD_THREAD_ELEMS elements a thread (or fewer) is held
+    to the registers that let the programs_per_sm programs an SM is given be resident
+    together, which ptxas, left alone, overshoots for the edges' few values; wider tiles
+    would spill under that cap, and the whole-row tile stays as ptxas builds it."""
+    block_n, chunked, warps = bwd_config(n, vec)
+    meta = dict(BLOCK_N=block_n, CHUNKED=chunked, SPLIT=vec > 0, VEC=vec or 16 // element_size,
+                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2, STAGES=BWD_STAGES,
+                num_warps=warps)  # fmt: skip
+    if BWD_MAXNREG is not None:
+        cap = BWD_MAXNREG
+    elif vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
+        cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
+    else:
+        cap = 0
+    if cap:
+        meta["maxnreg"] = cap
+    return meta
+
+
+def programs_per_sm(warps: int) -> int:
+    """Programs of the main kernel an SM is given: BWD_WARPS_PER_SM warps of them."""
+    return max(1, BWD_WARPS_PER_SM // warps)
 
 
 def _run_backward(
@@ -186,27 +324,32 @@ def _run_backward(
     """ds (and ds2) for the rows of s; returns dweight (None without a weight)."""
     n = int(s.shape[-1])
     s2, dy2, ds_2 = as_rows(s), as_rows(dy), ds.view(-1, n)
+    dro = as_rows(d_residual_out) if d_residual_out is not None else None
+    ds2_2 = ds2.view(-1, n) if ds2 is not None else None
     m = s2.shape[0]
-    block_n, chunked, warps = bwd_config(n)
+    vec = split_vec(n, s2, dy2, ds_2, *(t for t in (dro, ds2_2) if t is not None))
+    has_w = weight is not None
+    meta = bwd_meta(n, s.element_size(), vec, has_w, dro is not None, ds2_2 is not None)
     if s.is_cuda:
-        per_sm = max(1, BWD_WARPS_PER_SM // warps)
-        programs = max(1, min(m, per_sm * sm_count(s.device.index)))
+        programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sm_count(s.device.index)))
     else:  # the interpreter: two programs, so the partials reduction still sums several
         programs = max(1, min(m, 2))
-    has_w = weight is not None
+    if vec and programs < m:
+        # a multiple of VEC programs (rounded down, at least VEC: the interpreter's two
+        # become VEC), so that each program's rows all share one split
+        programs = min(m, max(vec, programs // vec * vec))
     w = weight.contiguous() if has_w else s2  # dummy pointer, never read
-    dro = as_rows(d_residual_out) if d_residual_out is not None else s2
-    ds2_2 = ds2.view(-1, n) if ds2 is not None else ds_2
     # chunked rows add into their partials row, so it starts at zero
-    alloc = torch.zeros if chunked else torch.empty
+    alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
     if m > 0:
+        # dummy pointers where there is no d_residual_out or second ds: never touched
+        dro = s2 if dro is None else dro
+        ds2_2 = ds_2 if ds2_2 is None else ds2_2
         wrap_triton(_rms_norm_bwd)[(programs,)](
             s2, dy2, w, dro, ds_2, ds2_2, dwp,
             s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
-            m, n, eps,
-            BLOCK_N=block_n, CHUNKED=chunked, HAS_WEIGHT=has_w,
-            HAS_DRO=d_residual_out is not None, HAS_DS2=ds2 is not None, num_warps=warps,
+            m, n, eps, **meta,
         )  # fmt: skip
     if not has_w:
         return None

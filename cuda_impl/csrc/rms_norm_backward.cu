@@ -36,11 +36,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -591,8 +591,10 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
     if (it == fit_of.end()) {
       if (l.smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
         const void* k = reinterpret_cast<const void*>(l.kernel);
+        cudaFuncAttributes fa;
+        C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));  // its static shared memory counts too
         C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            smem_optin(device)));
+                                            smem_optin(device) - static_cast<int>(fa.sharedSizeBytes)));
         C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
       }
@@ -653,23 +655,38 @@ bool pick_staged(int row_groups, int smem_optin, bool clusters, Launch& l) {
   return false;
 }
 
+// The register-resident kernel with the fewest threads that span `cap` groups (aligned
+// rows of whole groups, at most 1024 * kVpt of them).
+template <typename T, typename S>
+Launch pick_registers(int cap) {
+  constexpr int V = kVec<T>;
+  Launch l;
+  if (cap <= 64 * kVpt) {
+    l.kernel = rms_norm_bwd_kernel<T, S, 64, kVpt, V, false>, l.threads = 64;
+  } else if (cap <= 128 * kVpt) {
+    l.kernel = rms_norm_bwd_kernel<T, S, 128, kVpt, V, false>, l.threads = 128;
+  } else if (cap <= 256 * kVpt) {
+    l.kernel = rms_norm_bwd_kernel<T, S, 256, kVpt, V, false>, l.threads = 256;
+  } else if (cap <= 512 * kVpt) {
+    l.kernel = rms_norm_bwd_kernel<T, S, 512, kVpt, V, false>, l.threads = 512;
+  } else {
+    l.kernel = rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>, l.threads = 1024;
+  }
+  return l;
+}
+
 // staged: the rows may be staged (one phase in every tensor; aligned, whole groups where
 // s's elements are wider than dy's); vec_ok: every row aligned, N whole groups.
 template <typename T, typename S>
-Launch pick(int N, bool staged, bool vec_ok, int smem_optin, bool clusters) {
+Launch pick(int N, bool staged, bool vec_ok, bool fused, int smem_optin, bool clusters) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = vec_ok ? N / V : (N + 2 * V - 2) / V;  // groups a row spans, any phase
-  static const bool registers = std::getenv("RMSNORM_BWD_CUDA_REGISTERS") != nullptr;
-  if (registers && vec_ok && cap <= 1024 * kVpt) {
-    const int threads = cap <= 64 * kVpt ? 64 : cap <= 128 * kVpt ? 128 : cap <= 256 * kVpt ? 256 : cap <= 512 * kVpt ? 512 : 1024;
-    l.threads = threads;
-    l.kernel = threads == 64 ? rms_norm_bwd_kernel<T, S, 64, kVpt, V, false>
-             : threads == 128 ? rms_norm_bwd_kernel<T, S, 128, kVpt, V, false>
-             : threads == 256 ? rms_norm_bwd_kernel<T, S, 256, kVpt, V, false>
-             : threads == 512 ? rms_norm_bwd_kernel<T, S, 512, kVpt, V, false>
-             : rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>;
-    return l;
+  // fp32 rms_norm, aligned rows to 8192: the register-resident kernel, with no shared
+  // memory to limit its CTAs an SM, keeps more rows in flight than two stages a CTA do
+  // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES)
+  if constexpr (std::is_same_v<T, float>) {
+    if (!fused && vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
   }
   if (staged && pick_staged<T, S>(cap, smem_optin, clusters, l)) return l;
   l.threads = 1024;
@@ -724,6 +741,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
 
   const int device = s.get_device();
   const int optin = smem_optin(device);
+  const bool fused = dro.defined() || ds2 != nullptr;
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const bool clusters = major >= 9;
@@ -731,13 +749,13 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const auto dt = dy.scalar_type();
   const bool s32 = s.scalar_type() == at::kFloat;
   if (dt == at::kFloat) {
-    l = pick<float, float>(N, staged, vec_ok, optin, clusters);
+    l = pick<float, float>(N, staged, vec_ok, fused, optin, clusters);
   } else if (dt == at::kHalf) {
-    l = s32 ? pick<__half, float>(N, staged, vec_ok, optin, clusters)
-            : pick<__half, __half>(N, staged, vec_ok, optin, clusters);
+    l = s32 ? pick<__half, float>(N, staged, vec_ok, fused, optin, clusters)
+            : pick<__half, __half>(N, staged, vec_ok, fused, optin, clusters);
   } else {
-    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, optin, clusters)
-            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, optin, clusters);
+    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, fused, optin, clusters)
+            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, fused, optin, clusters);
   }
   int walkers = persistent_walkers(l, M, device);
   // the staged kernel's CTAs each keep one phase: a whole number of periods of walkers
