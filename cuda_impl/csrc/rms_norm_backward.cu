@@ -12,13 +12,16 @@
 // atomics (its warps read rows of the partials in parallel, each column in one order).
 // rstd is recomputed from s, which is read anyway, so the forward saves nothing.
 //
-// Rows up to 2048 groups (16384 16-bit elements, 8192 fp32) are staged: two rows of s and
-// dy in shared memory a CTA, the next one's copy in flight while this one is reduced and
-// stored (see rms_norm_bwd_staged); any alignment, odd widths included. Wider rows, and
-// rows whose tensors do not share one alignment, go in CTA-wide chunks, twice: sum, then
-// re-read (from L2), ds, and the chunk's dweight share added into the CTA's partials row
-// (its own: no other CTA touches it); 16-byte groups where every row of every tensor is
-// aligned and N is whole groups, one element a group otherwise.
+// Which kernel: rows are staged (rms_norm_bwd_staged): two rows of s and dy in shared
+// memory a CTA, the next one's copy in flight while this one is reduced and stored; any
+// alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
+// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's aligned rows to 8192 keep
+// the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
+// shared memory to limit them, and measured faster there (docs/PERF_NOTES.md v15). What
+// neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide
+// chunks, twice: sum, then re-read (from L2), ds, and the chunk's dweight share added into
+// the CTA's partials row (its own: no other CTA touches it); 16-byte groups where every
+// row of every tensor is aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements).
@@ -382,17 +385,22 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     return l < cap && g < groups;
   };
 
-  // the weight of this thread's groups (0 outside the row), read by this thread alone
+  // fn(k, l, i, col) for lane i of each group this thread owns (col: its column, which may
+  // be outside the row in the first and last groups)
+  auto each_lane = [&](auto&& fn) {
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    int l, g;
-    if (!owns(k, l, g)) continue;
+    for (int k = 0; k < VPT; ++k) {
+      int l, g;
+      if (!owns(k, l, g)) continue;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int col = g * VEC + i - phase;
-      w_sm[l * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
+      for (int i = 0; i < VEC; ++i) fn(k, l, i, g * VEC + i - phase);
     }
-  }
+  };
+
+  // the weight of this thread's groups (0 outside the row), read by this thread alone
+  each_lane([&](int, int l, int i, int col) {
+    w_sm[l * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
+  });
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
     const T* dyr = dy_base + row * a.stride_dy - phase;
@@ -495,16 +503,9 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   }
   if (a.w == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    int l, g;
-    if (!owns(k, l, g)) continue;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int col = g * VEC + i - phase;
-      if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
-    }
-  }
+  each_lane([&](int k, int, int i, int col) {
+    if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
+  });
 }
 
 // dweight[c] = sum over the P partials rows, cast once. A block takes 32 columns (a warp's
@@ -543,14 +544,7 @@ using KernelPtr = void (*)(BwdArgs);
 
 // The most shared memory a CTA may ask for on a device, asked once per device.
 int smem_optin(int device) {
-  static int cache[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cache[device] == 0) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cache[device] = n;
-  }
-  return cache[device];
+  return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
 }
 
 struct Launch {
@@ -742,9 +736,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const int device = s.get_device();
   const int optin = smem_optin(device);
   const bool fused = dro.defined() || ds2 != nullptr;
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool clusters = major >= 9;
+  const bool clusters = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
   Launch l;
   const auto dt = dy.scalar_type();
   const bool s32 = s.scalar_type() == at::kFloat;

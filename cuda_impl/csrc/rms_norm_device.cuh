@@ -1,14 +1,28 @@
 // Device helpers shared by the forward (rms_norm_kernel.cu) and the backward
 // (rms_norm_backward.cu): 16-byte vectors of elements, element conversions to and from fp32,
-// thread-block cluster barriers.
+// thread-block cluster barriers; cached device attributes.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace cuda_impl {
+
+// A device attribute, asked once per device (a benign race: every writer writes the same).
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device) {
+  static int cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttr, device));
+    cache[device] = n;
+  }
+  return cache[device];
+}
 
 // VEC elements of T make one 16-byte vector.
 template <typename T>

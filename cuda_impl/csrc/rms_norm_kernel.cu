@@ -676,17 +676,8 @@ static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold 
 
 }  // namespace
 
-// SMs of a device, asked once per device (a benign race: every writer writes the same).
-int sm_count(int device) {
-  static int cache[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cache[device] == 0) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    cache[device] = n;
-  }
-  return cache[device];
-}
+// SMs of a device, asked once per device.
+int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
 namespace {
 
