@@ -304,16 +304,27 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void cp_async_wait_prior() {  // all but the latest group landed
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+// All but the latest `kPending` groups landed.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Bytes of shared memory a CTA of the staged kernel needs: two stages of s and dy, and the
-// weight, `cap` groups each.
+// Rows a CTA of the staged kernel holds in shared memory: the one being reduced and stored,
+// and the next ones' copies in flight. 2 ships (measured, PERF_NOTES v15); a build switch
+// (RMSNORM_CUDA_BWD_STAGES=3 or 4, setup.py and CMake) builds a deeper ring for a probe.
+#ifndef RMSNORM_CUDA_BWD_STAGES
+#define RMSNORM_CUDA_BWD_STAGES 2
+#endif
+constexpr int kStages = RMSNORM_CUDA_BWD_STAGES;
+static_assert(kStages >= 2 && kStages <= 4, "RMSNORM_CUDA_BWD_STAGES: 2 to 4 rows a CTA");
+
+// Bytes of shared memory a CTA of the staged kernel needs: kStages rows of s and dy, and
+// the weight, `cap` groups each.
 template <typename T, typename S>
 int staged_smem_bytes(int cap) {
   const int elems = cap * kVec<T>;
-  return 2 * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
+  return kStages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
 }
 
 // Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
@@ -322,25 +333,26 @@ int staged_smem_bytes(int cap) {
 constexpr int kMaxRanks = 8;  // portable cluster size
 
 // The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
-// `rank` of every CTA's slots[parity], then one release/acquire barrier, then each adds
-// its own slots in rank order (the same result in every CTA). Rows alternate parity, so a
-// fast CTA writing the next row's sums never overwrites slots a slow one is still reading:
-// to write the parity again it must pass the next barrier, which the slow CTA reaches only
-// after its reads. `first`: the first exchange also completes the barrier phase every CTA
-// opened at its start (so none writes into a peer that is not running yet).
-__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRanks], int parity,
+// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
+// own slots in rank order (the same result in every CTA). Consecutive rows use different
+// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
+// a slow one is still reading: to write a set again it must pass the next barrier, which
+// the slow CTA reaches only after its reads. `first`: the first exchange also completes
+// the barrier phase every CTA opened at its start (so none writes into a peer that is not
+// running yet).
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRanks], int set,
                                                 int rank, int ranks, bool first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   if (first) cluster_wait();
   if (static_cast<int>(threadIdx.x) < ranks)
-    *cluster.map_shared_rank(&slots[parity][rank], threadIdx.x) = v;
+    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
   cluster_arrive_release();
   cluster_wait();
   v = make_float2(0.f, 0.f);
   for (int r = 0; r < ranks; ++r) {
-    v.x += slots[parity][r].x;
-    v.y += slots[parity][r].y;
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
   }
 #endif
   return v;
@@ -352,15 +364,15 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxRanks];
+  __shared__ float2 slots[CLUSTER ? kStages : 1][kMaxRanks];
   const int t = threadIdx.x;
   const int N = a.N;
   const int cap = a.cap;
   const int stage_elems = cap * VEC;
   // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
-  T* const dy_sm = reinterpret_cast<T*>(s_sm + 2 * stage_elems);
-  float* const w_sm = reinterpret_cast<float*>(dy_sm + 2 * stage_elems);
+  T* const dy_sm = reinterpret_cast<T*>(s_sm + kStages * stage_elems);
+  float* const w_sm = reinterpret_cast<float*>(dy_sm + kStages * stage_elems);
 
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) {
@@ -431,12 +443,26 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
 #pragma unroll
   for (int e = 0; e < VPT * VEC; ++e) dw[e] = 0.f;
   int st = 0;
+#if RMSNORM_CUDA_BWD_STAGES == 2
   issue(first_row, 0);
   cp_async_commit();
   for (int64_t row = first_row; row < a.M; row += row_step, st ^= 1) {
     if (row + row_step < a.M) issue(row + row_step, st ^ 1);
     cp_async_commit();
-    cp_async_wait_prior();  // this thread's copies of `row` landed (it reads no others)
+#else
+  // the ring: row first_row + j * row_step in stage j, kStages - 1 rows ahead of the one
+  // reduced; one commit group a row (empty past the last)
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (first_row + j * row_step < a.M) issue(first_row + j * row_step, j);
+    cp_async_commit();
+  }
+  for (int64_t row = first_row; row < a.M; row += row_step, st = st + 1 == kStages ? 0 : st + 1) {
+    const int64_t ahead = row + (kStages - 1) * row_step;
+    if (ahead < a.M) issue(ahead, st == 0 ? kStages - 1 : st - 1);  // the stage read last
+    cp_async_commit();
+#endif
+    cp_async_wait<kStages - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -587,8 +613,9 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
         const void* k = reinterpret_cast<const void*>(l.kernel);
         cudaFuncAttributes fa;
         C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));  // its static shared memory counts too
-        C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            smem_optin(device) - static_cast<int>(fa.sharedSizeBytes)));
+        const int dynamic_max = smem_optin(device) - static_cast<int>(fa.sharedSizeBytes);
+        C10_CUDA_CHECK(
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max));
         C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
       }
@@ -718,9 +745,14 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
       {reinterpret_cast<uintptr_t>(s.data_ptr()), s.stride(0) * s.element_size()},
       {reinterpret_cast<uintptr_t>(dy.data_ptr()), dy.stride(0) * dy.element_size()},
       {reinterpret_cast<uintptr_t>(ds_rows.data_ptr()), int64_t(N) * ds.element_size()}};
-  if (dro.defined())
-    rows.push_back({reinterpret_cast<uintptr_t>(dro.data_ptr()), dro.stride(0) * dro.element_size()});
-  if (ds2) rows.push_back({reinterpret_cast<uintptr_t>(ds2_rows.data_ptr()), int64_t(N) * ds2->element_size()});
+  if (dro.defined()) {
+    rows.push_back(
+        {reinterpret_cast<uintptr_t>(dro.data_ptr()), dro.stride(0) * dro.element_size()});
+  }
+  if (ds2) {
+    rows.push_back(
+        {reinterpret_cast<uintptr_t>(ds2_rows.data_ptr()), int64_t(N) * ds2->element_size()});
+  }
   const int vec = 16 / static_cast<int>(dy.element_size());
   bool vec_ok = N % vec == 0;
   bool one_phase = true;
