@@ -2,8 +2,8 @@
 backward op alone (ours: the backward op called directly; native: autograd of F.rms_norm
 with its graph kept), as a fraction of the copy ceiling by the backward bytes model (read
 x, dy, write dx; the fused add's backward also reads d_residual_out and writes dresidual).
-Figures of record come from ``python -m harness.bench``; this prints
-only, for the predict-change-measure loop.
+Figures of record come from ``python -m harness.bench``; this prints only, for the
+predict-change-measure loop.
 
     python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32] [--impls cuda]
 """

@@ -637,6 +637,17 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
+// make(std::integral_constant<int, THREADS>) for the fewest of 64 ... 1024 threads whose
+// kVpt groups each span `cap` groups.
+template <typename Make>
+Launch by_threads(int cap, Make make) {
+  if (cap <= 64 * kVpt) return make(std::integral_constant<int, 64>{});
+  if (cap <= 128 * kVpt) return make(std::integral_constant<int, 128>{});
+  if (cap <= 256 * kVpt) return make(std::integral_constant<int, 256>{});
+  if (cap <= 512 * kVpt) return make(std::integral_constant<int, 512>{});
+  return make(std::integral_constant<int, 1024>{});
+}
+
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
 // them, if its stages fit; else a cluster of the fewest CTAs (2, 4, 8; sm_90) of 1024
 // threads whose shares of the row fit.
@@ -647,20 +658,14 @@ bool pick_staged(int row_groups, int smem_optin, bool clusters, Launch& l) {
     return cap <= 1024 * kVpt && staged_smem_bytes<T, S>(cap) <= smem_optin - 1024;
   };
   if (fits(row_groups)) {
-    const int cap = row_groups;
-    l.cap = cap;
-    l.smem = staged_smem_bytes<T, S>(cap);
-    if (cap <= 64 * kVpt) {
-      l.kernel = rms_norm_bwd_staged<T, S, 64, kVpt, false>, l.threads = 64;
-    } else if (cap <= 128 * kVpt) {
-      l.kernel = rms_norm_bwd_staged<T, S, 128, kVpt, false>, l.threads = 128;
-    } else if (cap <= 256 * kVpt) {
-      l.kernel = rms_norm_bwd_staged<T, S, 256, kVpt, false>, l.threads = 256;
-    } else if (cap <= 512 * kVpt) {
-      l.kernel = rms_norm_bwd_staged<T, S, 512, kVpt, false>, l.threads = 512;
-    } else {
-      l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, false>, l.threads = 1024;
-    }
+    l = by_threads(row_groups, [](auto threads) {
+      Launch one;
+      one.kernel = rms_norm_bwd_staged<T, S, decltype(threads)::value, kVpt, false>;
+      one.threads = threads;
+      return one;
+    });
+    l.cap = row_groups;
+    l.smem = staged_smem_bytes<T, S>(row_groups);
     return true;
   }
   if (!clusters) return false;
@@ -680,20 +685,12 @@ bool pick_staged(int row_groups, int smem_optin, bool clusters, Launch& l) {
 // rows of whole groups, at most 1024 * kVpt of them).
 template <typename T, typename S>
 Launch pick_registers(int cap) {
-  constexpr int V = kVec<T>;
-  Launch l;
-  if (cap <= 64 * kVpt) {
-    l.kernel = rms_norm_bwd_kernel<T, S, 64, kVpt, V, false>, l.threads = 64;
-  } else if (cap <= 128 * kVpt) {
-    l.kernel = rms_norm_bwd_kernel<T, S, 128, kVpt, V, false>, l.threads = 128;
-  } else if (cap <= 256 * kVpt) {
-    l.kernel = rms_norm_bwd_kernel<T, S, 256, kVpt, V, false>, l.threads = 256;
-  } else if (cap <= 512 * kVpt) {
-    l.kernel = rms_norm_bwd_kernel<T, S, 512, kVpt, V, false>, l.threads = 512;
-  } else {
-    l.kernel = rms_norm_bwd_kernel<T, S, 1024, kVpt, V, false>, l.threads = 1024;
-  }
-  return l;
+  return by_threads(cap, [](auto threads) {
+    Launch l;
+    l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false>;
+    l.threads = threads;
+    return l;
+  });
 }
 
 // staged: the rows may be staged (one phase in every tensor; aligned, whole groups where
@@ -716,9 +713,9 @@ Launch pick(int N, bool staged, bool vec_ok, bool fused, int smem_optin, bool cl
   return l;
 }
 
-// The rows after which a tensor's rows come back to the same 16-byte phase.
-int phase_period(int64_t stride, int64_t elem) {
-  const int64_t bytes = (stride * elem) % 16;
+// The rows after which rows `stride_bytes` apart come back to the same 16-byte phase.
+int phase_period(int64_t stride_bytes) {
+  const int64_t bytes = stride_bytes % 16;
   return bytes == 0 ? 1 : static_cast<int>(16 / std::gcd<int64_t>(16, bytes));
 }
 
@@ -741,26 +738,24 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const at::Tensor w32 = has_w ? weight->to(at::kFloat).contiguous() : at::Tensor();
 
   // every row tensor: its address and row stride in bytes, for the alignment checks
-  std::vector<std::pair<uintptr_t, int64_t>> rows = {
-      {reinterpret_cast<uintptr_t>(s.data_ptr()), s.stride(0) * s.element_size()},
-      {reinterpret_cast<uintptr_t>(dy.data_ptr()), dy.stride(0) * dy.element_size()},
-      {reinterpret_cast<uintptr_t>(ds_rows.data_ptr()), int64_t(N) * ds.element_size()}};
-  if (dro.defined()) {
-    rows.push_back(
-        {reinterpret_cast<uintptr_t>(dro.data_ptr()), dro.stride(0) * dro.element_size()});
-  }
-  if (ds2) {
-    rows.push_back(
-        {reinterpret_cast<uintptr_t>(ds2_rows.data_ptr()), int64_t(N) * ds2->element_size()});
-  }
+  std::vector<std::pair<uintptr_t, int64_t>> rows;
+  auto add = [&](const at::Tensor& t, int64_t stride) {
+    rows.push_back({reinterpret_cast<uintptr_t>(t.data_ptr()), stride * t.element_size()});
+  };
+  add(s, s.stride(0));
+  add(dy, dy.stride(0));
+  add(ds_rows, N);
+  if (dro.defined()) add(dro, dro.stride(0));
+  if (ds2) add(ds2_rows, N);
   const int vec = 16 / static_cast<int>(dy.element_size());
   bool vec_ok = N % vec == 0;
   bool one_phase = true;
   int period = 1;
   for (const auto& [addr, stride] : rows) {
     vec_ok = vec_ok && addr % 16 == 0 && stride % 16 == 0;
-    one_phase = one_phase && addr % 16 == rows[0].first % 16 && stride % 16 == rows[0].second % 16;
-    period = std::max(period, phase_period(stride, 1));
+    one_phase =
+        one_phase && addr % 16 == rows[0].first % 16 && stride % 16 == rows[0].second % 16;
+    period = std::max(period, phase_period(stride));
   }
   const bool same_width = s.element_size() == dy.element_size();
   const bool staged = same_width ? one_phase : vec_ok;
