@@ -27,6 +27,21 @@ def cold_us(fn, flush, reps: int = 30) -> float:
     return statistics.median(timing.cold_samples(fn, reps, flush)) * 1e6
 
 
+def reference(x, w, dy):
+    """(dx, dweight) of rms_norm by autograd in fp32, the probe's check of what it times."""
+    xf = x.float().requires_grad_()
+    wf = w.float().requires_grad_()
+    return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), wf, 1e-6), (xf, wf), dy.float())
+
+
+def error(got, want) -> float:
+    """The largest difference over got's tensors, relative to each reference's largest value."""
+    return max(
+        ((g.float() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        for g, r in zip(got, want)
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dtypes", default="bf16,fp32")
@@ -45,7 +60,7 @@ def main() -> int:
     ceiling = hardware.copy_ceiling()["gbps"]
     flush = timing.L2Flush(torch.cuda.get_device_properties(0).L2_cache_size)
     print(f"copy ceiling {ceiling:.0f} GB/s")
-    print(f"{'dtype':6} {'shape':>12} {'impl':>7} {'us':>9} {'% copy':>7}")
+    print(f"{'dtype':6} {'shape':>12} {'impl':>7} {'us':>9} {'% copy':>7} {'rel err':>9}")
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         elem = torch.finfo(dtype).bits // 8
@@ -71,14 +86,21 @@ def main() -> int:
                 fns[f"{lib}_fused"] = functools.partial(
                     mod.fused_add_rms_norm_backward, dy, dro, x, w, 1e-6
                 )
+            ref_dx, ref_dw = reference(x, w, dy)
+            fused_dx = ref_dx + dro.float()
+            refs = {"plain": (ref_dx, ref_dw), "fused": (fused_dx, fused_dx, ref_dw)}
             for name in impls:
                 fn = fns[name]
+                # ours: (dx, dw) or (dx, dresidual, dw); native: (dx, dw)
+                err = error(fn(), refs["fused" if name.endswith("_fused") else "plain"])
                 # read s, dy (and d_residual_out), write dx (and dresidual), the weights
                 tensors = 5 if name.endswith("_fused") else 3
                 nbytes = tensors * m * n * elem + 2 * n * elem
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
-                print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f}", flush=True)
+                flag = "" if err < 2 ** -6 else "  WRONG"
+                print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f} {err:9.1e}{flag}",
+                      flush=True)  # fmt: skip
     return 0
 
 

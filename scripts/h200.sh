@@ -13,8 +13,12 @@
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
 #      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs);
 #      NCU_OP (default rms_norm) names the op.
-# backward: the backward's GPU tests, its CUDA kernels under memcheck and racecheck, and
-#        scripts/bwd_probe.py (BWD_PROBE_ARGS go to it).
+# backward: the backward's GPU tests, its CUDA kernels under memcheck and racecheck
+#        (SKIP_RACECHECK=1: not racecheck), and scripts/bwd_probe.py (BWD_PROBE_ARGS go to it).
+#        VARIANTS="s3:RMSNORM_CUDA_BWD_STAGES=3 ..." (name:DEFINE=V[,DEFINE=V]) builds each
+#        variant of the backward source (scripts/variant_build.py, while the tests run) and
+#        probes it too (VARIANT_PROBE_ARGS); PROBE_ENVS="RMSNORM_BWD_STAGES=3 ..." probes
+#        under each environment setting (ENV_PROBE_ARGS).
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
@@ -158,6 +162,15 @@ if mode ncu; then
   done
 fi
 if mode backward; then
+  declare -A variant_pid=()
+  for v in ${VARIANTS:-}; do
+    dargs=()
+    IFS=, read -ra defs <<<"${v#*:}"
+    for d in "${defs[@]}"; do dargs+=(--define "$d"); done
+    $PY scripts/variant_build.py "${dargs[@]}" --out "build/variants/${v%%:*}" \
+      >"/tmp/variant-${v%%:*}.log" 2>&1 &
+    variant_pid[${v%%:*}]=$!
+  done
   step "pytest (GPU): the backward, and the fused add's gradients and split kernel"
   $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_backward.py tests/test_fused_add.py \
     -k "backward or grad or split or odd" 2>&1 | grep -v "^DEBUG " | tail -30 || status=1
@@ -165,17 +178,32 @@ if mode backward; then
   step "compute-sanitizer memcheck, the CUDA backward"
   compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
     tests/test_backward.py -k "cuda and not compile" 2>&1 | grep -v "^DEBUG" | tail -8 || status=1
-  step "compute-sanitizer racecheck, the CUDA backward"
-  compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
-    tests/test_backward.py -k "cuda and (4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
-    2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
-  tail -6 /tmp/racecheck-bwd.log
-  ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)
-  echo "racecheck hazards in our kernels: $ours"
-  [[ "$ours" == 0 ]] || status=1
+  if [[ "${SKIP_RACECHECK:-0}" != 1 ]]; then
+    step "compute-sanitizer racecheck, the CUDA backward"
+    compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
+      tests/test_backward.py -k "cuda and (4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
+      2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
+    tail -6 /tmp/racecheck-bwd.log
+    ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)
+    echo "racecheck hazards in our kernels: $ours"
+    [[ "$ours" == 0 ]] || status=1
+  fi
   step "the backward kernels alone (a tuning probe, not a record)"
   # shellcheck disable=SC2086
   $PY scripts/bwd_probe.py ${BWD_PROBE_ARGS:-} 2>&1 || status=1
+  for v in ${VARIANTS:-}; do
+    name=${v%%:*}
+    step "variant $v (the probe again, on its build)"
+    wait "${variant_pid[$name]}" || { tail -20 "/tmp/variant-$name.log"; status=1; continue; }
+    # shellcheck disable=SC2086
+    CUDA_IMPL_LIBRARY="build/variants/$name/_C.so" $PY scripts/bwd_probe.py \
+      ${VARIANT_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
+  done
+  for e in ${PROBE_ENVS:-}; do
+    step "the probe under $e"
+    # shellcheck disable=SC2086
+    env "$e" $PY scripts/bwd_probe.py ${ENV_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
+  done
 fi
 if mode probe; then
   step "our Triton kernel alone and inside torch.compile"

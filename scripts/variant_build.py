@@ -1,0 +1,70 @@
+"""Build a variant of the extension for a probe: one source recompiled with extra defines,
+linked with the default build's other objects, so a probe of a build switch costs that one
+file's compile (about a minute) instead of the whole build.
+
+    python3 scripts/variant_build.py --define RMSNORM_CUDA_BWD_STAGES=3 --out build/variants/s3
+    CUDA_IMPL_LIBRARY=build/variants/s3/_C.so python3 scripts/bwd_probe.py --impls cuda
+
+Needs the default build (``python setup.py build_ext --inplace``): its build.ninja gives
+the compiler and the flags, its objects the rest of the library.
+"""
+
+import argparse
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import torch
+
+
+def ninja_build() -> tuple[dict[str, str], dict[str, str]]:
+    """The default build's variables and its objects (source path -> object path)."""
+    found = sorted(glob.glob("build/temp*/build.ninja"))
+    if not found:
+        sys.exit("variant_build: no build/temp*/build.ninja; run setup.py build_ext first")
+    text = open(found[-1]).read()
+    variables = dict(re.findall(r"^(\w+) = (.*)$", text, re.M))
+    objects = {
+        src: obj for obj, src in re.findall(r"^build (\S+): \w*compile (\S+)$", text, re.M)
+    }
+    return variables, objects
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--source", default="cuda_impl/csrc/rms_norm_backward.cu")
+    p.add_argument("--define", action="append", required=True, help="NAME=VALUE, repeatable")
+    p.add_argument("--out", required=True, help="folder for the object and _C.so")
+    args = p.parse_args()
+    variables, objects = ninja_build()
+    source = os.path.abspath(args.source)
+    if source not in objects:
+        sys.exit(f"variant_build: --source {args.source} is not in the default build")
+    os.makedirs(args.out, exist_ok=True)
+    obj = os.path.join(args.out, os.path.basename(source) + ".o")
+    defines = " ".join(shlex.quote(f"-D{d}") for d in args.define)
+    # the flags as ninja has them (quoted for a shell), the defines last
+    compile_cmd = (
+        f"{variables['nvcc']} {variables['cuda_cflags']} -c {shlex.quote(source)}"
+        f" -o {shlex.quote(obj)} {variables['cuda_post_cflags']} {defines}"
+    )
+    subprocess.run(["bash", "-c", compile_cmd], check=True)
+    others = [o for s, o in objects.items() if s != source]
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    libs = ["c10", "torch", "torch_cpu", "torch_python", "cudart", "c10_cuda", "torch_cuda"]
+    so = os.path.join(args.out, "_C.so")
+    subprocess.run(
+        [variables.get("cxx", "c++"), "-shared", obj, *others,
+         f"-L{os.path.join(torch.__path__[0], 'lib')}", f"-L{cuda_home}/lib64",
+         *[f"-l{lib}" for lib in libs], "-o", so],
+        check=True,
+    )
+    print(f"variant {' '.join(args.define)}: {so}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
