@@ -11,9 +11,6 @@ Set RMSNORM_PTXAS_VERBOSE=1 to print registers and spills per kernel (-Xptxas -v
 Set RMSNORM_SWEEP_CONFIGS=1 for a sweep build: the CUDA kernel's sweep-only launch configs
 (what harness.sweep times besides the shipped ones) are compiled too; the default build has
 only the configs the ladders pick (CMake: -DRMSNORM_SWEEP_CONFIGS=ON, or the same variable).
-Set RMSNORM_CUDA_BWD_STAGES=3 (or 4) to build the staged backward kernel with that many
-rows a CTA in shared memory instead of the shipped 2, for a probe (scripts/bwd_probe.py;
-CMake: the same variable).
 """
 
 import os
@@ -51,9 +48,6 @@ def ext_modules():
     sweep = os.environ.get("RMSNORM_SWEEP_CONFIGS") == "1"
     if sweep:
         nvcc.append("-DRMSNORM_SWEEP_CONFIGS")
-    stages = os.environ.get("RMSNORM_CUDA_BWD_STAGES", "")
-    if stages:
-        nvcc.append(f"-DRMSNORM_CUDA_BWD_STAGES={int(stages)}")
     if "build_ext" in sys.argv:
         # nvcc prints nothing until it ends, and ninja shows no progress off a terminal
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "the GPU present")

@@ -38,7 +38,7 @@ def error(got, want) -> float:
     """The largest difference over got's tensors, relative to each reference's largest value."""
     return max(
         ((g.float() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-        for g, r in zip(got, want)
+        for g, r in zip(got, want, strict=True)
     )
 
 
@@ -98,7 +98,7 @@ def main() -> int:
                 nbytes = tensors * m * n * elem + 2 * n * elem
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
-                flag = "" if err < 2 ** -6 else "  WRONG"
+                flag = "" if err < 2**-6 else "  WRONG"
                 print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f} {err:9.1e}{flag}",
                       flush=True)  # fmt: skip
     return 0

@@ -15,7 +15,7 @@
 #      NCU_OP (default rms_norm) names the op.
 # backward: the backward's GPU tests, its CUDA kernels under memcheck and racecheck
 #        (SKIP_RACECHECK=1: not racecheck), and scripts/bwd_probe.py (BWD_PROBE_ARGS go to it).
-#        VARIANTS="s3:RMSNORM_CUDA_BWD_STAGES=3 ..." (name:DEFINE=V[,DEFINE=V]) builds each
+#        VARIANTS="v1:NAME=VALUE ..." (name:DEFINE=V[,DEFINE=V]) builds each
 #        variant of the backward source (scripts/variant_build.py, while the tests run) and
 #        probes it too (VARIANT_PROBE_ARGS); PROBE_ENVS="RMSNORM_BWD_STAGES=3 ..." probes
 #        under each environment setting (ENV_PROBE_ARGS).
@@ -181,7 +181,7 @@ if mode backward; then
   if [[ "${SKIP_RACECHECK:-0}" != 1 ]]; then
     step "compute-sanitizer racecheck, the CUDA backward"
     compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
-      tests/test_backward.py -k "cuda and (4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
+      tests/test_backward.py -k "cuda and (1031x4096 or 4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
       2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
     tail -6 /tmp/racecheck-bwd.log
     ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)

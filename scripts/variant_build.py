@@ -2,8 +2,8 @@
 linked with the default build's other objects, so a probe of a build switch costs that one
 file's compile (about a minute) instead of the whole build.
 
-    python3 scripts/variant_build.py --define RMSNORM_CUDA_BWD_STAGES=3 --out build/variants/s3
-    CUDA_IMPL_LIBRARY=build/variants/s3/_C.so python3 scripts/bwd_probe.py --impls cuda
+    python3 scripts/variant_build.py --define NAME=VALUE --out build/variants/v1
+    CUDA_IMPL_LIBRARY=build/variants/v1/_C.so python3 scripts/bwd_probe.py --impls cuda
 
 Needs the default build (``python setup.py build_ext --inplace``): its build.ninja gives
 the compiler and the flags, its objects the rest of the library.
@@ -27,9 +27,7 @@ def ninja_build() -> tuple[dict[str, str], dict[str, str]]:
         sys.exit("variant_build: no build/temp*/build.ninja; run setup.py build_ext first")
     text = open(found[-1]).read()
     variables = dict(re.findall(r"^(\w+) = (.*)$", text, re.M))
-    objects = {
-        src: obj for obj, src in re.findall(r"^build (\S+): \w*compile (\S+)$", text, re.M)
-    }
+    objects = {src: obj for obj, src in re.findall(r"^build (\S+): \w*compile (\S+)$", text, re.M)}
     return variables, objects
 
 
@@ -57,9 +55,17 @@ def main() -> int:
     libs = ["c10", "torch", "torch_cpu", "torch_python", "cudart", "c10_cuda", "torch_cuda"]
     so = os.path.join(args.out, "_C.so")
     subprocess.run(
-        [variables.get("cxx", "c++"), "-shared", obj, *others,
-         f"-L{os.path.join(torch.__path__[0], 'lib')}", f"-L{cuda_home}/lib64",
-         *[f"-l{lib}" for lib in libs], "-o", so],
+        [
+            variables.get("cxx", "c++"),
+            "-shared",
+            obj,
+            *others,
+            f"-L{os.path.join(torch.__path__[0], 'lib')}",
+            f"-L{cuda_home}/lib64",
+            *[f"-l{lib}" for lib in libs],
+            "-o",
+            so,
+        ],
         check=True,
     )
     print(f"variant {' '.join(args.define)}: {so}")

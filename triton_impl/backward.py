@@ -61,9 +61,13 @@ BWD_THREAD_ELEMS = 8
 #: RMSNORM_BWD_WARPS_PER_SM overrides it at import, for sweeps.
 BWD_WARPS_PER_SM = int(os.environ.get("RMSNORM_BWD_WARPS_PER_SM", "32"))
 #: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
-#: each row's loads when its turn comes, more keep later rows' loads in flight (through
-#: shared memory) while one is reduced; RMSNORM_BWD_STAGES overrides it at import.
-BWD_STAGES = int(os.environ.get("RMSNORM_BWD_STAGES", "1"))
+#: each row's loads when its turn comes, 3 keeps the next two rows' loads in flight (through
+#: shared memory) while one is reduced (bwd_stages says where); RMSNORM_BWD_STAGES
+#: overrides the choice at import, for sweeps.
+BWD_STAGES = int(os.environ["RMSNORM_BWD_STAGES"]) if "RMSNORM_BWD_STAGES" in os.environ else None
+#: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
+BWD_PIPELINED_MAX_N = 8192
+BWD_PIPELINED = 3
 #: Registers a thread of the main kernel may use (Triton's maxnreg): None, the default rule
 #: (bwd_meta); RMSNORM_BWD_MAXNREG overrides it at import, for sweeps: a number caps every
 #: variant, 0 none.
@@ -294,7 +298,8 @@ def bwd_meta(
     would spill under that cap, and the whole-row tile stays as ptxas builds it."""
     block_n, chunked, warps = bwd_config(n, vec)
     meta = dict(BLOCK_N=block_n, CHUNKED=chunked, SPLIT=vec > 0, VEC=vec or 16 // element_size,
-                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2, STAGES=BWD_STAGES,
+                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
+                STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro),
                 num_warps=warps)  # fmt: skip
     if BWD_MAXNREG is not None:
         cap = BWD_MAXNREG
@@ -305,6 +310,22 @@ def bwd_meta(
     if cap:
         meta["maxnreg"] = cap
     return meta
+
+
+def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, has_dro: bool) -> int:
+    """Pipeline stages of the main kernel's row loop (BWD_STAGES, when set, for all).
+
+    3 for 16-bit register-resident tiles up to BWD_PIPELINED_MAX_N wide: a row of 16-bit
+    elements is too short to hide the next one's loads behind its reduction and store, and
+    two rows ahead in shared memory keep the bytes in flight that DRAM needs. Not for fp32
+    (the row is twice the bytes: 1 stage was as fast or faster), wider tiles (their two
+    buffered rows cut the programs an SM holds), the chunked rows (they loop over chunks),
+    nor the fused add's split rows (its d_residual_out loads already fill the gap: 3 stages
+    lost there). Figures in docs/PERF_NOTES.md (v16)."""
+    if BWD_STAGES is not None:
+        return BWD_STAGES
+    pipelined = element_size == 2 and not chunked and block_n <= BWD_PIPELINED_MAX_N
+    return BWD_PIPELINED if pipelined and not (vec and has_dro) else 1
 
 
 def programs_per_sm(warps: int) -> int:

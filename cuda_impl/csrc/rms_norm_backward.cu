@@ -12,8 +12,8 @@
 // atomics (its warps read rows of the partials in parallel, each column in one order).
 // rstd is recomputed from s, which is read anyway, so the forward saves nothing.
 //
-// Which kernel: rows are staged (rms_norm_bwd_staged): two rows of s and dy in shared
-// memory a CTA, the next one's copy in flight while this one is reduced and stored; any
+// Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
+// memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
 // past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's aligned rows to 8192 keep
 // the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
@@ -310,21 +310,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Rows a CTA of the staged kernel holds in shared memory: the one being reduced and stored,
-// and the next ones' copies in flight. 2 ships (measured, PERF_NOTES v15); a build switch
-// (RMSNORM_CUDA_BWD_STAGES=3 or 4, setup.py and CMake) builds a deeper ring for a probe.
-#ifndef RMSNORM_CUDA_BWD_STAGES
-#define RMSNORM_CUDA_BWD_STAGES 2
-#endif
-constexpr int kStages = RMSNORM_CUDA_BWD_STAGES;
-static_assert(kStages >= 2 && kStages <= 4, "RMSNORM_CUDA_BWD_STAGES: 2 to 4 rows a CTA");
-
-// Bytes of shared memory a CTA of the staged kernel needs: kStages rows of s and dy, and
+// Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
 // the weight, `cap` groups each.
 template <typename T, typename S>
-int staged_smem_bytes(int cap) {
+int staged_smem_bytes(int cap, int stages) {
   const int elems = cap * kVec<T>;
-  return kStages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
+  return stages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
 }
 
 // Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
@@ -358,21 +349,24 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRa
   return v;
 }
 
-// At most 64 registers a thread (1024 threads' worth an SM): more CTAs stay resident.
-template <typename T, typename S, int THREADS, int VPT, bool CLUSTER>
+// STAGES rows a CTA in shared memory: the one being reduced and stored, and the next
+// STAGES - 1 rows' copies in flight (pick_staged says how many). At most 64 registers a
+// thread (1024 threads' worth an SM): more CTAs stay resident.
+template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
+  static_assert(STAGES >= 2, "a row in flight while one is reduced");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[CLUSTER ? kStages : 1][kMaxRanks];
+  __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxRanks];
   const int t = threadIdx.x;
   const int N = a.N;
   const int cap = a.cap;
   const int stage_elems = cap * VEC;
   // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
-  T* const dy_sm = reinterpret_cast<T*>(s_sm + kStages * stage_elems);
-  float* const w_sm = reinterpret_cast<float*>(dy_sm + kStages * stage_elems);
+  T* const dy_sm = reinterpret_cast<T*>(s_sm + STAGES * stage_elems);
+  float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
 
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) {
@@ -442,27 +436,22 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   float dw[VPT * VEC];
 #pragma unroll
   for (int e = 0; e < VPT * VEC; ++e) dw[e] = 0.f;
+  // the ring: row first_row + j * row_step in stage j % STAGES, STAGES - 1 rows ahead of
+  // the one reduced; one commit group a row (empty past the last). The CTA's first row
+  // exists (the grid is at most M walkers). Two stages alternate by xor.
+  auto next = [](int st) { return STAGES == 2 ? st ^ 1 : (st + 1 == STAGES ? 0 : st + 1); };
+  auto last = [](int st) { return STAGES == 2 ? st ^ 1 : (st == 0 ? STAGES - 1 : st - 1); };
   int st = 0;
-#if RMSNORM_CUDA_BWD_STAGES == 2
-  issue(first_row, 0);
-  cp_async_commit();
-  for (int64_t row = first_row; row < a.M; row += row_step, st ^= 1) {
-    if (row + row_step < a.M) issue(row + row_step, st ^ 1);
-    cp_async_commit();
-#else
-  // the ring: row first_row + j * row_step in stage j, kStages - 1 rows ahead of the one
-  // reduced; one commit group a row (empty past the last)
 #pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) {
-    if (first_row + j * row_step < a.M) issue(first_row + j * row_step, j);
+  for (int j = 0; j < STAGES - 1; ++j) {
+    if (j == 0 || first_row + j * row_step < a.M) issue(first_row + j * row_step, j);
     cp_async_commit();
   }
-  for (int64_t row = first_row; row < a.M; row += row_step, st = st + 1 == kStages ? 0 : st + 1) {
-    const int64_t ahead = row + (kStages - 1) * row_step;
-    if (ahead < a.M) issue(ahead, st == 0 ? kStages - 1 : st - 1);  // the stage read last
+  for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
+    const int64_t ahead = row + (STAGES - 1) * row_step;
+    if (ahead < a.M) issue(ahead, last(st));  // the stage read last
     cp_async_commit();
-#endif
-    cp_async_wait<kStages - 1>();  // this thread's copies of `row` landed (it reads no others)
+    cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -648,34 +637,71 @@ Launch by_threads(int cap, Make make) {
   return make(std::integral_constant<int, 1024>{});
 }
 
+// Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of `cap` groups
+// (`stage_bytes` of s and dy a row). A row must stay in flight while the one before it is
+// reduced and stored, and a short row is done before the next one lands: the fewer bytes a
+// row, the more rows ahead. 4 to 16 KB a row (3 rows ahead; the fused add, whose
+// d_residual_out loads keep bytes in flight too, 2), 3 to 32 KB; 2 past that, and for 16-bit
+// rows off a 16-byte boundary, whose spare lanes deeper rings only slowed (fp32's: 3).
+// Figures in docs/PERF_NOTES.md (v16).
+int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
+  if (!aligned) return fp32 ? 3 : 2;
+  if (stage_bytes <= 16384) return fused ? 3 : 4;
+  return stage_bytes <= 32768 && !fused ? 3 : 2;
+}
+
+// The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
+// which) where that depth is not built. Built are the depths staged_stages gives: 4 for
+// 16-bit rows of the plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512
+// threads; the fused add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any).
+template <typename T, typename S, int THREADS>
+KernelPtr staged_kernel(int& stages) {
+  constexpr bool same = std::is_same_v<T, S>;
+  if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
+    if (stages == 4) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false>;
+  }
+  if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
+    if (stages >= 3) {
+      stages = 3;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false>;
+    }
+  }
+  stages = 2;
+  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false>;
+}
+
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
-// them, if its stages fit; else a cluster of the fewest CTAs (2, 4, 8; sm_90) of 1024
-// threads whose shares of the row fit.
+// them, if its stages fit (staged_stages', else 2); else a cluster of the fewest CTAs (2, 4,
+// 8; sm_90) of 1024 threads whose shares of the row fit, 2 stages (more lost there).
 template <typename T, typename S>
-bool pick_staged(int row_groups, int smem_optin, bool clusters, Launch& l) {
+bool pick_staged(int row_groups, bool aligned, bool fused, int smem_optin, bool clusters,
+                 Launch& l) {
   // (the static shared memory, the row sums' 2 floats a warp, within the margin)
-  auto fits = [&](int cap) {
-    return cap <= 1024 * kVpt && staged_smem_bytes<T, S>(cap) <= smem_optin - 1024;
+  auto fits = [&](int cap, int stages) {
+    return cap <= 1024 * kVpt && staged_smem_bytes<T, S>(cap, stages) <= smem_optin - 1024;
   };
-  if (fits(row_groups)) {
-    l = by_threads(row_groups, [](auto threads) {
+  const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
+  int stages = staged_stages(stage_bytes, fused, aligned, std::is_same_v<T, float>);
+  if (!fits(row_groups, stages)) stages = 2;
+  if (fits(row_groups, stages)) {
+    l = by_threads(row_groups, [&stages](auto threads) {
       Launch one;
-      one.kernel = rms_norm_bwd_staged<T, S, decltype(threads)::value, kVpt, false>;
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages);
       one.threads = threads;
       return one;
     });
     l.cap = row_groups;
-    l.smem = staged_smem_bytes<T, S>(row_groups);
+    l.smem = staged_smem_bytes<T, S>(row_groups, stages);
     return true;
   }
   if (!clusters) return false;
   for (int ranks = 2; ranks <= kMaxRanks; ranks *= 2) {
     const int cap = (row_groups + ranks - 1) / ranks;
-    if (!fits(cap)) continue;
+    if (!fits(cap, 2)) continue;
     l.cap = cap;
-    l.smem = staged_smem_bytes<T, S>(cap);
+    l.smem = staged_smem_bytes<T, S>(cap, 2);
     l.ranks = ranks;
-    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, true>, l.threads = 1024;
+    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true>, l.threads = 1024;
     return true;
   }
   return false;
@@ -706,7 +732,7 @@ Launch pick(int N, bool staged, bool vec_ok, bool fused, int smem_optin, bool cl
   if constexpr (std::is_same_v<T, float>) {
     if (!fused && vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
   }
-  if (staged && pick_staged<T, S>(cap, smem_optin, clusters, l)) return l;
+  if (staged && pick_staged<T, S>(cap, vec_ok, fused, smem_optin, clusters, l)) return l;
   l.threads = 1024;
   l.kernel = vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
                     : rms_norm_bwd_kernel<T, S, 1024, kScalarVpt, 1, true>;
