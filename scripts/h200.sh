@@ -43,13 +43,12 @@ step() { echo; echo "=== $* ($(date +%T))"; }
 # Optional peers, carried as wheels (the device machine has no registry); fetch them here
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
-#   .qk1/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is larger than
-#   one call carries, so .qk1 holds its first part and travels in a call of its own
-#   (`bash scripts/h200.sh stage`, to a warm machine); .qk2 holds the rest. When the working
-#   tree and .qk2 together pass what a call carries, the second part can move to .qk3 and
-#   travel in a second stage call (carry .qk1, then .qk3).
+#   .qk1/, .qk3/, .qk4/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB)
+#   is larger than one call carries beside the working tree, so it is in three parts
+#   (.qk1, .qk3, .qk4), each carried in a call of its own (`bash scripts/h200.sh stage`,
+#   to a warm machine); .qk2 holds QuACK's other wheels and travels with the real call.
 mkdir -p /tmp/qk
-for d in .qk1 .qk3; do [[ -d $d ]] && cp $d/* /tmp/qk/; done
+for d in .qk1 .qk3 .qk4; do [[ -d $d ]] && cp $d/* /tmp/qk/; done
 mode stage && { ls -la /tmp/qk; exit 0; }
 [[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
 for part in /tmp/qk/*.whl.part-aa; do
