@@ -281,10 +281,10 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 }
 
 // ---- rows staged through shared memory -------------------------------------------------
-// The default for every row that fits: each CTA keeps two rows of s and dy in shared
-// memory, the next row's copy (cp.async, 16 bytes a thread at a time, no registers held)
-// in flight while the current row is reduced and stored, so a CTA never waits on a row's
-// loads with nothing else to do. The row's values are read from shared memory twice (the
+// The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
+// memory (staged_stages), the next rows' copies (cp.async, 16 bytes a thread at a time, no
+// registers held) in flight while the current row is reduced and stored, so a CTA never
+// waits on a row's loads with nothing else to do. The row's values are read from shared memory twice (the
 // sums, then ds), the fp32 weight once a CTA into shared memory; dweight's share stays in
 // registers.
 //
@@ -727,8 +727,9 @@ Launch pick(int N, bool staged, bool vec_ok, bool fused, int smem_optin, bool cl
   Launch l;
   const int cap = vec_ok ? N / V : (N + 2 * V - 2) / V;  // groups a row spans, any phase
   // fp32 rms_norm, aligned rows to 8192: the register-resident kernel, with no shared
-  // memory to limit its CTAs an SM, keeps more rows in flight than two stages a CTA do
-  // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES)
+  // memory to limit its CTAs an SM, kept more rows in flight than two stages a CTA did
+  // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
+  // v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
     if (!fused && vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
   }
