@@ -152,6 +152,9 @@ struct BwdArgs {
   int N;
   float eps;
   int cap;  // the staged kernel's groups a stage holds
+#if RMSNORM_CUDA_BWD_W16
+  const void* w_t;  // the staged kernel's weight in T (kWeightInT), or null
+#endif
 };
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
@@ -310,12 +313,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// A build switch for a probe (-DRMSNORM_CUDA_BWD_W16=1, e.g. through scripts/
+// variant_build.py; off in the default build, not yet measured): the staged kernel keeps a
+// 16-bit weight of dy's dtype in shared memory in that dtype, half the bytes of the fp32
+// copy, so that more CTAs fit an SM (ncu at bf16 32768 x 4096: two CTAs of 256 threads an
+// SM, 24% of its warps, with the fp32 copy), and the host converts no weight for it. The
+// register-resident and chunked kernels read the fp32 copy either way.
+#ifndef RMSNORM_CUDA_BWD_W16
+#define RMSNORM_CUDA_BWD_W16 0
+#endif
+constexpr bool kWeightInT = RMSNORM_CUDA_BWD_W16 != 0;
+
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
-// the weight, `cap` groups each.
+// the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
 template <typename T, typename S>
-int staged_smem_bytes(int cap, int stages) {
+int staged_smem_bytes(int cap, int stages, int w_bytes) {
   const int elems = cap * kVec<T>;
-  return stages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * 4;
+  return stages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * w_bytes;
 }
 
 // Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
@@ -366,7 +380,14 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
   T* const dy_sm = reinterpret_cast<T*>(s_sm + STAGES * stage_elems);
+  // the weight: fp32, or (a.w_t) in T
   float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
+  T* const wt_sm = dy_sm + STAGES * stage_elems;
+#if RMSNORM_CUDA_BWD_W16
+  const T* const w_t = static_cast<const T*>(a.w_t);
+#else
+  constexpr const T* w_t = nullptr;
+#endif
 
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) {
@@ -405,8 +426,18 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
 
   // the weight of this thread's groups (0 outside the row), read by this thread alone
   each_lane([&](int, int l, int i, int col) {
-    w_sm[l * VEC + i] = col < 0 || col >= N ? 0.f : (a.w ? a.w[col] : 1.f);
+    const bool out = col < 0 || col >= N;
+    if (w_t)
+      wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
+    else
+      w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
   });
+  auto weight = [&](int l, float (&wv)[VEC]) {
+    if (w_t)
+      load_group<T, VEC>(wt_sm + l * VEC, wv);
+    else
+      load_group<float, VEC>(w_sm + l * VEC, wv);
+  };
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
     const T* dyr = dy_base + row * a.stride_dy - phase;
@@ -459,7 +490,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
       fetch(st, l, g, sv, dv);
-      load_group<float, VEC>(w_sm + l * VEC, wv);
+      weight(l, wv);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
@@ -480,7 +511,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
       fetch(st, l, g, sv, dv);
-      load_group<float, VEC>(w_sm + l * VEC, wv);
+      weight(l, wv);
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -516,7 +547,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       }
     }
   }
-  if (a.w == nullptr) return;
+  if (a.w == nullptr && w_t == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
   each_lane([&](int k, int, int i, int col) {
     if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
@@ -670,18 +701,32 @@ KernelPtr staged_kernel(int& stages) {
   return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false>;
 }
 
+// What the choice of kernel reads besides the dtypes.
+struct Rows {
+  int N;
+  bool staged;     // the rows may be staged (one phase in every tensor; aligned, whole
+                   // groups where s's elements are wider than dy's)
+  bool vec_ok;     // every row aligned, N whole groups
+  bool fused;      // the fused add's backward (d_residual_out read, dresidual stored)
+  int smem_optin;  // shared memory a CTA may have
+  bool clusters;   // thread-block clusters (sm_90)
+  int w_bytes;     // the staged kernel's weight element in shared memory: 4, or T's 2
+};
+
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
 // them, if its stages fit (staged_stages', else 2); else a cluster of the fewest CTAs (2, 4,
 // 8; sm_90) of 1024 threads whose shares of the row fit, 2 stages (more lost there).
 template <typename T, typename S>
-bool pick_staged(int row_groups, bool aligned, bool fused, int smem_optin, bool clusters,
-                 Launch& l) {
+bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // (the static shared memory, the row sums' 2 floats a warp, within the margin)
+  auto smem = [&](int cap, int stages) {
+    return staged_smem_bytes<T, S>(cap, stages, r.w_bytes);
+  };
   auto fits = [&](int cap, int stages) {
-    return cap <= 1024 * kVpt && staged_smem_bytes<T, S>(cap, stages) <= smem_optin - 1024;
+    return cap <= 1024 * kVpt && smem(cap, stages) <= r.smem_optin - 1024;
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
-  int stages = staged_stages(stage_bytes, fused, aligned, std::is_same_v<T, float>);
+  int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
     l = by_threads(row_groups, [&stages](auto threads) {
@@ -691,15 +736,15 @@ bool pick_staged(int row_groups, bool aligned, bool fused, int smem_optin, bool 
       return one;
     });
     l.cap = row_groups;
-    l.smem = staged_smem_bytes<T, S>(row_groups, stages);
+    l.smem = smem(row_groups, stages);
     return true;
   }
-  if (!clusters) return false;
+  if (!r.clusters) return false;
   for (int ranks = 2; ranks <= kMaxRanks; ranks *= 2) {
     const int cap = (row_groups + ranks - 1) / ranks;
     if (!fits(cap, 2)) continue;
     l.cap = cap;
-    l.smem = staged_smem_bytes<T, S>(cap, 2);
+    l.smem = smem(cap, 2);
     l.ranks = ranks;
     l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true>, l.threads = 1024;
     return true;
@@ -719,23 +764,22 @@ Launch pick_registers(int cap) {
   });
 }
 
-// staged: the rows may be staged (one phase in every tensor; aligned, whole groups where
-// s's elements are wider than dy's); vec_ok: every row aligned, N whole groups.
+// The kernel for rows `r`.
 template <typename T, typename S>
-Launch pick(int N, bool staged, bool vec_ok, bool fused, int smem_optin, bool clusters) {
+Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
-  const int cap = vec_ok ? N / V : (N + 2 * V - 2) / V;  // groups a row spans, any phase
+  const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
   // fp32 rms_norm, aligned rows to 8192: the register-resident kernel, with no shared
   // memory to limit its CTAs an SM, kept more rows in flight than two stages a CTA did
   // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
   // v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
-    if (!fused && vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+    if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
   }
-  if (staged && pick_staged<T, S>(cap, vec_ok, fused, smem_optin, clusters, l)) return l;
+  if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
-  l.kernel = vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
+  l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
                     : rms_norm_bwd_kernel<T, S, 1024, kScalarVpt, 1, true>;
   return l;
 }
@@ -762,7 +806,6 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const at::Tensor ds2_rows = ds2 ? ds2->view({-1, N}) : at::Tensor();
   const int64_t M = s.size(0);
   const bool has_w = weight.has_value() && weight->defined();
-  const at::Tensor w32 = has_w ? weight->to(at::kFloat).contiguous() : at::Tensor();
 
   // every row tensor: its address and row stride in bytes, for the alignment checks
   std::vector<std::pair<uintptr_t, int64_t>> rows;
@@ -788,21 +831,31 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const bool staged = same_width ? one_phase : vec_ok;
 
   const int device = s.get_device();
-  const int optin = smem_optin(device);
-  const bool fused = dro.defined() || ds2 != nullptr;
-  const bool clusters = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
-  Launch l;
   const auto dt = dy.scalar_type();
+  // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory
+  const bool w_in_t =
+      kWeightInT && has_w && weight->scalar_type() == dt && dy.element_size() == 2;
+  const Rows r{N,
+               staged,
+               vec_ok,
+               dro.defined() || ds2 != nullptr,
+               smem_optin(device),
+               device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9,
+               w_in_t ? 2 : 4};
+  Launch l;
   const bool s32 = s.scalar_type() == at::kFloat;
   if (dt == at::kFloat) {
-    l = pick<float, float>(N, staged, vec_ok, fused, optin, clusters);
+    l = pick<float, float>(r);
   } else if (dt == at::kHalf) {
-    l = s32 ? pick<__half, float>(N, staged, vec_ok, fused, optin, clusters)
-            : pick<__half, __half>(N, staged, vec_ok, fused, optin, clusters);
+    l = s32 ? pick<__half, float>(r) : pick<__half, __half>(r);
   } else {
-    l = s32 ? pick<__nv_bfloat16, float>(N, staged, vec_ok, fused, optin, clusters)
-            : pick<__nv_bfloat16, __nv_bfloat16>(N, staged, vec_ok, fused, optin, clusters);
+    l = s32 ? pick<__nv_bfloat16, float>(r) : pick<__nv_bfloat16, __nv_bfloat16>(r);
   }
+  // the weight as the kernel reads it: in its dtype (the staged kernel, w_in_t), else fp32
+  const bool wt = w_in_t && l.cap > 0;
+  const at::Tensor w = !has_w ? at::Tensor()
+                       : wt   ? weight->contiguous()
+                              : weight->to(at::kFloat).contiguous();
   int walkers = persistent_walkers(l, M, device);
   // the staged kernel's CTAs each keep one phase: a whole number of periods of walkers
   if (l.cap > 0 && walkers < M)
@@ -812,7 +865,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   if (M > 0) {
     BwdArgs a{s.data_ptr(),
               dy.data_ptr(),
-              has_w ? w32.data_ptr<float>() : nullptr,
+              has_w && !wt ? w.data_ptr<float>() : nullptr,
               dro.defined() ? dro.data_ptr() : nullptr,
               ds_rows.data_ptr(),
               ds2 ? ds2_rows.data_ptr() : nullptr,
@@ -825,7 +878,11 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               M,
               N,
               static_cast<float>(eps),
-              l.cap};
+              l.cap,
+#if RMSNORM_CUDA_BWD_W16
+              wt ? w.data_ptr() : nullptr,
+#endif
+    };
     if (l.ranks > 1) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(l, walkers, stream, &attr);
