@@ -59,6 +59,7 @@ def main() -> int:
 
     ceiling = hardware.copy_ceiling()["gbps"]
     flush = timing.L2Flush(torch.cuda.get_device_properties(0).L2_cache_size)
+    wrong = 0
     print(f"copy ceiling {ceiling:.0f} GB/s")
     print(f"{'dtype':6} {'shape':>12} {'impl':>7} {'us':>9} {'% copy':>7} {'rel err':>9}")
     for dname in args.dtypes.split(","):
@@ -99,9 +100,12 @@ def main() -> int:
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
                 flag = "" if err < 2**-6 else "  WRONG"
+                wrong += bool(flag)
                 print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f} {err:9.1e}{flag}",
                       flush=True)  # fmt: skip
-    return 0
+    if wrong:
+        print(f"{wrong} results differ from the reference: the probe fails")
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -29,5 +29,9 @@ split -b 31000000 "$big" "$tmp/$(basename "$big").part-"
 mv "$tmp"/*.part-aa .qk1/
 mv "$tmp"/*.part-ab .qk3/
 mv "$tmp"/*.part-ac .qk4/
+if ls "$tmp"/*.part-* >/dev/null 2>&1; then
+  echo "fetch_peer_wheels: the library wheel outgrew three parts; add a .qk folder" >&2
+  exit 1
+fi
 rm -rf "$tmp"
 du -sh .whl .qk1 .qk2 .qk3 .qk4

@@ -187,13 +187,19 @@ if mode backward; then
     echo "racecheck hazards in our kernels: $ours"
     [[ "$ours" == 0 ]] || status=1
   fi
+  # the variants built first, so that no compile shares the CPU with a timed probe
+  declare -A variant_rc=()
+  for name in "${!variant_pid[@]}"; do
+    wait "${variant_pid[$name]}"
+    variant_rc[$name]=$?
+  done
   step "the backward kernels alone (a tuning probe, not a record)"
   # shellcheck disable=SC2086
   $PY scripts/bwd_probe.py ${BWD_PROBE_ARGS:-} 2>&1 || status=1
   for v in ${VARIANTS:-}; do
     name=${v%%:*}
     step "variant $v (the probe again, on its build)"
-    wait "${variant_pid[$name]}" || { tail -20 "/tmp/variant-$name.log"; status=1; continue; }
+    [[ "${variant_rc[$name]:-1}" == 0 ]] || { tail -20 "/tmp/variant-$name.log"; status=1; continue; }
     # shellcheck disable=SC2086
     CUDA_IMPL_LIBRARY="build/variants/$name/_C.so" $PY scripts/bwd_probe.py \
       ${VARIANT_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1

@@ -299,7 +299,7 @@ def bwd_meta(
     block_n, chunked, warps = bwd_config(n, vec)
     meta = dict(BLOCK_N=block_n, CHUNKED=chunked, SPLIT=vec > 0, VEC=vec or 16 // element_size,
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
-                STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro),
+                STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
     if BWD_MAXNREG is not None:
         cap = BWD_MAXNREG
@@ -312,7 +312,7 @@ def bwd_meta(
     return meta
 
 
-def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, has_dro: bool) -> int:
+def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, fused: bool) -> int:
     """Pipeline stages of the main kernel's row loop (BWD_STAGES, when set, for all).
 
     3 for 16-bit register-resident tiles up to BWD_PIPELINED_MAX_N wide: a row of 16-bit
@@ -320,12 +320,13 @@ def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, has_dro
     two rows ahead in shared memory keep the bytes in flight that DRAM needs. Not for fp32
     (the row is twice the bytes: 1 stage was as fast or faster), wider tiles (their two
     buffered rows cut the programs an SM holds), the chunked rows (they loop over chunks),
-    nor the fused add's split rows (its d_residual_out loads already fill the gap: 3 stages
-    lost there). Figures in docs/PERF_NOTES.md (v16)."""
+    nor the fused add's split rows (measured with d_residual_out, whose loads already fill
+    the gap: 3 stages lost there; without it, unmeasured, the same rule). Figures in
+    docs/PERF_NOTES.md (v16)."""
     if BWD_STAGES is not None:
         return BWD_STAGES
     pipelined = element_size == 2 and not chunked and block_n <= BWD_PIPELINED_MAX_N
-    return BWD_PIPELINED if pipelined and not (vec and has_dro) else 1
+    return BWD_PIPELINED if pipelined and not (vec and fused) else 1
 
 
 def programs_per_sm(warps: int) -> int:

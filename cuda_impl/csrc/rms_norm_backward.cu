@@ -24,7 +24,8 @@
 // row of every tensor is aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
-// read as fp32 (the host converts a 16-bit weight once, N elements).
+// read as fp32 (the host converts a 16-bit weight once, N elements; a probe's build switch,
+// RMSNORM_CUDA_BWD_W16, keeps a 16-bit one as it is in the staged kernel).
 //
 // Learned from: Apex's fused layer-norm backward (partial dweight per block, a second
 // reduction kernel), QuACK's rmsnorm backward (persistent CTAs, partials per CTA).
