@@ -179,8 +179,10 @@ if mode backward; then
     tests/test_backward.py -k "cuda and not compile" 2>&1 | grep -v "^DEBUG" | tail -8 || status=1
   if [[ "${SKIP_RACECHECK:-0}" != 1 ]]; then
     step "compute-sanitizer racecheck, the CUDA backward"
+    # fp16 left to memcheck: its kernels are bf16's code with another T (the same shared
+    # memory traffic), and racecheck took 343 s with all three dtypes
     compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
-      tests/test_backward.py -k "cuda and (1031x4096 or 4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
+      tests/test_backward.py -k "cuda and not torch.float16- and (1031x4096 or 4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
       2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
     tail -6 /tmp/racecheck-bwd.log
     ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)
