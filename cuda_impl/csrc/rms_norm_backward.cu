@@ -728,6 +728,21 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
   int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
+#if RMSNORM_CUDA_BWD_VPT3
+  // A build switch for a probe (-DRMSNORM_CUDA_BWD_VPT3=1; off in the default build, not
+  // yet measured): 16-bit rows off a 16-byte boundary just past 512 groups (N = 4095,
+  // 4097: 513) take 256 threads of 3 groups, not 512 threads of 2 whose lanes are mostly
+  // idle, so that twice the CTAs fit an SM.
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
+    if (!r.vec_ok && row_groups > 512 && row_groups <= 768 && fits(row_groups, 2)) {
+      l.kernel = rms_norm_bwd_staged<T, S, 256, 3, 2, false>;
+      l.threads = 256;
+      l.cap = row_groups;
+      l.smem = smem(row_groups, 2);
+      return true;
+    }
+  }
+#endif
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
     l = by_threads(row_groups, [&stages](auto threads) {
