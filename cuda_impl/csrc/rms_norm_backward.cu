@@ -465,6 +465,20 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
+  // fn(k, g, sv, dv, wv) for each group this thread owns, with its s, dy and weight from
+  // stage st (both passes over a row)
+  auto each_group = [&](int st, auto&& fn) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      int l, g;
+      if (!owns(k, l, g)) continue;
+      float sv[VEC], dv[VEC], wv[VEC];
+      fetch(st, l, g, sv, dv);
+      weight(l, wv);
+      fn(k, g, sv, dv, wv);
+    }
+  };
+
   float dw[VPT * VEC];
 #pragma unroll
   for (int e = 0; e < VPT * VEC; ++e) dw[e] = 0.f;
@@ -485,19 +499,14 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      int l, g;
-      if (!owns(k, l, g)) continue;
-      float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, l, g, sv, dv);
-      weight(l, wv);
+    each_group(st, [&](int, int, const float(&sv)[VEC], const float(&dv)[VEC],
+                       const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
       }
-    }
+    });
     float2 sums = block_sum2<THREADS>(ss, gs, red);
     if constexpr (CLUSTER) sums = cluster_sums2(sums, slots, st, rank, ranks, row == first_row);
     const float rstd = rsqrtf(sums.x * inv_n + a.eps);
@@ -506,13 +515,8 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      int l, g;
-      if (!owns(k, l, g)) continue;
-      float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, l, g, sv, dv);
-      weight(l, wv);
+    each_group(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
+                       const float(&wv)[VEC]) {
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -546,7 +550,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
           if (ds2r) ds2r[g * VEC + i] = from_float<S>(out[i]);
         }
       }
-    }
+    });
   }
   if (a.w == nullptr && w_t == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
