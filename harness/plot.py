@@ -60,8 +60,9 @@ def _style(name: str, op: Op) -> dict:
     )
 
 
-def subtitle(env: dict) -> str:
-    """GPU and versions, for every figure's title."""
+def subtitle(env: dict, recs: Sequence[dict] = ()) -> str:
+    """GPU and versions, for every figure's title; with the figure's records, the commits of
+    the implementations whose records come from another run than the last."""
     parts = [
         env.get("gpu") or "no GPU",
         f"torch {env.get('torch')}",
@@ -69,7 +70,19 @@ def subtitle(env: dict) -> str:
         f"CUDA {env.get('cuda')}",
     ]
     if env.get("git_sha"):
-        parts.append(f"git {env['git_sha'][:8]}{'+dirty' if env.get('git_dirty') else ''}")
+        git = f"git {env['git_sha'][:8]}{'+dirty' if env.get('git_dirty') else ''}"
+        older: dict[str, set[str]] = {}
+        for r in recs:
+            sha = (r.get("env") or {}).get("git_sha")
+            if sha and sha != env["git_sha"]:
+                older.setdefault(r["impl"], set()).add(sha[:8])
+        if older:
+            git += (
+                " ("
+                + ", ".join(f"{i}: {' '.join(sorted(s))}" for i, s in sorted(older.items()))
+                + ")"
+            )
+        parts.append(git)
     text = " · ".join(parts)
     return f"SYNTHETIC RECORDS (test data) · {text}" if env.get("synthetic") else text
 
@@ -158,7 +171,7 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         ax.grid(alpha=0.25, which="minor", ls=":")
     _legend_below(fig, axes[0])
     fig.suptitle(
-        f"(a) {op.title} bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env)}",
+        f"(a) {op.title} bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env, grid)}",
         fontsize=10,
     )
     return _save(fig, out / _name(op, "bandwidth_vs_n.png"))
@@ -188,7 +201,8 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(
-        f"(b) {op.title} bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env)}", fontsize=10
+        f"(b) {op.title} bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env, sweep)}",
+        fontsize=10,
     )
     return _save(fig, out / _name(op, "bandwidth_vs_m.png"))
 
@@ -196,6 +210,7 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
 def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
     """(c) speedup of our kernels over each baseline, geometric mean per dtype."""
     sp = analysis.speedups(recs, "grid", op)
+    timed = analysis.passed(recs, "cold", "grid")  # what the speedups are drawn from
     ours = [o for o in op.ours if any(k[0] == o for k in sp)]
     if not ours:
         return None
@@ -247,7 +262,8 @@ def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(
-        f"(c) {op.title}: speedup over each baseline, cold L2\n{subtitle(env)}", fontsize=10
+        f"(c) {op.title}: speedup over each baseline, cold L2\n{subtitle(env, timed)}",
+        fontsize=10,
     )
     return _save(fig, out / _name(op, "speedup.png"))
 
@@ -287,7 +303,8 @@ def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[P
         ax.grid(alpha=0.3, axis="y")
     _legend_below(fig, axes)
     fig.suptitle(
-        f"(d) {op.title}, small shapes: GPU time vs host launch cost\n{subtitle(env)}", fontsize=10
+        f"(d) {op.title}, small shapes: GPU time vs host launch cost\n{subtitle(env, chosen)}",
+        fontsize=10,
     )
     return _save(fig, out / _name(op, "small_shapes.png"))
 
