@@ -14,7 +14,9 @@
 #      NCU_ARGS go to scripts/ncu_one.py (forced configs: --cuda-configs, --triton-configs);
 #      NCU_OP (default rms_norm) names the op.
 # backward: the backward's GPU tests, its CUDA kernels under memcheck and racecheck
-#        (SKIP_RACECHECK=1: not racecheck), and scripts/bwd_probe.py (BWD_PROBE_ARGS go to it).
+#        (SKIP_RACECHECK=1: not racecheck; RACECHECK_BWD_K: its pytest -k filter instead of
+#        the default), and scripts/bwd_probe.py (BWD_PROBE_ARGS go to it; SKIP_BWD_PROBE=1:
+#        not it). BWD_TEST_K: the GPU tests' pytest -k filter instead of the default.
 #        VARIANTS="v1:NAME=VALUE ..." (name:DEFINE=V[,DEFINE=V]) builds each
 #        variant of the backward source (scripts/variant_build.py, while the tests run) and
 #        probes it too (VARIANT_PROBE_ARGS); PROBE_ENVS="RMSNORM_BWD_STAGES=3 ..." probes
@@ -172,7 +174,7 @@ if mode backward; then
   done
   step "pytest (GPU): the backward, and the fused add's gradients and split kernel"
   $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_backward.py tests/test_fused_add.py \
-    -k "backward or grad or split or odd" 2>&1 | grep -v "^DEBUG " | tail -30 || status=1
+    -k "${BWD_TEST_K:-backward or grad or split or odd}" 2>&1 | grep -v "^DEBUG " | tail -30 || status=1
   SAN="--kernel-regex kns=rms_norm"
   step "compute-sanitizer memcheck, the CUDA backward"
   compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
@@ -182,7 +184,7 @@ if mode backward; then
     # fp16 left to memcheck: its kernels are bf16's code with another T (the same shared
     # memory traffic), and racecheck took 343 s with all three dtypes
     compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
-      tests/test_backward.py -k "cuda and not torch.float16- and (1031x4096 or 4095 or 4097 or 32771 or 65536 or 16384 or layouts or determin)" \
+      tests/test_backward.py -k "${RACECHECK_BWD_K:-cuda and not torch.float16- and (1031x4096 or 4095 or 4097 or 700x8192 or 32771 or 65536 or 16384 or layouts or determin)}" \
       2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
     tail -6 /tmp/racecheck-bwd.log
     ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck-bwd.log || true)
@@ -195,9 +197,11 @@ if mode backward; then
     wait "${variant_pid[$name]}"
     variant_rc[$name]=$?
   done
-  step "the backward kernels alone (a tuning probe, not a record)"
-  # shellcheck disable=SC2086
-  $PY scripts/bwd_probe.py ${BWD_PROBE_ARGS:-} 2>&1 || status=1
+  if [[ "${SKIP_BWD_PROBE:-0}" != 1 ]]; then
+    step "the backward kernels alone (a tuning probe, not a record)"
+    # shellcheck disable=SC2086
+    $PY scripts/bwd_probe.py ${BWD_PROBE_ARGS:-} 2>&1 || status=1
+  fi
   for v in ${VARIANTS:-}; do
     name=${v%%:*}
     step "variant $v (the probe again, on its build)"

@@ -33,10 +33,11 @@ if HAS_GPU:
                (3000, 8192), (800, 12289), (600, 32771)]  # fmt: skip
 #: The fused add's: odd widths, a row wider than a program holds; on a GPU, many rows a CTA
 #: (the CUDA staged kernel's ring 3 rows deep at 1024 and 4096, 2 at 4095; with the fp32
-#: residual, 3 at 1024 and 2 at 4096)
+#: residual, 3 at 1024 and 2 at 4096; 2 rows with the weight kept in bf16 at 8192 and
+#: 16384, where the fp32 residual's rows fit one CTA only so)
 FUSED_SHAPES = [(5, 17), (19, 33), (4, 4097), (2, 40000)]
 if HAS_GPU:
-    FUSED_SHAPES += [(9000, 1024), (2000, 4095), (1031, 4096)]
+    FUSED_SHAPES += [(9000, 1024), (2000, 4095), (1031, 4096), (700, 8192), (300, 16384)]
 
 
 def backend(name: str):

@@ -24,8 +24,8 @@
 // row of every tensor is aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
-// read as fp32 (the host converts a 16-bit weight once, N elements; a probe's build switch,
-// RMSNORM_CUDA_BWD_W16, keeps a 16-bit one as it is in the staged kernel).
+// read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
+// kernel's wide 2-row rings (WT), which keep a 16-bit weight of dy's dtype as it is.
 //
 // Learned from: Apex's fused layer-norm backward (partial dweight per block, a second
 // reduction kernel), QuACK's rmsnorm backward (persistent CTAs, partials per CTA).
@@ -152,10 +152,8 @@ struct BwdArgs {
   int64_t M;
   int N;
   float eps;
-  int cap;  // the staged kernel's groups a stage holds
-#if RMSNORM_CUDA_BWD_W16
-  const void* w_t;  // the staged kernel's weight in T (kWeightInT), or null
-#endif
+  int cap;          // the staged kernel's groups a stage holds
+  const void* w_t;  // the staged kernel's weight in T (WT), or null
 };
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
@@ -314,17 +312,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// A build switch for a probe (-DRMSNORM_CUDA_BWD_W16=1, e.g. through scripts/
-// variant_build.py; off in the default build, not yet measured): the staged kernel keeps a
-// 16-bit weight of dy's dtype in shared memory in that dtype, half the bytes of the fp32
-// copy, so that more CTAs fit an SM (ncu at bf16 32768 x 4096: two CTAs of 256 threads an
-// SM, 24% of its warps, with the fp32 copy), and the host converts no weight for it. The
-// register-resident and chunked kernels read the fp32 copy either way.
-#ifndef RMSNORM_CUDA_BWD_W16
-#define RMSNORM_CUDA_BWD_W16 0
-#endif
-constexpr bool kWeightInT = RMSNORM_CUDA_BWD_W16 != 0;
-
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
 // the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
 template <typename T, typename S>
@@ -366,8 +353,11 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRa
 
 // STAGES rows a CTA in shared memory: the one being reduced and stored, and the next
 // STAGES - 1 rows' copies in flight (pick_staged says how many). At most 64 registers a
-// thread (1024 threads' worth an SM): more CTAs stay resident.
-template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER>
+// thread (1024 threads' worth an SM): more CTAs stay resident. WT: the weight (a.w_t) is
+// kept in T, half the shared memory bytes of the fp32 copy and half the shared memory
+// reads; built for the 2-row rings of 512 threads and more, where it measured faster (the
+// 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18).
+template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
   constexpr int VEC = kVec<T>;
@@ -381,14 +371,9 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   // stage st's rows at s_sm + st * stage_elems and dy_sm + st * stage_elems
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
   T* const dy_sm = reinterpret_cast<T*>(s_sm + STAGES * stage_elems);
-  // the weight: fp32, or (a.w_t) in T
+  // the weight: fp32, or (WT) in T
   float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
   T* const wt_sm = dy_sm + STAGES * stage_elems;
-#if RMSNORM_CUDA_BWD_W16
-  const T* const w_t = static_cast<const T*>(a.w_t);
-#else
-  constexpr const T* w_t = nullptr;
-#endif
 
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) {
@@ -428,13 +413,13 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   // the weight of this thread's groups (0 outside the row), read by this thread alone
   each_lane([&](int, int l, int i, int col) {
     const bool out = col < 0 || col >= N;
-    if (w_t)
-      wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
+    if constexpr (WT)
+      wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : static_cast<const T*>(a.w_t)[col];
     else
       w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
   });
   auto weight = [&](int l, float (&wv)[VEC]) {
-    if (w_t)
+    if constexpr (WT)
       load_group<T, VEC>(wt_sm + l * VEC, wv);
     else
       load_group<float, VEC>(w_sm + l * VEC, wv);
@@ -552,7 +537,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       }
     });
   }
-  if (a.w == nullptr && w_t == nullptr) return;
+  if (!WT && a.w == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
   each_lane([&](int k, int, int i, int col) {
     if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
@@ -604,6 +589,7 @@ struct Launch {
   int smem = 0;   // dynamic shared memory bytes
   int cap = 0;    // the staged kernel's groups a stage holds (0: another kernel)
   int ranks = 1;  // CTAs a cluster (sharing each row)
+  bool wt = false;  // the staged kernel reads the weight in T (a.w_t)
 };
 
 // The cluster launch of a staged kernel (ranks > 1), over `walkers` clusters.
@@ -687,23 +673,33 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 }
 
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
-// which) where that depth is not built. Built are the depths staged_stages gives: 4 for
-// 16-bit rows of the plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512
-// threads; the fused add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any).
+// which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
+// built so (`wt` says). Built are the depths staged_stages gives: 4 for 16-bit rows of the
+// plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
+// add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
+// for 16-bit dy's 2-row rings of 512 and 1024 threads.
 template <typename T, typename S, int THREADS>
-KernelPtr staged_kernel(int& stages) {
+KernelPtr staged_kernel(int& stages, bool& wt) {
   constexpr bool same = std::is_same_v<T, S>;
   if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
-    if (stages == 4) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false>;
+    if (stages == 4) {
+      wt = false;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
+    }
   }
   if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
     if (stages >= 3) {
       stages = 3;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false>;
+      wt = false;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false>;
     }
   }
   stages = 2;
-  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false>;
+  if constexpr (THREADS >= 512 && sizeof(T) == 2) {
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
+  }
+  wt = false;
+  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
 }
 
 // What the choice of kernel reads besides the dtypes.
@@ -715,7 +711,7 @@ struct Rows {
   bool fused;      // the fused add's backward (d_residual_out read, dresidual stored)
   int smem_optin;  // shared memory a CTA may have
   bool clusters;   // thread-block clusters (sm_90)
-  int w_bytes;     // the staged kernel's weight element in shared memory: 4, or T's 2
+  bool w16;        // a weight of dy's 16-bit dtype (the staged kernel may keep it in T)
 };
 
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
@@ -723,50 +719,61 @@ struct Rows {
 // 8; sm_90) of 1024 threads whose shares of the row fit, 2 stages (more lost there).
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
-  // (the static shared memory, the row sums' 2 floats a warp, within the margin)
-  auto smem = [&](int cap, int stages) {
-    return staged_smem_bytes<T, S>(cap, stages, r.w_bytes);
+  // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
+  // (a cluster's CTAs: 1024), where it measured faster (bf16 16384: 0.50 -> 0.73 of copy;
+  // clusters at 32768 and 65536: 0.48 -> 0.56, 0.34 -> 0.40); on the deeper rings it spilled
+  // and lost 1-3 points, on rows off a 16-byte boundary 1 (PERF_NOTES v18).
+  auto in_t = [&](int cap, int stages, bool cluster) {
+    return r.w16 && r.vec_ok && stages == 2 && (cluster || cap > 256 * kVpt);
   };
-  auto fits = [&](int cap, int stages) {
-    return cap <= 1024 * kVpt && smem(cap, stages) <= r.smem_optin - 1024;
+  // (the static shared memory, the row sums' 2 floats a warp, within the margin)
+  auto smem = [&](int cap, int stages, bool cluster = false) {
+    return staged_smem_bytes<T, S>(cap, stages, in_t(cap, stages, cluster) ? 2 : 4);
+  };
+  auto fits = [&](int cap, int stages, bool cluster = false) {
+    return cap <= 1024 * kVpt && smem(cap, stages, cluster) <= r.smem_optin - 1024;
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
   int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
-#if RMSNORM_CUDA_BWD_VPT3
-  // A build switch for a probe (-DRMSNORM_CUDA_BWD_VPT3=1; off in the default build, not
-  // yet measured): 16-bit rows off a 16-byte boundary just past 512 groups (N = 4095,
-  // 4097: 513) take 256 threads of 3 groups, not 512 threads of 2 whose lanes are mostly
-  // idle, so that twice the CTAs fit an SM.
+  // 16-bit rows off a 16-byte boundary just past 512 groups (N = 4095, 4097: 513) take 256
+  // threads of 3 groups, not 512 threads of 2 with half their lanes idle: twice the CTAs an
+  // SM (0.57 -> 0.65 of copy at bf16 4095 and 4097; PERF_NOTES v18).
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     if (!r.vec_ok && row_groups > 512 && row_groups <= 768 && fits(row_groups, 2)) {
-      l.kernel = rms_norm_bwd_staged<T, S, 256, 3, 2, false>;
+      l.kernel = rms_norm_bwd_staged<T, S, 256, 3, 2, false, false>;
       l.threads = 256;
       l.cap = row_groups;
       l.smem = smem(row_groups, 2);
       return true;
     }
   }
-#endif
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
-    l = by_threads(row_groups, [&stages](auto threads) {
+    bool wt = in_t(row_groups, stages, false);
+    l = by_threads(row_groups, [&stages, &wt](auto threads) {
       Launch one;
-      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages);
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
       one.threads = threads;
       return one;
     });
     l.cap = row_groups;
-    l.smem = smem(row_groups, stages);
+    l.wt = wt;
+    l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
     return true;
   }
   if (!r.clusters) return false;
   for (int ranks = 2; ranks <= kMaxRanks; ranks *= 2) {
     const int cap = (row_groups + ranks - 1) / ranks;
-    if (!fits(cap, 2)) continue;
+    if (!fits(cap, 2, true)) continue;
     l.cap = cap;
-    l.smem = smem(cap, 2);
+    l.smem = smem(cap, 2, true);
     l.ranks = ranks;
-    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true>, l.threads = 1024;
+    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true, false>;
+    if constexpr (sizeof(T) == 2) {
+      l.wt = in_t(cap, 2, true);
+      if (l.wt) l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true, true>;
+    }
+    l.threads = 1024;
     return true;
   }
   return false;
@@ -853,15 +860,14 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   const int device = s.get_device();
   const auto dt = dy.scalar_type();
   // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory
-  const bool w_in_t =
-      kWeightInT && has_w && weight->scalar_type() == dt && dy.element_size() == 2;
+  const bool w16 = has_w && weight->scalar_type() == dt && dy.element_size() == 2;
   const Rows r{N,
                staged,
                vec_ok,
                dro.defined() || ds2 != nullptr,
                smem_optin(device),
                device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9,
-               w_in_t ? 2 : 4};
+               w16};
   Launch l;
   const bool s32 = s.scalar_type() == at::kFloat;
   if (dt == at::kFloat) {
@@ -871,8 +877,8 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   } else {
     l = s32 ? pick<__nv_bfloat16, float>(r) : pick<__nv_bfloat16, __nv_bfloat16>(r);
   }
-  // the weight as the kernel reads it: in its dtype (the staged kernel, w_in_t), else fp32
-  const bool wt = w_in_t && l.cap > 0;
+  // the weight as the kernel reads it: in its dtype (the staged kernel's WT), else fp32
+  const bool wt = l.wt;
   const at::Tensor w = !has_w ? at::Tensor()
                        : wt   ? weight->contiguous()
                               : weight->to(at::kFloat).contiguous();
@@ -899,10 +905,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               N,
               static_cast<float>(eps),
               l.cap,
-#if RMSNORM_CUDA_BWD_W16
-              wt ? w.data_ptr() : nullptr,
-#endif
-    };
+              wt ? w.data_ptr() : nullptr};
     if (l.ranks > 1) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(l, walkers, stream, &attr);
