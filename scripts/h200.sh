@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|backward|wide|probe|stage][,...]
-#   (default all)
+#   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
@@ -22,8 +21,6 @@
 #        variant of the backward source (scripts/variant_build.py, while the tests run) and
 #        probes it too (VARIANT_PROBE_ARGS); PROBE_ENVS="RMSNORM_BWD_STAGES=3 ..." probes
 #        under each environment setting (ENV_PROBE_ARGS).
-# wide: the CUDA staged wide-row kernel (RMSNORM_CUDA_WIDE): its GPU tests, memcheck and
-#       racecheck, and scripts/wide_probe.py (WIDE_PROBE_ARGS go to it).
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
@@ -218,21 +215,6 @@ if mode backward; then
     # shellcheck disable=SC2086
     env "$e" $PY scripts/bwd_probe.py ${ENV_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
   done
-fi
-if mode wide; then
-  # each step under a time limit: a wait on an mbarrier that never completes would hang
-  step "pytest (GPU): the CUDA staged wide-row kernel (RMSNORM_CUDA_WIDE=1, 2)"
-  timeout 120 $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_numerics.py -k wide 2>&1 |
-    grep -v "^DEBUG " | tail -8 || status=1
-  step "compute-sanitizer memcheck and racecheck, the wide-row kernel's many-rows cases"
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 --kernel-name kns=rms_norm_wide \
-      $PY -m pytest -q -p no:cacheprovider tests/test_numerics.py -k "wide_rows_many" 2>&1 |
-      grep -v "^DEBUG" | tail -4 || status=1
-  done
-  step "the wide rows: the staged kernel against the ladders' (a probe, not a record)"
-  # shellcheck disable=SC2086
-  timeout 180 $PY scripts/wide_probe.py ${WIDE_PROBE_ARGS:-} 2>&1 || status=1
 fi
 if mode probe; then
   step "our Triton kernel alone and inside torch.compile"

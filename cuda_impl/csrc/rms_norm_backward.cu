@@ -111,6 +111,35 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
   for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
 }
 
+// The two row sums over the CTA: warp shuffles, then the warps' partials through shared
+// memory (every thread calls it; `red` holds 2 floats a warp).
+template <int THREADS>
+__device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+  constexpr int kWarps = THREADS / 32;
+  if constexpr (kWarps > 1) {
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+      red[2 * warp] = a;
+      red[2 * warp + 1] = b;
+    }
+    __syncthreads();
+    a = 0.f;
+    b = 0.f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {  // same order in every thread: one result
+      a += red[2 * i];
+      b += red[2 * i + 1];
+    }
+    __syncthreads();  // red is reused by the next row
+  }
+  return make_float2(a, b);
+}
+
 struct BwdArgs {
   const void* s;    // x or residual_out rows
   const void* dy;   // dy rows (dy's dtype: T)
@@ -295,6 +324,32 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
 // CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
 constexpr int kMaxRanks = 8;  // portable cluster size
+
+// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
+// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
+// own slots in rank order (the same result in every CTA). Consecutive rows use different
+// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
+// a slow one is still reading: to write a set again it must pass the next barrier, which
+// the slow CTA reaches only after its reads. `first`: the first exchange also completes
+// the barrier phase every CTA opened at its start (so none writes into a peer that is not
+// running yet).
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRanks], int set,
+                                                int rank, int ranks, bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (first) cluster_wait();
+  if (static_cast<int>(threadIdx.x) < ranks)
+    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
+  cluster_arrive_release();
+  cluster_wait();
+  v = make_float2(0.f, 0.f);
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
+  }
+#endif
+  return v;
+}
 
 // STAGES rows a CTA in shared memory: the one being reduced and stored, and the next
 // STAGES - 1 rows' copies in flight (pick_staged says how many). At most 64 registers a

@@ -35,10 +35,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -461,135 +457,6 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
-// ---- wide rows, staged (an experiment behind RMSNORM_CUDA_WIDE; off by default) --------
-// Rows of 64 KB and more whose every row is 16-byte aligned and whole vectors: a persistent
-// grid of clusters (1-16 CTAs share a row, CTA `rank` the vectors [rank * cap, (rank + 1) *
-// cap)), each CTA's slice of the next two rows copied into shared memory by the bulk copy
-// engine (cp.async.bulk, one instruction a slice, completed on an mbarrier), so that while
-// one row is reduced and stored the next is landing and the one after is issued: the
-// register kernel above does load, reduce, cluster barrier and store in sequence, with
-// nothing in flight an SM between them. The slice goes from shared memory into registers
-// once, then is scaled from them; the weight comes from L1/L2 at the store.
-constexpr int kWideMaxRanks = 16;  // non-portable cluster size on sm_90
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-}
-// Arrive on `bar` and expect `bytes` more of asynchronous copies to complete its phase.
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-// Until the phase of parity `parity` of `bar` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
-        "0, p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this CTA's
-// shared memory by the bulk copy engine, counted on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-#endif
-}
-
-template <typename T, typename W, int THREADS, int VPT>
-__global__ void __launch_bounds__(THREADS, 1)
-    rms_norm_wide(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                  int64_t stride_x, int64_t stride_y, int64_t M, int N, int cap, float eps) {
-  constexpr int VEC = kVec<T>;
-  extern __shared__ __align__(128) uint4 stage_sm[];  // 2 stages of `cap` vectors
-  __shared__ __align__(8) uint64_t full[2];
-  __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[2][kWideMaxRanks];
-  const int t = threadIdx.x;
-  int rank = 0, ranks = 1;
-  cluster_position(rank, ranks);
-  const int64_t first = blockIdx.x / ranks;  // this cluster's first row
-  const int64_t step = gridDim.x / ranks;    // the clusters
-  const int v0 = rank * cap;                 // this CTA's first vector of a row
-  const int nv = max(0, min(cap, N / VEC - v0));
-  const uint32_t bytes = static_cast<uint32_t>(nv) * 16u;
-  if (t == 0) {
-    mbar_init(&full[0], 1);
-    mbar_init(&full[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (ranks > 1) cluster_arrive_relaxed();
-  // row `row` into stage st (thread 0 alone)
-  auto issue = [&](int64_t row, int st) {
-    mbar_expect(&full[st], bytes);
-    if (bytes) bulk_load(stage_sm + st * cap, x + row * stride_x + v0 * VEC, bytes, &full[st]);
-  };
-  if (t == 0) {
-    issue(first, 0);
-    if (first + step < M) issue(first + step, 1);
-  }
-  const float inv_n = 1.f / static_cast<float>(N);
-  int j = 0;
-  for (int64_t row = first; row < M; row += step, ++j) {
-    const int st = j & 1;
-    mbar_wait(&full[st], (j >> 1) & 1);
-    Pack<T> v[VPT];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int i = k * THREADS + t;
-      v[k].raw = i < nv ? stage_sm[st * cap + i] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const float f = to_float(v[k].e[e]);
-        ss = fmaf(f, f, ss);
-      }
-    }
-    float2 sums = block_sum2<THREADS>(ss, 0.f, red);
-    // every thread's reads of stage st are done (block_sum2's barrier): the row after next
-    // may land there; the proxy fence orders those reads before the copy engine's writes
-    if (t == 0 && row + 2 * step < M) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      issue(row + 2 * step, st);
-    }
-    if (ranks > 1) sums = cluster_sums2(sums, slots, st, rank, ranks, j == 0);
-    const float rstd = rsqrtf(sums.x * inv_n + eps);
-    T* yr = y + row * stride_y;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int i = k * THREADS + t;
-      if (i >= nv) continue;
-      const int e0 = (v0 + i) * VEC;
-      float wf[VEC];
-      if (w != nullptr) {
-        load_weight<W, VEC>(w + e0, true, wf);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) wf[e] = 1.f;
-      }
-      Pack<T> o;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) o.e[e] = from_float<T>(to_float(v[k].e[e]) * rstd * wf[e]);
-      *reinterpret_cast<uint4*>(yr + e0) = o.raw;
-    }
-  }
-}
-
 // ---- launch configuration --------------------------------------------------------------
 // One table of rungs an op: a ladder is the rungs of one kind in order, and a row of at most
 // max_vecs 16-byte vectors of x takes the first rung of its ladder that holds it. The
@@ -964,86 +831,11 @@ void check_clusters(const char* impl, const Plan& plan, int N) {
                     "x");
 }
 
-// The staged wide-row kernel where RMSNORM_CUDA_WIDE asks for it (1: slices of up to 4096
-// vectors a CTA on 512 threads; 2: 2048 on 256, so more CTAs an SM) and the rows allow it
-// (64 KB or more, every row of x and y 16-byte aligned and whole vectors, the weight
-// aligned, sm_90, a cluster of at most 16 CTAs holding the row); false where it does not
-// (the ladders' kernel runs then). An experiment: read each call, so a probe can compare.
-template <typename T, typename W>
-bool launch_wide(const at::Tensor& x2, const W* w, at::Tensor& y2, float eps) {
-  const char* env = std::getenv("RMSNORM_CUDA_WIDE");
-  const int mode = env != nullptr ? std::atoi(env) : 0;
-  if (mode != 1 && mode != 2) return false;
-  constexpr int VEC = kVec<T>;
-  const int64_t M = x2.size(0);
-  const int N = static_cast<int>(x2.size(1));
-  auto aligned = [](const void* p, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride * sizeof(T) % 16 == 0;
-  };
-  if (M == 0 || N % VEC != 0 || static_cast<int64_t>(N) * sizeof(T) < 65536 ||
-      !aligned(x2.const_data_ptr(), x2.stride(0)) || !aligned(y2.const_data_ptr(), y2.stride(0)) ||
-      reinterpret_cast<uintptr_t>(w) % 16 != 0)
-    return false;
-  const int device = x2.device().index();
-  if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
-  const int vecs = N / VEC;
-  const int target = mode == 1 ? 4096 : 2048;
-  int ranks = 1;
-  while (ranks < kWideMaxRanks && (vecs + ranks - 1) / ranks > target) ranks *= 2;
-  const int cap = (vecs + ranks - 1) / ranks;
-  if (cap > target) return false;
-  using Kernel = void (*)(const T*, const W*, T*, int64_t, int64_t, int64_t, int, int, float);
-  const Kernel kernel = mode == 1 ? rms_norm_wide<T, W, 512, 8> : rms_norm_wide<T, W, 256, 8>;
-  const int threads = mode == 1 ? 512 : 256;
-  const int smem = 2 * cap * 16;
-  // clusters that fit at once, asked once per kernel, device and shape of cluster
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, int>, int> fit_of;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ranks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.gridDim = dim3(ranks);
-  int clusters = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, ranks, smem);
-    auto it = fit_of.find(key);
-    if (it == fit_of.end()) {
-      cudaFuncAttributes fa;
-      C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-      const int optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          optin - static_cast<int>(fa.sharedSizeBytes)));
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      if (smem + static_cast<int>(fa.sharedSizeBytes) <= optin)
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-      it = fit_of.emplace(key, clusters).first;
-    }
-    clusters = it->second;
-  }
-  if (clusters <= 0) return false;
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(M, clusters) * ranks));
-  cfg.stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const T*>(x2.const_data_ptr()),
-                                    w, reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0),
-                                    y2.stride(0), M, N, cap, eps));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return true;
-}
-
 template <typename T, typename W>
 void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps,
             const std::optional<Plan>& forced) {
   constexpr const char* kImpl = "cuda_impl.rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
-  if (!forced.has_value() && launch_wide<T, W>(x2, w, y2, eps)) return;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
   const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced);
