@@ -7,7 +7,8 @@
 #        BENCH_APPEND=1 appends to a copy of the committed records.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
-#        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep.
+#        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep;
+#        SWEEP_VARIANT="name:DEFINE=V,..." sweeps a variant of the forward source too.
 # ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
 #      named in NCU_IMPLS (default triton,cuda,quack), one launch each; NCU_SECTIONS (e.g.
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
@@ -147,6 +148,26 @@ if mode sweep; then
   step "sweep of launch configs"
   # shellcheck disable=SC2086
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
+  # SWEEP_VARIANT="name:DEFINE=V[,DEFINE=V]": the forward source rebuilt with those defines
+  # (and the sweep-only configs), every config checked against the reference and the same
+  # sweep timed on it, beside the default build's
+  if [[ -n "${SWEEP_VARIANT:-}" ]]; then
+    vname=${SWEEP_VARIANT%%:*}
+    vargs=(--define RMSNORM_SWEEP_CONFIGS=1)
+    IFS=, read -ra vdefs <<<"${SWEEP_VARIANT#*:}"
+    for d in "${vdefs[@]}"; do vargs+=(--define "$d"); done
+    step "variant $SWEEP_VARIANT of the forward: build, every config against the reference, sweep"
+    if $PY scripts/variant_build.py --source cuda_impl/csrc/rms_norm_kernel.cu "${vargs[@]}" \
+        --out "build/variants/$vname" >"/tmp/variant-$vname.log" 2>&1; then
+      CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" timeout 300 $PY -m pytest -q -p no:cacheprovider \
+        tests/test_configs.py tests/test_fused_add.py -k "cuda and config" 2>&1 | tail -5 || status=1
+      # shellcheck disable=SC2086
+      CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" $PY -m harness.sweep ${SWEEP_ARGS:-} \
+        --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep-$vname.jsonl" 2>&1 || status=1
+    else
+      tail -20 "/tmp/variant-$vname.log"; status=1
+    fi
+  fi
 fi
 if mode ncu; then
   step "Nsight Compute (clock control off), one launch per kernel"

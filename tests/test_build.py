@@ -90,3 +90,26 @@ def test_missing_library_says_how_to_build():
         text=True,
     )
     assert out.returncode != 0 and "does not exist" in out.stderr
+
+
+def test_sweep_build_tables_are_valid():
+    """The sweep build's config tables (RMSNORM_SWEEP_CONFIGS=1: the sweep-only configs
+    beside the rungs) pass their compile-time checks (each config compiled once, the rungs
+    in order), which no default build sees: nvcc's front end alone, no device code."""
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        pytest.skip(f"no nvcc at {nvcc}")
+    includes = [*include_paths("cpu"), os.path.join(cuda_home, "include"),
+                sysconfig.get_paths()["include"]]  # fmt: skip
+    out = subprocess.run(
+        [nvcc, "-cuda", "-std=c++20", "--expt-relaxed-constexpr", "-DRMSNORM_SWEEP_CONFIGS=1",
+         "-gencode=arch=compute_90,code=sm_90", *[f"-I{p}" for p in includes],
+         os.path.join(ROOT, "cuda_impl", "csrc", "rms_norm_kernel.cu"), "-o", os.devnull],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]

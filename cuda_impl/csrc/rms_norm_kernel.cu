@@ -210,6 +210,73 @@ __device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, i
   return ss;
 }
 
+// A build switch for a probe (-DRMSNORM_CUDA_CLUSTER_MBAR=1, e.g. through
+// scripts/variant_build.py --source cuda_impl/csrc/rms_norm_kernel.cu; off in the default
+// build, not yet measured): the cluster kernels' row sum as one transaction barrier, as
+// QuACK's rmsnorm does it, instead of a CTA barrier, then a cluster barrier. Each warp's
+// partial goes straight to slot (rank, warp) of every CTA of the cluster (st.async, which
+// counts its bytes on the receiving CTA's mbarrier); a CTA waits on its own mbarrier alone,
+// for all of them, and every warp sums the same slots in the same order. Aim: clusters of
+// more, smaller CTAs (more rows in flight an SM) without a cluster-wide barrier a row, which
+// the sweeps found made 4-8 CTAs slower than 2 (sweep-b51fdbc-cuda.jsonl: bf16 131072 on
+// 512 x 8 CTAs, 4 ranks 77%, 8 ranks 62%).
+#ifndef RMSNORM_CUDA_CLUSTER_MBAR
+#define RMSNORM_CUDA_CLUSTER_MBAR 0
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
+// cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
+// which thread 0 initialised (count 1) before the CTA's cluster_arrive_relaxed. Every
+// thread of every CTA must call it, once.
+template <int BLOCK>
+__device__ __forceinline__ float cluster_sum_mbar(float part, float* parts, uint64_t* bar,
+                                                  int rank, int ranks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kWarps = BLOCK / 32;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(static_cast<uint32_t>(kWarps * ranks * sizeof(float)))
+                 : "memory");
+  }
+  cluster_wait();  // every peer runs, its mbarrier initialised
+  if (lane < ranks) {
+    uint32_t slot, peer_bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(slot)
+                 : "r"(smem_u32(&parts[rank * kWarps + warp])), "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer_bar) : "r"(smem_u32(bar)), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                     slot),
+                 "f"(part), "r"(peer_bar)
+                 : "memory");
+  }
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar))
+        : "memory");
+  } while (!done);
+  // the same slots in the same order in every warp of every CTA: one result
+  float s = 0.f;
+  for (int i = lane; i < kWarps * ranks; i += 32) s += parts[i];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+#else
+  return part;
+#endif
+}
+
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
 // this thread's weight vectors, issued right after x's so their latency (an L2 hit) hides
 // under x's instead of following the reduction; returns whether it loaded them (the
@@ -377,6 +444,13 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   __shared__ float warp_sums[BLOCK / 32];
   __shared__ float rank_sums[CLUSTER ? kMaxClusterRanks : 1];  // one per CTA of the cluster
+#if RMSNORM_CUDA_CLUSTER_MBAR
+  constexpr bool kMbar = CLUSTER;
+  __shared__ float cluster_parts[kMbar ? BLOCK / 32 * kMaxClusterRanks : 1];
+  __shared__ __align__(8) uint64_t cluster_bar;
+#else
+  constexpr bool kMbar = false;
+#endif
 
   // which row, and which slice of it this thread owns
   int rank = 0, ranks = 1;
@@ -400,6 +474,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
   // A CTA may write into a peer's shared memory only once the peer runs: announce that
   // this one does (no wait here; the wait comes after the loads are in flight).
+#if RMSNORM_CUDA_CLUSTER_MBAR
+  if constexpr (kMbar) {
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
+                   : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+  }
+#endif
   if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
@@ -441,9 +524,18 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
 
   // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
-  float ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
-  // ... and across the CTAs of the cluster, through distributed shared memory
-  if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums, rank, ranks, true);
+  float ss;
+#if RMSNORM_CUDA_CLUSTER_MBAR
+  if constexpr (kMbar) {  // (the probe's switch: CTA and cluster in one transaction barrier)
+    ss = cluster_sum_mbar<BLOCK>(sum_squares(v, xh, xt), cluster_parts, &cluster_bar, rank,
+                                 ranks);
+  } else
+#endif
+  {
+    ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
+    // ... and across the CTAs of the cluster, through distributed shared memory
+    if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums, rank, ranks, true);
+  }
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
   if constexpr ((VARIANT & kLeanRegs) != 0) {
 #pragma unroll
@@ -588,10 +680,11 @@ struct FusedTable {
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   // Candidates the fused sweep keeps timing beside the rungs: lean registers or the late
-  // weight at other shapes, one 1024-thread CTA a row.
-  static constexpr Config kSweepOnly[] = {
-      {256, 4, false, kPlainLean}, {512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
-      {1024, 4, false},            {128, 4, false, kPlainLate}, {512, 4, false, kPlainLate}};
+  // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now).
+  static constexpr Config kSweepOnly[] = {{512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
+                                          {1024, 4, false},
+                                          {128, 4, false, kPlainLate},
+                                          {512, 4, false, kPlainLate}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
