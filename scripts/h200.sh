@@ -150,7 +150,7 @@ if mode sweep; then
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
   # SWEEP_VARIANT="name:DEFINE=V[,DEFINE=V]": the forward source rebuilt with those defines
   # (and the sweep-only configs), every config checked against the reference and the same
-  # sweep timed on it, beside the default build's
+  # sweep timed on it for the CUDA kernel, beside the default build's
   if [[ -n "${SWEEP_VARIANT:-}" ]]; then
     vname=${SWEEP_VARIANT%%:*}
     vargs=(--define RMSNORM_SWEEP_CONFIGS=1)
@@ -163,7 +163,8 @@ if mode sweep; then
         tests/test_configs.py tests/test_fused_add.py -k "cuda and config" 2>&1 | tail -5 || status=1
       # shellcheck disable=SC2086
       CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" $PY -m harness.sweep ${SWEEP_ARGS:-} \
-        --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep-$vname.jsonl" 2>&1 || status=1
+        --kernels cuda --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep-$vname.jsonl" \
+        2>&1 || status=1
     else
       tail -20 "/tmp/variant-$vname.log"; status=1
     fi

@@ -67,6 +67,21 @@ def test_chunked_kernel_stages(n, stages, per_sm):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("n", [12288, 12289])
+@pytest.mark.parametrize("reverse, stream_y", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_kernel_sweep_order_and_hints(n, reverse, stream_y, dtype):
+    """The chunked kernel's sweep candidates: the second sweep from the row's end (the
+    partial last chunk first, at 12289), y stored evict_first; the same function."""
+    impl_or_skip("triton")
+    from triton_impl import Config, rms_norm_with_config
+
+    x, w = inputs(5, n, dtype)
+    cfg = Config("chunked", 4096, 8, programs_per_sm=1, reverse=reverse, stream_y=stream_y)
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 

@@ -372,6 +372,14 @@ def test_one_wording_for_both_sides(case):
         (dict(kernel="fused", block_n=64, num_warps=1, BLOCK_M=2), r"unknown fields \['BLOCK_M'\]"),
         (dict(kernel="chunked", block_n=64, num_warps=1, stages=0), r"stages is 0"),
         (dict(kernel="chunked", block_n=64, num_warps=1, programs_per_sm=-1), r"programs_per_sm"),
+        (
+            dict(kernel="chunked", block_n=64, num_warps=1, reverse=1),
+            r"reverse is 1; expected a bool",
+        ),
+        (
+            dict(kernel="fused", block_n=64, num_warps=1, stream_y=True),
+            r"stream_y is set; only the chunked kernel has it",
+        ),
         (dict(kernel="fused", block_n=32, num_warps=1), r"block_n = 32 is narrower than the row"),
         ("fused", r"cfg must be a Config or a dict"),
     ],

@@ -41,7 +41,9 @@ class Config:
     program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
     block_n-wide chunks, twice) or "persistent" (programs walking whole rows, the next rows'
     loads in flight); programs_per_sm: chunked and persistent programs an SM, 0 for one a
-    row; stages: loads in flight through shared memory (Triton's pipeliner), 1 for none.
+    row; stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
+    reverse, stream_y (chunked only; sweep candidates): the second sweep from the row's end,
+    y stored evict_first.
     """
 
     kernel: str
@@ -50,6 +52,8 @@ class Config:
     block_m: int = 1
     programs_per_sm: int = 0
     stages: int = 1
+    reverse: bool = False
+    stream_y: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -67,6 +71,12 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
+        for name in ("reverse", "stream_y"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"{where}: {name} is {v!r}; expected a bool")
+            if v and self.kernel != "chunked":
+                raise ValueError(f"{where}: {name} is set; only the chunked kernel has it")
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -242,6 +252,8 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool) -> tuple:
         meta["VEC"] = 16 // element_size
     else:  # chunked, persistent
         meta["STAGES"] = cfg.stages
+        if cfg.kernel == "chunked":
+            meta.update(REVERSE=cfg.reverse, STREAM_Y=cfg.stream_y)
     return KERNELS[cfg.kernel], meta
 
 
@@ -358,4 +370,9 @@ def search_space(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
+    # the shipped chunked config with the second sweep reversed, y streamed, or both
+    shipped = throughput_config(n, elem, True)
+    if shipped.kernel == "chunked":
+        for reverse, stream_y in ((True, False), (False, True), (True, True)):
+            out.append(dataclasses.replace(shipped, reverse=reverse, stream_y=stream_y))
     return out
