@@ -372,8 +372,8 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   S* const s_sm = reinterpret_cast<S*>(smem_raw);
   T* const dy_sm = reinterpret_cast<T*>(s_sm + STAGES * stage_elems);
   // the weight: fp32, or (WT) in T. WT's pointer is tested at run time, not folded by the
-  // template: so written, ptxas gives the 1024-thread kernel 63 registers and no spills,
-  // against 88 B of spills with `if constexpr` (0.49 -> 0.73 of copy at bf16 16384).
+  // template: so written, ptxas leaves the 1024-thread kernel without spills, which the
+  // `if constexpr` form had and which cost it most of WT's gain (PERF_NOTES v18).
   float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
   T* const wt_sm = dy_sm + STAGES * stage_elems;
   const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
@@ -723,9 +723,8 @@ struct Rows {
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
-  // (a cluster's CTAs: 1024), where it measured faster (bf16 16384: 0.50 -> 0.73 of copy;
-  // clusters at 32768 and 65536: 0.48 -> 0.56, 0.34 -> 0.40); on the deeper rings it spilled
-  // and lost 1-3 points, on rows off a 16-byte boundary 1 (PERF_NOTES v18).
+  // (a cluster's CTAs: 1024), where it measured faster; on the deeper rings it spilled and
+  // lost, and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
   auto in_t = [&](int cap, int stages, bool cluster) {
     return r.w16 && r.vec_ok && stages == 2 && (cluster || cap > 256 * kVpt);
   };
@@ -740,7 +739,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
   // 16-bit rows off a 16-byte boundary just past 512 groups (N = 4095, 4097: 513) take 256
   // threads of 3 groups, not 512 threads of 2 with half their lanes idle: twice the CTAs an
-  // SM (0.57 -> 0.65 of copy at bf16 4095 and 4097; PERF_NOTES v18).
+  // SM, measured faster (PERF_NOTES v18).
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     if (!r.vec_ok && row_groups > 512 && row_groups <= 768 && fits(row_groups, 2)) {
       l.kernel = rms_norm_bwd_staged<T, S, 256, 3, 2, false, false>;

@@ -217,9 +217,8 @@ __device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, i
 // partial goes straight to slot (rank, warp) of every CTA of the cluster (st.async, which
 // counts its bytes on the receiving CTA's mbarrier); a CTA waits on its own mbarrier alone,
 // for all of them, and every warp sums the same slots in the same order. Aim: clusters of
-// more, smaller CTAs (more rows in flight an SM) without a cluster-wide barrier a row, which
-// the sweeps found made 4-8 CTAs slower than 2 (sweep-b51fdbc-cuda.jsonl: bf16 131072 on
-// 512 x 8 CTAs, 4 ranks 77%, 8 ranks 62%).
+// more, smaller CTAs (more rows in flight an SM) without a cluster-wide barrier a row, with
+// which the sweeps found more CTAs a cluster slower (PERF_NOTES v20).
 #ifndef RMSNORM_CUDA_CLUSTER_MBAR
 #define RMSNORM_CUDA_CLUSTER_MBAR 0
 #endif
