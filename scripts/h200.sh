@@ -25,7 +25,9 @@
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
-# output, appended) and the benchmark's results/ (records, 4 plots, report).
+# output, appended) and the benchmark's results/ (records, report). The plots (14 of them)
+# are removed at the end, since with them the records did not come back; they are redrawn
+# here from the records (python -m harness.plot). KEEP_PLOTS=1 keeps them.
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
 # are installed to /tmp/site first.
 set -uo pipefail
@@ -243,4 +245,5 @@ if mode probe; then
   # shellcheck disable=SC2086
   $PY scripts/compile_probe.py ${PROBE_ARGS:-} 2>&1 || status=1
 fi
+[[ "${KEEP_PLOTS:-0}" == 1 ]] || find "$OUT" -name '*.png' -delete
 exit $status
