@@ -6,6 +6,7 @@ Figures of record come from ``python -m harness.bench``; this prints only, for t
 predict-change-measure loop.
 
     python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32] [--impls cuda]
+                                 [--weight dtype|fp32|none]
 """
 
 import argparse
@@ -28,8 +29,11 @@ def cold_us(fn, flush, reps: int = 30) -> float:
 
 
 def reference(x, w, dy):
-    """(dx, dweight) of rms_norm by autograd in fp32, the probe's check of what it times."""
+    """(dx, dweight) of rms_norm by autograd in fp32, the probe's check of what it times
+    (dx alone without a weight)."""
     xf = x.float().requires_grad_()
+    if w is None:
+        return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), None, 1e-6), (xf,), dy.float())
     wf = w.float().requires_grad_()
     return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), wf, 1e-6), (xf, wf), dy.float())
 
@@ -47,6 +51,8 @@ def main() -> int:
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--shapes", default="")
     p.add_argument("--impls", default="triton,cuda,native")
+    p.add_argument("--weight", default="dtype", choices=("dtype", "fp32", "none"),
+                   help="the weight: x's dtype (default), fp32 beside x, or none")  # fmt: skip
     args = p.parse_args()
     import triton_impl
 
@@ -71,15 +77,18 @@ def main() -> int:
             shapes = [((2**27 if elem == 2 else 2**26) // n, n) for n in GRID_N]
         for m, n in shapes:
             x = torch.randn(m, n, device="cuda").to(dtype)
-            w = (1 + 0.5 * torch.randn(n, device="cuda")).to(dtype)
+            w = (1 + 0.5 * torch.randn(n, device="cuda")).to(
+                torch.float32 if args.weight == "fp32" else dtype
+            )
+            if args.weight == "none":
+                w = None
             dy = torch.randn(m, n, device="cuda").to(dtype)
             xg = x.clone().requires_grad_()
-            wg = w.clone().requires_grad_()
+            wg = None if w is None else w.clone().requires_grad_()
             y = F.rms_norm(xg, (n,), wg, 1e-6)
+            wrt = (xg,) if wg is None else (xg, wg)
             fns = {
-                "native": functools.partial(
-                    torch.autograd.grad, y, (xg, wg), dy, retain_graph=True
-                ),
+                "native": functools.partial(torch.autograd.grad, y, wrt, dy, retain_graph=True),
             }
             dro = torch.randn(m, n, device="cuda").to(dtype)
             for lib, mod in libs.items():
@@ -87,13 +96,15 @@ def main() -> int:
                 fns[f"{lib}_fused"] = functools.partial(
                     mod.fused_add_rms_norm_backward, dy, dro, x, w, 1e-6
                 )
-            ref_dx, ref_dw = reference(x, w, dy)
+            ref_dx, *ref_dw = reference(x, w, dy)  # ref_dw: [] without a weight
             fused_dx = ref_dx + dro.float()
-            refs = {"plain": (ref_dx, ref_dw), "fused": (fused_dx, fused_dx, ref_dw)}
+            refs = {"plain": (ref_dx, *ref_dw), "fused": (fused_dx, fused_dx, *ref_dw)}
             for name in impls:
                 fn = fns[name]
-                # ours: (dx, dw) or (dx, dresidual, dw); native: (dx, dw)
-                err = error(fn(), refs["fused" if name.endswith("_fused") else "plain"])
+                # ours: (dx, dw) or (dx, dresidual, dw), dw None without a weight; native:
+                # (dx, dw) or (dx,)
+                got = tuple(g for g in fn() if g is not None)
+                err = error(got, refs["fused" if name.endswith("_fused") else "plain"])
                 # read s, dy (and d_residual_out), write dx (and dresidual), the weights
                 tensors = 5 if name.endswith("_fused") else 3
                 nbytes = tensors * m * n * elem + 2 * n * elem

@@ -153,6 +153,33 @@ def test_rms_norm_grads_layouts(name, shape, wkind, layout):
     assert (dw is None) == (w is None)
 
 
+#: On a GPU, rows that take the CUDA staged kernel's 1024-thread 2-row ring with an fp32
+#: weight or none (the kernel without the weight kept in dy's dtype).
+WIDE_WEIGHT_SHAPES = [(257, 16384), (300, 12288)] if HAS_GPU else []
+
+
+@pytest.mark.parametrize("wkind", ["none", "fp32"])
+@pytest.mark.parametrize("shape", WIDE_WEIGHT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rms_norm_grads_wide_rows_other_weights(name, shape, wkind):
+    """Wide bf16 rows with an fp32 weight or none, many rows a CTA, poisoned memory under
+    the outputs."""
+    mod = backend(name)
+    m, n = shape
+    x = rows(m, n, torch.bfloat16).requires_grad_()
+    w = weight_of(n, torch.bfloat16, wkind)
+    if w is not None:
+        w.requires_grad_()
+    dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    y = mod.rms_norm(x, w, 1e-6)
+    poison_allocator(3 * x.numel() * 4)
+    grads = torch.autograd.grad(y, (x,) if w is None else (x, w), dy)
+    want_dx, want_dw = rms_norm_grads_ref(x, w, 1e-6, dy)
+    grad_close(grads[0], want_dx, "dx", grad_scale(x, w, dy))
+    if w is not None:
+        grad_close(grads[1], want_dw, "dweight")
+
+
 @pytest.mark.parametrize("used", ["both", "y-only", "residual_out-only"])
 @pytest.mark.parametrize("rdtype", ["dtype", "fp32"])
 @pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
