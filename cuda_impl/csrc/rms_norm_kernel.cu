@@ -222,7 +222,7 @@ __device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, i
 #ifndef RMSNORM_CUDA_CLUSTER_MBAR
 #define RMSNORM_CUDA_CLUSTER_MBAR 0
 #endif
-
+#if RMSNORM_CUDA_CLUSTER_MBAR
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -275,6 +275,7 @@ __device__ __forceinline__ float cluster_sum_mbar(float part, float* parts, uint
   return part;
 #endif
 }
+#endif  // RMSNORM_CUDA_CLUSTER_MBAR
 
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
 // this thread's weight vectors, issued right after x's so their latency (an L2 hit) hides
@@ -447,8 +448,6 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   constexpr bool kMbar = CLUSTER;
   __shared__ float cluster_parts[kMbar ? BLOCK / 32 * kMaxClusterRanks : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
-#else
-  constexpr bool kMbar = false;
 #endif
 
   // which row, and which slice of it this thread owns
