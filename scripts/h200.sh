@@ -44,6 +44,17 @@ export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 PY=python3
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
+# build_variant SOURCE "name:DEFINE=V[,DEFINE=V]" [DEFINE=V ...]: SOURCE recompiled with the
+# defines (those given after the spec first) into build/variants/name by
+# scripts/variant_build.py, its output in /tmp/variant-name.log
+build_variant() {
+  local source=$1 spec=$2 d defs args=()
+  shift 2
+  IFS=, read -ra defs <<<"${spec#*:}"
+  for d in "$@" "${defs[@]}"; do args+=(--define "$d"); done
+  $PY scripts/variant_build.py --source "$source" "${args[@]}" --out "build/variants/${spec%%:*}" \
+    >"/tmp/variant-${spec%%:*}.log" 2>&1
+}
 
 # Optional peers, carried as wheels (the device machine has no registry); fetch them here
 # with scripts/fetch_peer_wheels.sh:
@@ -155,12 +166,8 @@ if mode sweep; then
   # sweep timed on it for the CUDA kernel, beside the default build's
   if [[ -n "${SWEEP_VARIANT:-}" ]]; then
     vname=${SWEEP_VARIANT%%:*}
-    vargs=(--define RMSNORM_SWEEP_CONFIGS=1)
-    IFS=, read -ra vdefs <<<"${SWEEP_VARIANT#*:}"
-    for d in "${vdefs[@]}"; do vargs+=(--define "$d"); done
     step "variant $SWEEP_VARIANT of the forward: build, every config against the reference, sweep"
-    if $PY scripts/variant_build.py --source cuda_impl/csrc/rms_norm_kernel.cu "${vargs[@]}" \
-        --out "build/variants/$vname" >"/tmp/variant-$vname.log" 2>&1; then
+    if build_variant cuda_impl/csrc/rms_norm_kernel.cu "$SWEEP_VARIANT" RMSNORM_SWEEP_CONFIGS=1; then
       CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" timeout 300 $PY -m pytest -q -p no:cacheprovider \
         tests/test_configs.py tests/test_fused_add.py -k "cuda and config" 2>&1 | tail -5 || status=1
       # shellcheck disable=SC2086
@@ -189,11 +196,7 @@ fi
 if mode backward; then
   declare -A variant_pid=()
   for v in ${VARIANTS:-}; do
-    dargs=()
-    IFS=, read -ra defs <<<"${v#*:}"
-    for d in "${defs[@]}"; do dargs+=(--define "$d"); done
-    $PY scripts/variant_build.py "${dargs[@]}" --out "build/variants/${v%%:*}" \
-      >"/tmp/variant-${v%%:*}.log" 2>&1 &
+    build_variant cuda_impl/csrc/rms_norm_backward.cu "$v" &
     variant_pid[${v%%:*}]=$!
   done
   step "pytest (GPU): the backward, and the fused add's gradients and split kernel"
