@@ -32,10 +32,9 @@ def reference(x, w, dy):
     """(dx, dweight) of rms_norm by autograd in fp32, the probe's check of what it times
     (dx alone without a weight)."""
     xf = x.float().requires_grad_()
-    if w is None:
-        return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), None, 1e-6), (xf,), dy.float())
-    wf = w.float().requires_grad_()
-    return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), wf, 1e-6), (xf, wf), dy.float())
+    wf = None if w is None else w.float().requires_grad_()
+    wrt = (xf,) if wf is None else (xf, wf)
+    return torch.autograd.grad(F.rms_norm(xf, (x.shape[-1],), wf, 1e-6), wrt, dy.float())
 
 
 def error(got, want) -> float:
