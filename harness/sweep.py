@@ -2,6 +2,7 @@
 
     python -m harness.sweep [--op rms_norm] [--kernels triton,cuda] [--dtypes bf16,fp16,fp32]
                             [--shapes 32768x4096,...] [--out sweep.jsonl] [--budget-s 420]
+                            [--where triton:reverse=True --where triton:stream_y=True ...]
 
 For each shape (default: the benchmark's large grid, harness.plan.grid: M = 2^27 / N) the
 op's inputs come from its factory (harness.ops), each candidate is checked against the
@@ -15,7 +16,9 @@ whether it is the one the kernel picks today in ``config``, GB/s by the op's byt
 best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
 cuda_impl.configs), the default its default_config. --op fused_add_rms_norm sweeps the
 CUDA fused add's table (the Triton fused add has no forced-config entry point yet: named as
-skipped).
+skipped). --where KERNEL:FIELD=VALUE[,FIELD=VALUE] keeps, of that kernel's candidates, only
+those whose config fields have those values (repeated: a candidate matching any one is
+kept), and today's config beside them: a probe of a few candidates within a device call.
 """
 
 from __future__ import annotations
@@ -53,6 +56,31 @@ def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
     return search_space(n, elem, op=op)
 
 
+def parse_where(specs: list[str]) -> dict[str, list[dict[str, str]]]:
+    """--where specs -> kernel -> the alternatives, each {field: value} (ValueError: bad)."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for spec in specs:
+        kernel, sep, terms = spec.partition(":")
+        if not sep or kernel not in KERNELS:
+            raise ValueError(f"{spec!r}: expected KERNEL:FIELD=VALUE, KERNEL one of {KERNELS}")
+        alt = {}
+        for term in terms.split(","):
+            field, eq, value = term.partition("=")
+            if not eq or not field:
+                raise ValueError(f"{spec!r}: expected FIELD=VALUE, got {term!r}")
+            alt[field] = value
+        bad = sorted(set(alt) - candidates_fields(kernel))
+        if bad:
+            raise ValueError(f"{spec!r}: {kernel} configs have no field {', '.join(bad)}")
+        out.setdefault(kernel, []).append(alt)
+    return out
+
+
+def matches(cfg, alternatives: list[dict[str, str]]) -> bool:
+    """Whether cfg's fields have the values of any one alternative."""
+    return any(all(str(getattr(cfg, f)) == v for f, v in alt.items()) for alt in alternatives)
+
+
 def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
     """The op's inputs -> its outputs with the config forced."""
     if kernel == "triton":
@@ -66,6 +94,17 @@ def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
     return lambda x, w, eps=EPS: rms_norm_with_config(x, w, eps, cfg)
 
 
+def candidates_fields(kernel: str) -> set[str]:
+    """The field names of kernel's Config (what --where may name)."""
+    import dataclasses
+
+    if kernel == "triton":
+        from triton_impl import Config
+    else:
+        from cuda_impl import Config
+    return {f.name for f in dataclasses.fields(Config)}
+
+
 def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows (the backend's default rule)."""
     if kernel == "triton":
@@ -77,8 +116,11 @@ def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
     return default_config(n, elem, op=op)
 
 
-def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:
-    """Check and time every candidate config of kernel at one shape; write a record each
+def sweep_shape(
+    b: measure.Bench, kernel: str, p: Planned, where: Optional[list[dict[str, str]]] = None
+) -> list[dict]:
+    """Check and time every candidate config of kernel at one shape (those matching one of
+    where's alternatives, and today's config, when where is given); write a record each
     (FAIL for a config that fails the check, PASS with its timing) and return them."""
     op = b.op
     inputs = op.make_inputs(p, b.device, b.seed + p.m * 100003 + p.n)
@@ -90,6 +132,8 @@ def sweep_shape(b: measure.Bench, kernel: str, p: Planned) -> list[dict]:
     ready: dict[str, tuple[dict, Callable]] = {}
     written = []
     for i, cfg in enumerate(candidates(kernel, p.n, elem, op.name)):
+        if where and cfg != default and not matches(cfg, where):
+            continue
         impl = Impl(kernel, runner(kernel, cfg, op.name))
         fn, compile_s, correct = measure.validate_impl(impl, inputs, ref, op)
         fields = dict(
@@ -146,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=420.0,
         help="skip the shapes not started after this many seconds (default 420)",
     )
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KERNEL:FIELD=VALUE[,FIELD=VALUE]",
+        help="of KERNEL's candidates only those with these config values, and today's "
+        "(repeatable: any one matching; e.g. triton:reverse=True)",
+    )
     return p
 
 
@@ -158,6 +210,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         shapes = parse_shapes(args.shapes) if args.shapes else grid()
     except ValueError as e:
         p.error(f"--shapes: {e}")
+    try:
+        where = parse_where(args.where)
+    except ValueError as e:
+        p.error(f"--where: {e}")
     section = "custom" if args.shapes else "grid"
     if not torch.cuda.is_available():
         print("harness.sweep needs a CUDA GPU")
@@ -178,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     print(f"budget spent: skipping {kernel} {dtype} {m}x{n}")
                     measure.write_skipped(b, kernel, planned)
                     continue
-                recs += sweep_shape(b, kernel, planned)
+                recs += sweep_shape(b, kernel, planned, where.get(kernel))
                 torch.cuda.empty_cache()
     b.writer.close()
     summarize(recs)

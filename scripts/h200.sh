@@ -8,7 +8,8 @@
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep;
-#        SWEEP_VARIANT="name:DEFINE=V,..." sweeps a variant of the forward source too.
+#        SWEEP_VARIANT="name:DEFINE=V,..." sweeps a variant of the forward source too
+#        (SWEEP_VARIANT_K: the pytest -k filter of its configs' check).
 # ncu: NCU_CASES (e.g. "bf16:2048x65536 fp32:10922x12288") profiled, our kernels and peers
 #      named in NCU_IMPLS (default triton,cuda,quack), one launch each; NCU_SECTIONS (e.g.
 #      "WarpStateStats SourceCounters") adds those sections (stall reasons) to the metrics;
@@ -156,20 +157,27 @@ if mode model; then
   $PY -m harness.model --require-gpu ${MODEL_ARGS:-} $margs --out "$OUT/model" 2>&1 || status=1
 fi
 if mode sweep; then
+  # SWEEP_VARIANT="name:DEFINE=V[,DEFINE=V]": the forward source rebuilt with those defines
+  # (and the sweep-only configs), built (niced) while the default build's sweep runs, whose
+  # wide rows keep the GPU busy a launch at a time; then its configs checked against the
+  # reference (SWEEP_VARIANT_K: the pytest -k filter) and the same sweep timed on it for the
+  # CUDA kernel, beside the default build's
+  if [[ -n "${SWEEP_VARIANT:-}" ]]; then
+    vname=${SWEEP_VARIANT%%:*}
+    (renice -n 19 "$BASHPID" >/dev/null
+     build_variant cuda_impl/csrc/rms_norm_kernel.cu "$SWEEP_VARIANT" RMSNORM_SWEEP_CONFIGS=1) &
+    variant_build=$!
+  fi
   step "every compiled fused config, sweep-only ones included, against the reference"
   $PY -m pytest -q -p no:cacheprovider tests/test_fused_add.py -k cuda_fused_every_config 2>&1 | tail -5 || status=1
   step "sweep of launch configs"
   # shellcheck disable=SC2086
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
-  # SWEEP_VARIANT="name:DEFINE=V[,DEFINE=V]": the forward source rebuilt with those defines
-  # (and the sweep-only configs), every config checked against the reference and the same
-  # sweep timed on it for the CUDA kernel, beside the default build's
   if [[ -n "${SWEEP_VARIANT:-}" ]]; then
-    vname=${SWEEP_VARIANT%%:*}
-    step "variant $SWEEP_VARIANT of the forward: build, every config against the reference, sweep"
-    if build_variant cuda_impl/csrc/rms_norm_kernel.cu "$SWEEP_VARIANT" RMSNORM_SWEEP_CONFIGS=1; then
+    step "variant $SWEEP_VARIANT of the forward: its build, every config against the reference, sweep"
+    if wait "$variant_build"; then
       CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" timeout 300 $PY -m pytest -q -p no:cacheprovider \
-        tests/test_configs.py tests/test_fused_add.py -k "cuda and config" 2>&1 | tail -5 || status=1
+        tests/test_configs.py tests/test_fused_add.py -k "${SWEEP_VARIANT_K:-cuda and config}" 2>&1 | tail -5 || status=1
       # shellcheck disable=SC2086
       CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" $PY -m harness.sweep ${SWEEP_ARGS:-} \
         --kernels cuda --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep-$vname.jsonl" \

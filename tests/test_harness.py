@@ -473,6 +473,21 @@ def test_sweep_writes_validated_records(tmp_path, monkeypatch, capsys):
     assert "triton  bf16" in capsys.readouterr().out
 
 
+def test_sweep_where_keeps_the_matching_candidates_and_today_s():
+    """--where: of a kernel's candidates those matching any one alternative (every field of
+    it), and today's config, which the sweep always times beside them."""
+    from harness import sweep
+
+    where = sweep.parse_where(["triton:reverse=True", "triton:stream_y=True,num_warps=32"])
+    assert where == {"triton": [{"reverse": "True"}, {"stream_y": "True", "num_warps": "32"}]}
+    n = 65536
+    cands = sweep.candidates("triton", n, 2)
+    kept = [c for c in cands if sweep.matches(c, where["triton"])]
+    assert kept and all(c.reverse or (c.stream_y and c.num_warps == 32) for c in kept)
+    assert len(kept) == sum(c.reverse or (c.stream_y and c.num_warps == 32) for c in cands)
+    assert not sweep.matches(sweep.default_config("triton", n, 2), where["triton"])
+
+
 def test_sweep_takes_its_grid_from_plan():
     """plan.py is the one grid: the sweep's default shapes are the bench's grid shapes, and
     neither the sweep nor scripts/ncu_one.py imports its shapes from harness.bench."""
