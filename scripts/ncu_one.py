@@ -11,9 +11,12 @@ profiled after the implementations, the same way (--triton-fused: rms_norm only)
 
     --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
     --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
+    --triton-like reverse=True/stream_y=True,reverse=True
+                                            today's Triton config with these fields changed
 """
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -30,6 +33,7 @@ def main() -> int:
     p.add_argument("--shape", default="32768x4096")
     p.add_argument("--cuda-configs", default="", help="RTxVPTxCLUSTERxVARIANT/...")
     p.add_argument("--triton-fused", default="", help="BLOCK_MxWARPS/...")
+    p.add_argument("--triton-like", default="", help="FIELD=VALUE[,FIELD=VALUE]/...")
     args = p.parse_args()
     m, n = parse_shapes(args.shape)[0]
     op = OPS[args.op]
@@ -50,8 +54,20 @@ def main() -> int:
         cfg = triton_impl.Config("fused", 1 << (n - 1).bit_length(), warps, block_m=block_m)
         runs.append((f"triton[fused {spec}]", lambda x, w, e, c=cfg:
                      triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
-    if args.triton_fused and op.name != "rms_norm":
-        p.error("--triton-fused forces configs of rms_norm only")
+    for spec in filter(None, args.triton_like.split("/")):
+        import triton_impl
+
+        base = triton_impl.default_config(n, inputs[0].element_size())
+        changes = {}
+        for term in spec.split(","):
+            field, _, value = term.partition("=")
+            kind = type(getattr(base, field))
+            changes[field] = value == "True" if kind is bool else kind(value)
+        cfg = dataclasses.replace(base, **changes)
+        runs.append((f"triton[{spec}]", lambda x, w, e, c=cfg:
+                     triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
+    if (args.triton_fused or args.triton_like) and op.name != "rms_norm":
+        p.error("--triton-fused and --triton-like force configs of rms_norm only")
     for name, fn in runs:
         for _ in range(3):
             fn(*inputs)
