@@ -5,6 +5,8 @@
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
+# test: the GPU test suite (TEST_FILES, TEST_K: those files, that -k filter), the validation
+#       table (SKIP_VALIDATE=1: not it), memcheck and racecheck of the CUDA forward.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep;
@@ -104,7 +106,11 @@ if mode all || mode test; then
   # The CMake build (95 s of device time) is CI's to check; DEVICE_CMAKE=1 runs it here too.
   skip=(--deselect tests/test_build.py::test_cmake_build_loads)
   [[ "${DEVICE_CMAKE:-0}" == 1 ]] && skip=()
-  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=12 ${skip[@]+"${skip[@]}"} 2>&1 |
+  # TEST_FILES (e.g. "tests/test_numerics.py tests/test_configs.py") and TEST_K (a pytest -k
+  # filter): those tests, not the whole suite
+  [[ -n "${TEST_K:-}" ]] && skip+=(-k "$TEST_K")
+  # shellcheck disable=SC2086
+  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=12 ${skip[@]+"${skip[@]}"} ${TEST_FILES:-} 2>&1 |
     grep -v "^DEBUG " || status=1
   if [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
     step "validation table"

@@ -42,8 +42,8 @@ class Config:
     block_n-wide chunks, twice) or "persistent" (programs walking whole rows, the next rows'
     loads in flight); programs_per_sm: chunked and persistent programs an SM, 0 for one a
     row; stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
-    reverse, stream_y (chunked only; sweep candidates): the second sweep from the row's end,
-    y stored evict_first.
+    reverse, stream_y (chunked only): the second sweep from the row's end, y stored
+    evict_first (so y's lines do not take L2 from the x lines the second sweep re-reads).
     """
 
     kernel: str
@@ -143,15 +143,19 @@ FUSED_TUNED = {
 }
 #: The chunked kernel per width: for rows wider than FUSED_MAX_N, and (unpadded widths only)
 #: where the sweep measured it ahead of the fused kernel; wider rows take CHUNKED_WIDE.
+#: stream_y from 65536: y's lines let go first, 1-2 points (PERF_NOTES v23).
 CHUNKED_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
-    Width(2, 65536): Config("chunked", 16384, 32),
-    Width(2, 131072): Config("chunked", 32768, 16, programs_per_sm=1),
+    Width(2, 65536): Config("chunked", 16384, 32, stream_y=True),
+    Width(2, 131072): Config("chunked", 32768, 16, programs_per_sm=1, stream_y=True),
     Width(4, 16384): Config("chunked", 4096, 32),
-    Width(4, 65536): Config("chunked", 32768, 32, programs_per_sm=2),
-    Width(4, 131072): Config("chunked", 32768, 32),
+    Width(4, 65536): Config("chunked", 32768, 32, programs_per_sm=2, stream_y=True),
+    Width(4, 131072): Config("chunked", 32768, 32, stream_y=True),
 }
-CHUNKED_WIDE = Config("chunked", 32768, 32)
+#: Past 131072 one program a row keeps more rows in flight than L2 holds (132 x 512 KiB at
+#: bf16 262144): the second sweep runs from the row's end, re-reading the chunks loaded
+#: last, the likeliest still in L2, first.
+CHUNKED_WIDE = Config("chunked", 32768, 32, reverse=True, stream_y=True)
 #: The persistent kernel where the sweep measured it ahead of the fused kernel.
 PERSISTENT_TUNED = {
     Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
@@ -370,9 +374,12 @@ def search_space(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
-    # the shipped chunked config with the second sweep reversed, y streamed, or both
+    # the shipped chunked config with each order of the second sweep and store of y
     shipped = throughput_config(n, elem, True)
     if shipped.kernel == "chunked":
-        for reverse, stream_y in ((True, False), (False, True), (True, True)):
-            out.append(dataclasses.replace(shipped, reverse=reverse, stream_y=stream_y))
+        for reverse in (False, True):
+            for stream_y in (False, True):
+                cfg = dataclasses.replace(shipped, reverse=reverse, stream_y=stream_y)
+                if cfg not in out:
+                    out.append(cfg)
     return out

@@ -86,10 +86,10 @@ def _rms_norm_fwd_chunked(
     # fit in L2, so the second sweep re-reads x from L2, not HBM; the hints keep x's lines
     # there for it (evict_last) and let them go after (evict_first). STAGES > 1: Triton's
     # pipeliner keeps the next STAGES - 1 chunks' loads in flight (through shared memory)
-    # while one is summed or scaled; 1: one chunk at a time. Two sweep candidates, off in
-    # the shipped configs until measured: REVERSE, the second sweep from the row's end (the
-    # chunks loaded last, the likeliest still in L2, re-read first); STREAM_Y, y stored
-    # evict_first (its lines, as many as x's, not kept in L2 in x's place).
+    # while one is summed or scaled; 1: one chunk at a time. REVERSE: the second sweep from
+    # the row's end (the chunks loaded last, the likeliest still in L2, re-read first: for
+    # more rows in flight than L2 holds); STREAM_Y: y stored evict_first (its lines, as many
+    # as x's, not kept in L2 in x's place). Where each is on: configs.CHUNKED_TUNED.
     cols = tl.arange(0, BLOCK_N)
     first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     for row in range(first, M, tl.num_programs(0)):

@@ -27,7 +27,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <torch/library.h>
@@ -44,8 +43,6 @@
 
 namespace cuda_impl {
 namespace {
-
-namespace cg = cooperative_groups;
 
 // One of x's 16-byte vectors as the values a thread holds through the reduction: x's own
 // (Pack<T>) for the plain op and for a fused add whose residual has x's dtype; fp32 sums,
@@ -190,50 +187,25 @@ __device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
   return ss;
 }
 
-// The sum over the CTAs of a cluster, through distributed shared memory: each CTA writes
-// its sum into slot `rank` of every CTA's `slots`, then one release/acquire barrier; after
-// it a CTA reads only its own shared memory, so no CTA can leave while another still
-// touches it. A CTA may write into a peer only once the peer runs: `wait_peers` completes
-// the barrier phase every CTA opened at its start with cluster_arrive_relaxed (needed
-// before the first exchange only). Every thread of every CTA must call this.
-__device__ __forceinline__ float cluster_sum(float ss, float* slots, int rank, int ranks,
-                                             bool wait_peers) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::cluster_group cluster = cg::this_cluster();
-  if (wait_peers) cluster_wait();
-  if (threadIdx.x < ranks) *cluster.map_shared_rank(&slots[rank], threadIdx.x) = ss;
-  cluster_arrive_release();
-  cluster_wait();  // every peer's sum has landed here
-  ss = 0.f;
-  for (int r = 0; r < ranks; ++r) ss += slots[r];
-#endif
-  return ss;
-}
-
-// A build switch for a probe (-DRMSNORM_CUDA_CLUSTER_MBAR=1, e.g. through
-// scripts/variant_build.py --source cuda_impl/csrc/rms_norm_kernel.cu; off in the default
-// build, not yet measured): the cluster kernels' row sum as one transaction barrier, as
-// QuACK's rmsnorm does it, instead of a CTA barrier, then a cluster barrier. Each warp's
-// partial goes straight to slot (rank, warp) of every CTA of the cluster (st.async, which
-// counts its bytes on the receiving CTA's mbarrier); a CTA waits on its own mbarrier alone,
-// for all of them, and every warp sums the same slots in the same order. Aim: clusters of
-// more, smaller CTAs (more rows in flight an SM) without a cluster-wide barrier a row, with
-// which the sweeps found more CTAs a cluster slower (PERF_NOTES v20).
-#ifndef RMSNORM_CUDA_CLUSTER_MBAR
-#define RMSNORM_CUDA_CLUSTER_MBAR 0
-#endif
-#if RMSNORM_CUDA_CLUSTER_MBAR
+// a shared-memory address as the 32-bit form PTX's shared-state instructions take
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The sum over the CTAs of a cluster as one transaction barrier (as QuACK's rmsnorm does
+// it), not a CTA barrier and then a cluster barrier: each warp's partial goes straight to
+// slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
+// receiving CTA's mbarrier); a CTA waits on its own mbarrier alone, for all of them, and
+// every warp sums the same slots in the same order. No cluster-wide arrival a row: 3-5
+// points at 65536-262144 (PERF_NOTES v23). A CTA cannot leave while a peer still writes
+// into it: its own wait completes only when every peer's bytes have landed.
 // The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
 // cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
 // which thread 0 initialised (count 1) before the CTA's cluster_arrive_relaxed. Every
 // thread of every CTA must call it, once.
 template <int BLOCK>
-__device__ __forceinline__ float cluster_sum_mbar(float part, float* parts, uint64_t* bar,
-                                                  int rank, int ranks) {
+__device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t* bar, int rank,
+                                             int ranks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kWarps = BLOCK / 32;
 #pragma unroll
@@ -275,7 +247,6 @@ __device__ __forceinline__ float cluster_sum_mbar(float part, float* parts, uint
   return part;
 #endif
 }
-#endif  // RMSNORM_CUDA_CLUSTER_MBAR
 
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
 // this thread's weight vectors, issued right after x's so their latency (an L2 hit) hides
@@ -443,12 +414,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   static_assert(ROW_THREADS >= VEC, "head and tail need one thread per element");
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   __shared__ float warp_sums[BLOCK / 32];
-  __shared__ float rank_sums[CLUSTER ? kMaxClusterRanks : 1];  // one per CTA of the cluster
-#if RMSNORM_CUDA_CLUSTER_MBAR
-  constexpr bool kMbar = CLUSTER;
-  __shared__ float cluster_parts[kMbar ? BLOCK / 32 * kMaxClusterRanks : 1];
+  // a cluster's row sum: every warp's partial of every CTA, and the mbarrier they land on
+  __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * kMaxClusterRanks : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
-#endif
 
   // which row, and which slice of it this thread owns
   int rank = 0, ranks = 1;
@@ -470,18 +438,17 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   T* yr = y + r0 * stride_y;
   const RowSplit sp = split_row(xr, N);
 
-  // A CTA may write into a peer's shared memory only once the peer runs: announce that
-  // this one does (no wait here; the wait comes after the loads are in flight).
-#if RMSNORM_CUDA_CLUSTER_MBAR
-  if constexpr (kMbar) {
+  // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
+  // initialised: announce that this one does (no wait here; the wait comes after the loads
+  // are in flight).
+  if constexpr (CLUSTER) {
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
                    : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    cluster_arrive_relaxed();
   }
-#endif
-  if constexpr (CLUSTER) cluster_arrive_relaxed();
 
   // load: every vector of this thread's slice is in flight before the first use
   Lanes<T, H> v[VPT];
@@ -522,17 +489,12 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
 
   // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
+  // (a cluster: over all its CTAs' warps at once, through distributed shared memory)
   float ss;
-#if RMSNORM_CUDA_CLUSTER_MBAR
-  if constexpr (kMbar) {  // (the probe's switch: CTA and cluster in one transaction barrier)
-    ss = cluster_sum_mbar<BLOCK>(sum_squares(v, xh, xt), cluster_parts, &cluster_bar, rank,
-                                 ranks);
-  } else
-#endif
-  {
+  if constexpr (CLUSTER) {
+    ss = cluster_sum<BLOCK>(sum_squares(v, xh, xt), cluster_parts, &cluster_bar, rank, ranks);
+  } else {
     ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
-    // ... and across the CTAs of the cluster, through distributed shared memory
-    if constexpr (CLUSTER) ss = cluster_sum(ss, rank_sums, rank, ranks, true);
   }
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
   if constexpr ((VARIANT & kLeanRegs) != 0) {
