@@ -305,10 +305,14 @@ def _fused_add_split_row(
     re = tl.load(r_row + e_col, mask=e_ok, other=0.0)
     sb = _round_to(xb.to(tl.float32) + rb.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
     se = _round_to(xe.to(tl.float32) + re.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
+    yb, ye = _split_scale(sb.to(tl.float32), se.to(tl.float32), w_ptr, head, cols, body, e_col,
+                          e_ok, N, eps, HAS_WEIGHT)  # fmt: skip
+    # Every store after the reduction: the edges' few lanes are held by many threads at
+    # once, so in the in-place form (residual_out is residual, y is x) a warp storing an
+    # edge before another warp has loaded it would hand that warp x + residual for
+    # residual; the reduction's barrier orders every warp's loads before any store.
     tl.store(rob_ptr + cols, sb, mask=body)
     tl.store(ro_row + e_col, se, mask=e_ok)
-    sb, se = sb.to(tl.float32), se.to(tl.float32)
-    yb, ye = _split_scale(sb, se, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT)
     tl.store(yb_ptr + cols, yb.to(y_row.dtype.element_ty), mask=body)
     tl.store(y_row + e_col, ye.to(y_row.dtype.element_ty), mask=e_ok)
 

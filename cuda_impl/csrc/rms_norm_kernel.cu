@@ -201,7 +201,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // into it: its own wait completes only when every peer's bytes have landed.
 // The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
 // cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
-// which thread 0 initialised (count 1) before the CTA's cluster_arrive_relaxed. Every
+// which thread 0 initialised (count 1) before the CTA's cluster arrive. Every
 // thread of every CTA must call it, once.
 template <int BLOCK>
 __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t* bar, int rank,
@@ -440,14 +440,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
   // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
   // initialised: announce that this one does (no wait here; the wait comes after the loads
-  // are in flight).
+  // are in flight). A release arrive: the init is ordered before every thread's use of the
+  // mbarrier by the barrier itself (nothing else is written before it, so it costs nothing).
   if constexpr (CLUSTER) {
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
                    : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    cluster_arrive_relaxed();
+    cluster_arrive_release();
   }
 
   // load: every vector of this thread's slice is in flight before the first use
