@@ -440,15 +440,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
 
   // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
   // initialised: announce that this one does (no wait here; the wait comes after the loads
-  // are in flight). A release arrive: the init is ordered before every thread's use of the
-  // mbarrier by the barrier itself (nothing else is written before it, so it costs nothing).
+  // are in flight). A relaxed arrive: fence.mbarrier_init orders the init before the
+  // barrier; a releasing arrive cost 3-9 points at 65536-131072 (PERF_NOTES v23).
   if constexpr (CLUSTER) {
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
                    : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    cluster_arrive_release();
+    cluster_arrive_relaxed();
   }
 
   // load: every vector of this thread's slice is in flight before the first use
