@@ -101,7 +101,14 @@ def plan(
     """The shapes to measure, most important first, each (dtype, M, N) once."""
     wanted: list[tuple[str, int, int, str]] = []
     if shapes:
-        wanted += [(d, m, n, "custom") for d in dtypes for m, n in shapes]
+        # a requested shape keeps the sections the full plan gives it (a grid shape is still
+        # one of the grid's, so a run of a few shapes appended to the records replaces
+        # their grid figures instead of hiding them), and "custom"
+        full = {(p.dtype, p.m, p.n): p.sections for p in plan(dtypes)}
+        for d in dtypes:
+            for m, n in shapes:
+                wanted += [(d, m, n, sec) for sec in full.get((d, m, n), [])]
+                wanted.append((d, m, n, "custom"))
     else:
         ns = QUICK_NS if quick else LARGE_NS
         ms = QUICK_MSWEEP if quick else MSWEEP_MS
