@@ -143,7 +143,7 @@ FUSED_TUNED = {
 }
 #: The chunked kernel per width: for rows wider than FUSED_MAX_N, and (unpadded widths only)
 #: where the sweep measured it ahead of the fused kernel; wider rows take CHUNKED_WIDE.
-#: stream_y from 65536: y's lines let go first, 1-2 points (PERF_NOTES v23).
+#: stream_y from 65536: y's lines let go first, the sweep's winner there (PERF_NOTES v23).
 CHUNKED_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
     Width(2, 65536): Config("chunked", 16384, 32, stream_y=True),

@@ -196,9 +196,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // it), not a CTA barrier and then a cluster barrier: each warp's partial goes straight to
 // slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
 // receiving CTA's mbarrier); a CTA waits on its own mbarrier alone, for all of them, and
-// every warp sums the same slots in the same order. No cluster-wide arrival a row: 3-5
-// points at 65536-262144 (PERF_NOTES v23). A CTA cannot leave while a peer still writes
-// into it: its own wait completes only when every peer's bytes have landed.
+// every warp sums the same slots in the same order. No cluster-wide arrival a row, which
+// the sweep measured faster at every cluster config (PERF_NOTES v23). A CTA cannot leave
+// while a peer still writes into it: its own wait completes only when every peer's bytes
+// have landed.
+//
 // The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
 // cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
 // which thread 0 initialised (count 1) before the CTA's cluster arrive. Every
@@ -441,7 +443,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
   // initialised: announce that this one does (no wait here; the wait comes after the loads
   // are in flight). A relaxed arrive: fence.mbarrier_init orders the init before the
-  // barrier; a releasing arrive cost 3-9 points at 65536-131072 (PERF_NOTES v23).
+  // barrier; a releasing arrive was slower at every cluster shape (PERF_NOTES v23).
   if constexpr (CLUSTER) {
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
