@@ -24,6 +24,7 @@ kept), and today's config beside them: a probe of a few candidates within a devi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -69,7 +70,7 @@ def parse_where(specs: list[str]) -> dict[str, list[dict[str, str]]]:
             if not eq or not field:
                 raise ValueError(f"{spec!r}: expected FIELD=VALUE, got {term!r}")
             alt[field] = value
-        bad = sorted(set(alt) - candidates_fields(kernel))
+        bad = sorted(set(alt) - config_fields(kernel))
         if bad:
             raise ValueError(f"{spec!r}: {kernel} configs have no field {', '.join(bad)}")
         out.setdefault(kernel, []).append(alt)
@@ -94,10 +95,8 @@ def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
     return lambda x, w, eps=EPS: rms_norm_with_config(x, w, eps, cfg)
 
 
-def candidates_fields(kernel: str) -> set[str]:
+def config_fields(kernel: str) -> set[str]:
     """The field names of kernel's Config (what --where may name)."""
-    import dataclasses
-
     if kernel == "triton":
         from triton_impl import Config
     else:

@@ -104,13 +104,13 @@ fi
 if mode all || mode test; then
   step "pytest (GPU)"
   # The CMake build (95 s of device time) is CI's to check; DEVICE_CMAKE=1 runs it here too.
-  skip=(--deselect tests/test_build.py::test_cmake_build_loads)
-  [[ "${DEVICE_CMAKE:-0}" == 1 ]] && skip=()
+  pytest_sel=(--deselect tests/test_build.py::test_cmake_build_loads)
+  [[ "${DEVICE_CMAKE:-0}" == 1 ]] && pytest_sel=()
   # TEST_FILES (e.g. "tests/test_numerics.py tests/test_configs.py") and TEST_K (a pytest -k
   # filter): those tests, not the whole suite
-  [[ -n "${TEST_K:-}" ]] && skip+=(-k "$TEST_K")
+  [[ -n "${TEST_K:-}" ]] && pytest_sel+=(-k "$TEST_K")
   # shellcheck disable=SC2086
-  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=12 ${skip[@]+"${skip[@]}"} ${TEST_FILES:-} 2>&1 |
+  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=12 ${pytest_sel[@]+"${pytest_sel[@]}"} ${TEST_FILES:-} 2>&1 |
     grep -v "^DEBUG " || status=1
   if [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
     step "validation table"

@@ -23,6 +23,19 @@ import torch
 
 from harness.ops import OPS
 from harness.plan import DTYPES, Planned, parse_shapes
+from harness.sweep import parse_where
+
+
+def typed(value: str, kind: type, field: str):
+    """A --triton-like value as its field's type (ValueError names the field)."""
+    if kind is bool:
+        if value not in ("True", "False"):
+            raise ValueError(f"{field} is {value!r}; expected True or False")
+        return value == "True"
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{field} is {value!r}; expected {kind.__name__}") from None
 
 
 def main() -> int:
@@ -58,12 +71,12 @@ def main() -> int:
         import triton_impl
 
         base = triton_impl.default_config(n, inputs[0].element_size())
-        changes = {}
-        for term in spec.split(","):
-            field, _, value = term.partition("=")
-            kind = type(getattr(base, field))
-            changes[field] = value == "True" if kind is bool else kind(value)
-        cfg = dataclasses.replace(base, **changes)
+        try:  # the sweep's --where parsing: FIELD=VALUE terms of the Config's own fields
+            (terms,) = parse_where([f"triton:{spec}"])["triton"]
+            changes = {f: typed(v, type(getattr(base, f)), f) for f, v in terms.items()}
+            cfg = dataclasses.replace(base, **changes)
+        except ValueError as e:
+            p.error(f"--triton-like: {e}")
         runs.append((f"triton[{spec}]", lambda x, w, e, c=cfg:
                      triton_impl.rms_norm_with_config(x, w, e, c)))  # fmt: skip
     if (args.triton_fused or args.triton_like) and op.name != "rms_norm":
