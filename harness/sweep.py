@@ -15,8 +15,7 @@ whether it is the one the kernel picks today in ``config``, GB/s by the op's byt
 % of the copy ceiling. The table printed last gives, per shape, today's config and the
 best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
 cuda_impl.configs), the default its default_config. --op fused_add_rms_norm sweeps the
-CUDA fused add's table (the Triton fused add has no forced-config entry point yet: named as
-skipped). --where KERNEL:FIELD=VALUE[,FIELD=VALUE] keeps, of that kernel's candidates, only
+fused add's candidates (the CUDA table; Triton's rule, chunked and sharded kernels). --where KERNEL:FIELD=VALUE[,FIELD=VALUE] keeps, of that kernel's candidates, only
 those whose config fields have those values (repeated: a candidate matching any one is
 kept), and today's config beside them: a probe of a few candidates within a device call.
 """
@@ -43,7 +42,12 @@ KERNELS = ("triton", "cuda")
 
 
 #: The (op, kernel) pairs that have forced configs to sweep.
-SWEEPABLE = {("rms_norm", "triton"), ("rms_norm", "cuda"), ("fused_add_rms_norm", "cuda")}
+SWEEPABLE = {
+    ("rms_norm", "triton"),
+    ("rms_norm", "cuda"),
+    ("fused_add_rms_norm", "triton"),
+    ("fused_add_rms_norm", "cuda"),
+}
 
 
 def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
@@ -51,7 +55,7 @@ def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
     if kernel == "triton":
         from triton_impl import search_space
 
-        return search_space(n, elem)
+        return search_space(n, elem, op=op)
     from cuda_impl import search_space
 
     return search_space(n, elem, op=op)
@@ -84,15 +88,12 @@ def matches(cfg, alternatives: list[dict[str, str]]) -> bool:
 
 def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
     """The op's inputs -> its outputs with the config forced."""
-    if kernel == "triton":
-        from triton_impl import rms_norm_with_config
-    elif op == RMS_NORM.name:
-        from cuda_impl import rms_norm_with_config
-    else:
-        from cuda_impl import fused_add_rms_norm_with_config
+    import importlib
 
-        return lambda x, r, w, eps=EPS: fused_add_rms_norm_with_config(x, r, w, eps, cfg)
-    return lambda x, w, eps=EPS: rms_norm_with_config(x, w, eps, cfg)
+    pkg = importlib.import_module(f"{kernel}_impl")
+    if op == RMS_NORM.name:
+        return lambda x, w, eps=EPS: pkg.rms_norm_with_config(x, w, eps, cfg)
+    return lambda x, r, w, eps=EPS: pkg.fused_add_rms_norm_with_config(x, r, w, eps, cfg)
 
 
 def config_fields(kernel: str) -> set[str]:
@@ -107,9 +108,9 @@ def config_fields(kernel: str) -> set[str]:
 def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows (the backend's default rule)."""
     if kernel == "triton":
-        from triton_impl import default_config
+        from triton_impl.configs import default_config, fused_add_config
 
-        return default_config(n, elem)
+        return default_config(n, elem) if op == RMS_NORM.name else fused_add_config(n, elem)
     from cuda_impl import default_config
 
     return default_config(n, elem, op=op)

@@ -50,9 +50,11 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     """Compile the kernel default_config picks for many rows of (dtype, n), or cfg."""
     ty, elem = TYPES[dtype]
     cfg = cfg or default_config(n, elem)
-    kernel, consts = kernel_for(cfg, elem, has_weight=True)
+    kernel, consts = kernel_for(cfg, elem, has_weight=True, n=n)
     warps = consts.pop("num_warps")
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
+    if cfg.kernel == "sharded":
+        sig.update(part_ptr="*fp32", count_ptr="*i32")
     sig.update(stride_x="i32", stride_y="i32")
     if cfg.kernel != "split":
         sig["M"] = "i32"

@@ -82,6 +82,47 @@ def test_chunked_kernel_sweep_order_and_hints(n, reverse, stream_y, dtype):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
+@pytest.mark.parametrize("n", [4096, 12289])
+@pytest.mark.parametrize("stages, stream_y", [(1, False), (2, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("weighted", [True, False], ids=["w", "no_w"])
+def test_sharded_kernel(n, stages, stream_y, dtype, weighted):
+    """The sharded kernel: a row's shards summed by one program each, the last to arrive
+    normalising the row (a partial last shard at 12289, one shard narrower than 32 lanes a
+    thread); the same function, with and without a weight."""
+    impl_or_skip("triton")
+    from triton_impl import Config, rms_norm_with_config
+
+    x, w = inputs(5, n, dtype)
+    w = w if weighted else None
+    cfg = Config("sharded", 1024, 4, stages=stages, stream_y=stream_y)
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2048, 65536), (600, 131071), (257, 262144)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_sharded_kernel_many_rows_many_times(shape, dtype):
+    """Every sharded candidate on many wide rows, run ten times (the default config more):
+    a last arrival that read a partial sum, or a shard of x, before its writer had arrived
+    shows as a wrong row in some run; the shard-ordered sum gives the same bits every run."""
+    impl_or_skip("triton")
+    from triton_impl import rms_norm_with_config, search_space
+    from triton_impl.configs import default_config
+
+    x, w = inputs(*shape, dtype)
+    want = rms_norm_ref(x, w, 1e-6)
+    cfgs = [c for c in search_space(shape[1], x.element_size()) if c.kernel == "sharded"]
+    cfgs.append(default_config(shape[1], x.element_size()))
+    for cfg in cfgs:
+        first = rms_norm_with_config(x, w, 1e-6, cfg)
+        torch.testing.assert_close(first, want, **TOL[dtype], msg=lambda m: f"{cfg}: {m}")
+        for _ in range(10 if cfg.kernel == "sharded" else 2):
+            again = rms_norm_with_config(x, w, 1e-6, cfg)
+            assert torch.equal(again, first), cfg
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 

@@ -121,6 +121,50 @@ def test_in_place_form_writes_both(name, n):
     torch.testing.assert_close(r, ro, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("n", [4096, 12289])
+@pytest.mark.parametrize("rdtype", [None, torch.float32])
+@pytest.mark.parametrize("in_place", [False, True], ids=["functional", "in_place"])
+def test_triton_sharded_kernel(n, rdtype, in_place):
+    """The Triton fused add's sharded kernel forced (the last program of a row normalises
+    it from the residual_out its peers stored): both forms, a partial last shard (12289)."""
+    impl_or_skip("triton")
+    from triton_impl import Config, fused_add_rms_norm_with_config
+    from triton_impl.launch import launch, plan_fused_add
+
+    x, r, w = inputs(5, n, torch.bfloat16, rdtype)
+    want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    cfg = Config("sharded", 1024, 4, stages=2, stream_y=True)
+    if in_place:
+        launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
+        y, ro = x, r
+    else:
+        y, ro = fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
+    torch.testing.assert_close(y, want_y, **TOL[torch.bfloat16])
+    torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rdtype", [None, torch.float32])
+@pytest.mark.parametrize("shape", [(2048, 65536), (300, 262143)], ids=str)
+def test_triton_sharded_in_place_many_times(shape, rdtype):
+    """Every sharded candidate of the fused add, in place, on many wide rows, ten times: a
+    last arrival that read residual_out before a peer stored it, or a store into x before
+    a peer loaded it, shows as a wrong row in some run."""
+    impl_or_skip("triton")
+    from triton_impl import search_space
+    from triton_impl.launch import launch, plan_fused_add
+
+    x0, r0, w = inputs(*shape, torch.bfloat16, rdtype)
+    want_y, want_r = fused_add_rms_norm_ref(x0, r0, w, 1e-6)
+    cands = search_space(shape[1], 2, op="fused_add_rms_norm")
+    for cfg in [c for c in cands if c.kernel == "sharded"]:
+        for _ in range(10):
+            x, r = x0.clone(), r0.clone()
+            launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
+            torch.testing.assert_close(x, want_y, **TOL[torch.bfloat16], msg=lambda m: f"{cfg}: {m}")
+            torch.testing.assert_close(r, want_r, **TOL[rdtype or torch.bfloat16])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [4095, 4097])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -165,7 +209,7 @@ def test_triton_split_kernel_any_alignment(n, rdtype, offsets):
     w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
     cfg = Config("split", 1 << (n - 1).bit_length(), 2)
     by_hand = kernels.INTERPRET and rdtype == torch.bfloat16
-    kernel, meta = fused_add_kernel_for(cfg, 2, True, by_hand)
+    kernel, meta = fused_add_kernel_for(cfg, 2, True, n, by_hand)
     strides = (x.stride(0), r.stride(0), y.stride(0), ro.stride(0))
     launch(Launch(cfg, kernel, (6,), (x, r, w, y, ro, *strides, n, 1e-6), meta))
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)

@@ -39,11 +39,13 @@ class Config:
 
     kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
     program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
-    block_n-wide chunks, twice) or "persistent" (programs walking whole rows, the next rows'
-    loads in flight); programs_per_sm: chunked and persistent programs an SM, 0 for one a
-    row; stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
-    reverse, stream_y (chunked only): the second sweep from the row's end, y stored
-    evict_first (so y's lines do not take L2 from the x lines the second sweep re-reads).
+    block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
+    loads in flight) or "sharded" (a row's block_n-wide shards summed by one program each,
+    the last to finish normalising the row from L2); programs_per_sm: chunked and
+    persistent programs an SM, 0 for one a row; stages: loads in flight through shared
+    memory (Triton's pipeliner), 1 for none; reverse (chunked only): the second sweep from
+    the row's end; stream_y (chunked, sharded): y stored evict_first (so y's lines do not
+    take L2 from the x lines the second sweep re-reads).
     """
 
     kernel: str
@@ -67,16 +69,23 @@ class Config:
                 raise ValueError(f"{where}: {name} is {v!r}; expected a power of two in [1, {hi}]")
         if self.kernel != "fused" and self.block_m != 1:
             raise ValueError(f"{where}: block_m is {self.block_m}; only the fused kernel has rows")
+        if self.kernel == "sharded" and self.programs_per_sm:
+            raise ValueError(
+                f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"
+                " one program a shard (0)"
+            )
         for name, lo in (("programs_per_sm", 0), ("stages", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
-        for name in ("reverse", "stream_y"):
+        for name, kernels in (("reverse", ("chunked",)), ("stream_y", ("chunked", "sharded"))):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"{where}: {name} is {v!r}; expected a bool")
-            if v and self.kernel != "chunked":
-                raise ValueError(f"{where}: {name} is set; only the chunked kernel has it")
+            if v and self.kernel not in kernels:
+                raise ValueError(
+                    f"{where}: {name} is set; only the {' and '.join(kernels)} kernel has it"
+                )
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -98,7 +107,8 @@ class Config:
             raise ValueError(f"cfg: {e}") from None
 
     def holds(self, n: int, element_size: int) -> bool:
-        """Whether the tile holds a row of n elements (the chunked kernel holds any row)."""
+        """Whether the tile holds a row of n elements (the chunked and sharded kernels hold
+        any row)."""
         vec = 16 // element_size
         need = {"fused": n, "persistent": n, "split": n // vec * vec}
         return self.block_n >= need.get(self.kernel, 0)
@@ -246,14 +256,28 @@ def check_width(n: int, element_size: int, where: str) -> None:
         raise ValueError(f"{where}: element_size is {element_size!r}; expected 2 or 4")
 
 
-def kernel_for(cfg: Config, element_size: int, has_weight: bool) -> tuple:
-    """(kernel, meta) for a config: the @triton.jit function and its compile-time arguments
-    (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py."""
+def shards(cfg: Config, n: int) -> int:
+    """Programs a row of n elements takes: its block_n-wide shards (sharded kernel), else 1."""
+    return triton.cdiv(n, cfg.block_n) if cfg.kernel == "sharded" else 1
+
+
+def _sharded_meta(cfg: Config, n: int) -> dict:
+    k = shards(cfg, n)
+    return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
+                STREAM_Y=cfg.stream_y)  # fmt: skip
+
+
+def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
+    """(kernel, meta) for a config and rows of n elements: the @triton.jit function and its
+    compile-time arguments (constexprs and num_warps), shared by the launch and
+    scripts/triton_ptx.py."""
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
     if cfg.kernel == "fused":
         meta["BLOCK_M"] = cfg.block_m
     elif cfg.kernel == "split":
         meta["VEC"] = 16 // element_size
+    elif cfg.kernel == "sharded":
+        meta.update(_sharded_meta(cfg, n))
     else:  # chunked, persistent
         meta["STAGES"] = cfg.stages
         if cfg.kernel == "chunked":
@@ -287,11 +311,11 @@ def fused_add_config(n: int, element_size: int, split_ok: bool = True) -> Config
 
 
 def fused_add_kernel_for(
-    cfg: Config, element_size: int, has_weight: bool, round_by_hand: bool = False
+    cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
 ) -> tuple:
-    """(kernel, meta) of the fused add for a config (fused, split or chunked kernel);
-    round_by_hand: residual_out is bf16 and the kernel runs in the interpreter
-    (kernels._round_to)."""
+    """(kernel, meta) of the fused add for a config (fused, split, chunked or sharded
+    kernel) and rows of n elements; round_by_hand: residual_out is bf16 and the kernel runs
+    in the interpreter (kernels._round_to)."""
     if cfg.kernel not in FUSED_ADD_KERNELS:
         raise ValueError(
             f"fused add: no {cfg.kernel!r} kernel; expected one of {sorted(FUSED_ADD_KERNELS)}"
@@ -302,6 +326,8 @@ def fused_add_kernel_for(
         meta["BLOCK_M"] = cfg.block_m
     elif cfg.kernel == "split":
         meta["VEC"] = 16 // element_size
+    elif cfg.kernel == "sharded":
+        meta.update(_sharded_meta(cfg, n))
     return FUSED_ADD_KERNELS[cfg.kernel], meta
 
 
@@ -322,15 +348,45 @@ SEARCH_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time
 SEARCH_SHORT_CHUNKS = (1024, 2048)
 SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
 SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
+#: The sharded kernel from rows of this width up: its shard widths and warps (per-thread
+#: bytes of a shard in SEARCH_SHARD_THREAD_BYTES), the last program's loads 1-2 deep.
+SEARCH_SHARDED_MIN_N = 16384
+SEARCH_SHARDS = (4096, 8192, 16384)
+SEARCH_SHARD_WARPS = (8, 16, 32)
+SEARCH_SHARD_THREAD_BYTES = (16, 128)
+SEARCH_SHARD_STAGES = (1, 2)
 
 
-def search_space(n: int, element_size: int) -> list[Config]:
+def sharded_candidates(n: int, element_size: int) -> list[Config]:
+    """The sharded kernel's candidates for rows of n elements (two shards or more)."""
+    lo, hi = SEARCH_SHARD_THREAD_BYTES
+    out = []
+    if n < SEARCH_SHARDED_MIN_N:
+        return out
+    for shard in SEARCH_SHARDS:
+        for warps in SEARCH_SHARD_WARPS:
+            if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
+                for stages in SEARCH_SHARD_STAGES:
+                    out.append(Config("sharded", shard, warps, stages=stages, stream_y=True))
+    return out
+
+
+def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
     that are not whole 16-byte vectors, the persistent kernel where a row fits shared
-    memory, and the chunked kernel for rows of two or more chunks from 8192 elements up
-    (its chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more."""
+    memory, the chunked kernel for rows of two or more chunks from 8192 elements up (its
+    chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more, and the
+    sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
+    config, its chunked kernel and the sharded kernel."""
     check_width(n, element_size, "search_space")
+    if op == "fused_add_rms_norm":
+        out = [fused_add_config(n, element_size)]
+        if n >= 8192 and FUSED_ADD_CHUNK not in out:
+            out.append(FUSED_ADD_CHUNK)
+        return out + [c for c in sharded_candidates(n, element_size) if c not in out]
+    if op != "rms_norm":
+        raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")
     elem = element_size
     lo, hi = SEARCH_THREAD_BYTES
     block_n = triton.next_power_of_2(n)
@@ -374,6 +430,7 @@ def search_space(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
+    out += [c for c in sharded_candidates(n, elem) if c not in out]
     # the shipped chunked config with each order of the second sweep and store of y
     shipped = throughput_config(n, elem, True)
     if shipped.kernel == "chunked":

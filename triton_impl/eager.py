@@ -125,7 +125,9 @@ def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: s
         launch = plan(x, weight, eps, y)
         args = launch.args
         # cache only when x and the weight are used in place (no copy made for the launch)
-        if args[0].data_ptr() == x.data_ptr() and (weight is None or args[1] is weight):
+        # and the launch has no workspace of its own
+        same = args[0].data_ptr() == x.data_ptr() and (weight is None or args[1] is weight)
+        if same and launch.reusable:
             if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
                 PLANS.clear()
             p = PLANS[key] = _Plan(launch.kernel, launch.grid, tuple(args[3:-1]), launch.meta)

@@ -17,12 +17,13 @@ that require grad.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch.library import triton_op
 
 from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place
+from triton_impl.configs import Config
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan_fused_add
 
@@ -80,3 +81,27 @@ def fused_add_rms_norm_(
     _check(x, residual, weight, eps, _IMPL_)
     check_in_place(x, residual, weight, impl=_IMPL_)
     torch.ops.triton_impl.fused_add_rms_norm_(x, residual, weight, float(eps))
+
+
+def fused_add_rms_norm_with_config(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    cfg: Union[Config, dict],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm with a forced launch config (a triton_impl.configs.Config or its
+    as_dict() form), for sweeps; same result. ValueError names a field no kernel can run."""
+    _check(x, residual, weight, eps, _IMPL)
+    cfg = Config.of(cfg)
+    n = x.shape[-1]
+    if not cfg.holds(n, x.element_size()):
+        raise ValueError(
+            f"fused_add_rms_norm_with_config: cfg's block_n = {cfg.block_n} is narrower than"
+            f" the row (N = {n}) for the {cfg.kernel} kernel"
+        )
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    if x.numel() > 0:
+        launch(plan_fused_add(x, residual, weight, float(eps), y, residual_out, cfg))
+    return y, residual_out

@@ -130,6 +130,69 @@ def _scale_chunk(x_row, w_ptr, y_row, c, N, rstd, HAS_WEIGHT: tl.constexpr, STRE
 
 # fmt: off
 @triton.jit
+def _rms_norm_fwd_sharded(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
+    stride_x, stride_y,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+):
+    # fmt: on
+    # a wide row shared by SHARDS programs (BLOCK_N columns each; a thread-block cluster
+    # without one): each sums its shard's squares once from HBM and adds one arrival to the
+    # row's count; the program that arrives last normalises the whole row, re-reading x
+    # from L2, where its shards were loaded moments before. No program waits for another,
+    # so the schedule cannot deadlock (and the interpreter's programs, run one after
+    # another, take the same path).
+    pid = tl.program_id(0)
+    row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    shard = pid % SHARDS
+    x_row = x_ptr + row * stride_x
+    cols = tl.arange(0, BLOCK_N)
+    c = shard * BLOCK_N + cols
+    x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    tl.store(part_ptr + row * SHARDS + shard, tl.sum(x * x, axis=0))
+    _rms_norm_arrive_last(x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
+                          count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
+                          STAGES, STREAM_Y)  # fmt: skip
+
+
+@triton.jit
+def _rms_norm_arrive_last(
+    s_row, w_ptr, y_row, parts, count, N, eps,
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+):
+    # The sharded kernels' arrival: every thread's stores (the partial sum; the fused add's
+    # residual_out) ordered before the count's release by the barrier; the last to arrive
+    # acquires them all, sums the partials in shard order (the same rstd on every run) and
+    # normalises the row s_row (x, or the fused add's residual_out), its loads from L2
+    # (.cg: no stale L1 line of another program's residual_out).
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+    if arrived == SHARDS - 1:
+        k = tl.arange(0, SHARDS_P2)
+        total = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
+        rstd = tl.rsqrt(total / N + tl.cast(eps, tl.float32))
+        cols = tl.arange(0, BLOCK_N)
+        for i in tl.range(0, SHARDS, num_stages=STAGES):
+            c = i * BLOCK_N + cols
+            ok = c < N
+            s = tl.load(s_row + c, mask=ok, other=0.0, cache_modifier=".cg",
+                        eviction_policy="evict_first")  # fmt: skip
+            y = s.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+            if STREAM_Y:
+                tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok,
+                         eviction_policy="evict_first")  # fmt: skip
+            else:
+                tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+
+
+# fmt: off
+@triton.jit
 def _rms_norm_fwd_persistent(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
     stride_x, stride_y,  # elements between consecutive rows
@@ -386,15 +449,50 @@ def _fused_add_rms_norm_fwd_chunked(
         tl.store(y_ptr + row * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+# fmt: off
+@triton.jit
+def _fused_add_rms_norm_fwd_sharded(
+    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
+    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
+    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
+    M, N, eps,  # rows, true row width, eps (fp32)
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, STAGES: tl.constexpr,
+    STREAM_Y: tl.constexpr,
+):
+    # fmt: on
+    # the plain op's sharded schedule: each program adds its shard, stores residual_out
+    # and sums its squares; the last to arrive normalises the row from residual_out, in L2
+    pid = tl.program_id(0)
+    row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
+    shard = pid % SHARDS
+    ro_row = ro_ptr + row * stride_ro
+    c = shard * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = c < N
+    x = tl.load(x_ptr + row * stride_x + c, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + c, mask=ok, other=0.0).to(tl.float32)
+    s = _round_to(x + r, ro_ptr.dtype.element_ty, ROUND_BY_HAND)
+    part = tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=0)
+    # stored after the sum, whose barrier orders every thread's loads first: in the
+    # in-place form residual_out is residual
+    tl.store(ro_row + c, s, mask=ok, eviction_policy="evict_last")
+    tl.store(part_ptr + row * SHARDS + shard, part)
+    _rms_norm_arrive_last(ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
+                          count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
+                          STAGES, STREAM_Y)  # fmt: skip
+
+
 KERNELS = {
     "fused": _rms_norm_fwd_fused,
     "split": _rms_norm_fwd_split,
     "chunked": _rms_norm_fwd_chunked,
     "persistent": _rms_norm_fwd_persistent,
+    "sharded": _rms_norm_fwd_sharded,
 }
 #: The fused add's kernels, by the same kind names.
 FUSED_ADD_KERNELS = {
     "fused": _fused_add_rms_norm_fwd_fused,
     "split": _fused_add_rms_norm_fwd_split,
     "chunked": _fused_add_rms_norm_fwd_chunked,
+    "sharded": _fused_add_rms_norm_fwd_sharded,
 }

@@ -29,13 +29,28 @@ from triton_impl.kernels import INTERPRET
 @dataclass(frozen=True)
 class Launch:
     """One planned launch: the config, the @triton.jit kernel, its grid, its runtime
-    arguments (x, w, y, strides, [M,] N, eps) and its compile-time ones (meta)."""
+    arguments (x, w, y, [workspace,] strides, [M,] N, eps) and its compile-time ones
+    (meta)."""
 
     cfg: Config
     kernel: object
     grid: tuple
     args: tuple
     meta: dict
+
+    @property
+    def reusable(self) -> bool:
+        """Whether another call may launch with these arguments' shape (the eager plan
+        cache): not the sharded kernel's, whose workspace is zeroed for each launch."""
+        return self.cfg.kernel != "sharded"
+
+
+def sharded_workspace(m: int, shards: int, device: torch.device) -> tuple:
+    """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32), the
+    counts zeroed: one allocation a launch, so that launches on different streams (or a
+    launch that failed) share no count."""
+    ws = torch.zeros(m * (shards + 1), dtype=torch.int32, device=device)
+    return ws[m:].view(torch.float32), ws[:m]
 
 
 def split_ok(x2: torch.Tensor, *others: torch.Tensor) -> bool:
@@ -76,10 +91,14 @@ def plan(
     if cfg is None:
         rows, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
         cfg = default_config(n, x.element_size(), split_ok=split_ok(x2, y2), rows=rows, sms=sms)
-    kernel, meta = kernel_for(cfg, x.element_size(), has_weight)
+    kernel, meta = kernel_for(cfg, x.element_size(), has_weight, n)
     strides = (x2.stride(0), y2.stride(0))
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, w, y2, *strides, n, eps), meta)
+    if cfg.kernel == "sharded":
+        ws = sharded_workspace(m, meta["SHARDS"], x.device)
+        args = (x2, w, y2, *ws, *strides, m, n, eps)
+        return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
     args = (x2, w, y2, *strides, m, n, eps)
     if cfg.kernel == "fused":
         return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
@@ -97,21 +116,28 @@ def plan_fused_add(
     eps: float,
     y: torch.Tensor,
     residual_out: torch.Tensor,
+    cfg: Optional[Config] = None,
 ) -> Launch:
     """The launch of the fused add into y and residual_out (any row strides; the in-place
-    form passes x and residual themselves)."""
+    form passes x and residual themselves): fused_add_config's choice, or a forced
+    ``cfg``."""
     n = int(x.shape[-1])
     x2, r2 = as_rows(x), as_rows(residual)
     y2, ro2 = y.view(-1, n), residual_out.view(-1, n)
     m = x2.shape[0]
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
-    cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2))
+    if cfg is None:
+        cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2))
     by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
-    kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, by_hand)
+    kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, n, by_hand)
     strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, r2, w, y2, ro2, *strides, n, eps), meta)
+    if cfg.kernel == "sharded":
+        ws = sharded_workspace(m, meta["SHARDS"], x.device)
+        args = (x2, r2, w, y2, ro2, *ws, *strides, m, n, eps)
+        return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
     args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
     grid = (triton.cdiv(m, cfg.block_m),) if cfg.kernel == "fused" else (m,)
     return Launch(cfg, kernel, grid, args, meta)
