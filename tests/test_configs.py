@@ -117,7 +117,7 @@ def test_sharded_kernel_many_rows_many_times(shape, dtype):
     cfgs.append(default_config(shape[1], x.element_size()))
     for cfg in cfgs:
         first = rms_norm_with_config(x, w, 1e-6, cfg)
-        torch.testing.assert_close(first, want, **TOL[dtype], msg=lambda m: f"{cfg}: {m}")
+        torch.testing.assert_close(first, want, **TOL[dtype], msg=lambda m, c=cfg: f"{c}: {m}")
         for _ in range(10 if cfg.kernel == "sharded" else 2):
             again = rms_norm_with_config(x, w, 1e-6, cfg)
             assert torch.equal(again, first), cfg

@@ -161,7 +161,8 @@ def test_triton_sharded_in_place_many_times(shape, rdtype):
         for _ in range(10):
             x, r = x0.clone(), r0.clone()
             launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
-            torch.testing.assert_close(x, want_y, **TOL[torch.bfloat16], msg=lambda m: f"{cfg}: {m}")
+            tol = TOL[torch.bfloat16]
+            torch.testing.assert_close(x, want_y, **tol, msg=lambda m, c=cfg: f"{c}: {m}")
             torch.testing.assert_close(r, want_r, **TOL[rdtype or torch.bfloat16])
 
 
