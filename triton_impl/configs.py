@@ -23,7 +23,7 @@ from typing import Optional, Union
 import triton
 
 from rmsnorm_api import MAX_N
-from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS
+from triton_impl.kernels import FUSED_ADD_KERNELS, INTERPRET, KERNELS
 
 #: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
 FUSED_MAX_N = {4: 32768, 2: 16384}
@@ -40,12 +40,15 @@ class Config:
     kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
     program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
     block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
-    loads in flight) or "sharded" (a row's block_n-wide shards summed by one program each,
-    the last to finish normalising the row from L2); programs_per_sm: chunked and
-    persistent programs an SM, 0 for one a row; stages: loads in flight through shared
-    memory (Triton's pipeliner), 1 for none; reverse (chunked only): the second sweep from
-    the row's end; stream_y (chunked, sharded): y stored evict_first (so y's lines do not
-    take L2 from the x lines the second sweep re-reads).
+    loads in flight) or "sharded" (a row's block_n-wide shards summed by one program
+    each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
+    stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
+    reverse (chunked only): the second sweep from the row's end; stream_y (chunked,
+    sharded): y stored evict_first (so y's lines do not take L2 from the x lines a second
+    sweep re-reads); wait (sharded only): each program waits for its row's sum and
+    normalises its own shard from registers, else the last program of a row to arrive
+    normalises the whole row from L2 (the only schedule under the interpreter, whose
+    programs run one after another).
     """
 
     kernel: str
@@ -56,6 +59,7 @@ class Config:
     stages: int = 1
     reverse: bool = False
     stream_y: bool = False
+    wait: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -78,7 +82,11 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
-        for name, kernels in (("reverse", ("chunked",)), ("stream_y", ("chunked", "sharded"))):
+        for name, kernels in (
+            ("reverse", ("chunked",)),
+            ("stream_y", ("chunked", "sharded")),
+            ("wait", ("sharded",)),
+        ):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"{where}: {name} is {v!r}; expected a bool")
@@ -264,7 +272,7 @@ def shards(cfg: Config, n: int) -> int:
 def _sharded_meta(cfg: Config, n: int) -> dict:
     k = shards(cfg, n)
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
-                STREAM_Y=cfg.stream_y)  # fmt: skip
+                STREAM_Y=cfg.stream_y, WAIT=cfg.wait and not INTERPRET)  # fmt: skip
 
 
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
@@ -349,9 +357,10 @@ SEARCH_SHORT_CHUNKS = (1024, 2048)
 SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
 SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 #: The sharded kernel from rows of this width up: its shard widths and warps (per-thread
-#: bytes of a shard in SEARCH_SHARD_THREAD_BYTES), the last program's loads 1-2 deep.
+#: bytes of a shard in SEARCH_SHARD_THREAD_BYTES); each program waiting for its row's sum,
+#: or the last to arrive normalising the row (its loads 1-2 deep).
 SEARCH_SHARDED_MIN_N = 16384
-SEARCH_SHARDS = (4096, 8192, 16384)
+SEARCH_SHARDS = (4096, 8192, 16384, 32768)
 SEARCH_SHARD_WARPS = (8, 16, 32)
 SEARCH_SHARD_THREAD_BYTES = (16, 128)
 SEARCH_SHARD_STAGES = (1, 2)
@@ -366,6 +375,7 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
     for shard in SEARCH_SHARDS:
         for warps in SEARCH_SHARD_WARPS:
             if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
+                out.append(Config("sharded", shard, warps, stream_y=True, wait=True))
                 for stages in SEARCH_SHARD_STAGES:
                     out.append(Config("sharded", shard, warps, stages=stages, stream_y=True))
     return out

@@ -137,58 +137,80 @@ def _rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
     # fmt: on
-    # a wide row shared by SHARDS programs (BLOCK_N columns each; a thread-block cluster
-    # without one): each sums its shard's squares once from HBM and adds one arrival to the
-    # row's count; the program that arrives last normalises the whole row, re-reading x
-    # from L2, where its shards were loaded moments before. No program waits for another,
-    # so the schedule cannot deadlock (and the interpreter's programs, run one after
-    # another, take the same path).
+    # a wide row shared by SHARDS programs of BLOCK_N columns (a thread-block cluster made
+    # of global memory): each loads its shard once, stores the sum of its squares and adds
+    # one arrival to the row's count. WAIT: every program waits for the row's last arrival
+    # and normalises its own shard from registers (x read once); the programs of a row are
+    # consecutive, so with blocks started in order the row's last program is resident or
+    # next to start, and the wait ends. Else the last program to arrive normalises the
+    # whole row, re-reading x from L2, and no program waits: the interpreter, which runs
+    # programs one after another, takes this path.
     pid = tl.program_id(0)
     row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     shard = pid % SHARDS
     x_row = x_ptr + row * stride_x
-    cols = tl.arange(0, BLOCK_N)
-    c = shard * BLOCK_N + cols
+    c = shard * BLOCK_N + tl.arange(0, BLOCK_N)
     x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     tl.store(part_ptr + row * SHARDS + shard, tl.sum(x * x, axis=0))
-    _rms_norm_arrive_last(x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
-                          count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
-                          STAGES, STREAM_Y)  # fmt: skip
+    _sharded_finish(x, c, x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
+                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
+                    STREAM_Y, WAIT)  # fmt: skip
 
 
 @triton.jit
-def _rms_norm_arrive_last(
-    s_row, w_ptr, y_row, parts, count, N, eps,
+def _sharded_finish(
+    s, c, s_row, w_ptr, y_row, parts, count, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
-    # The sharded kernels' arrival: every thread's stores (the partial sum; the fused add's
-    # residual_out) ordered before the count's release by the barrier; the last to arrive
-    # acquires them all, sums the partials in shard order (the same rstd on every run) and
-    # normalises the row s_row (x, or the fused add's residual_out), its loads from L2
-    # (.cg: no stale L1 line of another program's residual_out).
+    # The sharded kernels' arrival and normalisation. s: this program's shard (columns c)
+    # of the row s_row (x, or the fused add's residual_out), fp32. The barrier orders every
+    # thread's stores (the partial sum; residual_out) before the count's release; an
+    # acquire of the full count makes every shard's stores visible. Partials are summed in
+    # shard order, so rstd has the same bits on every run.
     tl.debug_barrier()
-    arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-    if arrived == SHARDS - 1:
-        k = tl.arange(0, SHARDS_P2)
-        total = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
-        rstd = tl.rsqrt(total / N + tl.cast(eps, tl.float32))
+    arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
+    if WAIT:
+        if HAS_WEIGHT:  # in flight while the row's other shards arrive
+            w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+        while arrived < SHARDS:
+            arrived = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+        y = s * _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
+        if HAS_WEIGHT:
+            y = y * w
+        _sharded_store(y_row, c, y, N, STREAM_Y)
+    elif arrived == SHARDS:
+        rstd = _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
         cols = tl.arange(0, BLOCK_N)
         for i in tl.range(0, SHARDS, num_stages=STAGES):
-            c = i * BLOCK_N + cols
-            ok = c < N
-            s = tl.load(s_row + c, mask=ok, other=0.0, cache_modifier=".cg",
-                        eviction_policy="evict_first")  # fmt: skip
-            y = s.to(tl.float32) * rstd
+            cc = i * BLOCK_N + cols
+            ok = cc < N
+            # .cg: from L2, never a stale L1 line of a shard another program stored
+            y = tl.load(s_row + cc, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+            y = y * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-            if STREAM_Y:
-                tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok,
-                         eviction_policy="evict_first")  # fmt: skip
-            else:
-                tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+                y = y * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
+            _sharded_store(y_row, cc, y, N, STREAM_Y)
+
+
+@triton.jit
+def _sharded_rstd(parts, N, eps, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr):
+    k = tl.arange(0, SHARDS_P2)
+    total = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
+    return tl.rsqrt(total / N + tl.cast(eps, tl.float32))
+
+
+@triton.jit
+def _sharded_store(y_row, c, y, N, STREAM_Y: tl.constexpr):
+    # STREAM_Y: y's lines let go of L2 first (the last-arrival schedule re-reads x there)
+    if STREAM_Y:
+        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=c < N, eviction_policy="evict_first")
+    else:
+        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=c < N)
 
 
 # fmt: off
@@ -458,11 +480,12 @@ def _fused_add_rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, STAGES: tl.constexpr,
-    STREAM_Y: tl.constexpr,
+    STREAM_Y: tl.constexpr, WAIT: tl.constexpr,
 ):
     # fmt: on
-    # the plain op's sharded schedule: each program adds its shard, stores residual_out
-    # and sums its squares; the last to arrive normalises the row from residual_out, in L2
+    # the plain op's sharded schedules: each program adds its shard, stores residual_out
+    # and sums its squares; then (WAIT) it normalises its shard once the row's sum is
+    # complete, or the last to arrive normalises the row from residual_out, in L2
     pid = tl.program_id(0)
     row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     shard = pid % SHARDS
@@ -472,14 +495,15 @@ def _fused_add_rms_norm_fwd_sharded(
     x = tl.load(x_ptr + row * stride_x + c, mask=ok, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + row * stride_r + c, mask=ok, other=0.0).to(tl.float32)
     s = _round_to(x + r, ro_ptr.dtype.element_ty, ROUND_BY_HAND)
-    part = tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=0)
+    sf = s.to(tl.float32)
+    part = tl.sum(sf * sf, axis=0)
     # stored after the sum, whose barrier orders every thread's loads first: in the
     # in-place form residual_out is residual
     tl.store(ro_row + c, s, mask=ok, eviction_policy="evict_last")
     tl.store(part_ptr + row * SHARDS + shard, part)
-    _rms_norm_arrive_last(ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
-                          count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
-                          STAGES, STREAM_Y)  # fmt: skip
+    _sharded_finish(sf, c, ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
+                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
+                    STREAM_Y, WAIT)  # fmt: skip
 
 
 KERNELS = {
