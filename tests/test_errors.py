@@ -378,7 +378,15 @@ def test_one_wording_for_both_sides(case):
         ),
         (
             dict(kernel="fused", block_n=64, num_warps=1, stream_y=True),
-            r"stream_y is set; only the chunked kernel has it",
+            r"stream_y is set; only the chunked and sharded kernel has it",
+        ),
+        (
+            dict(kernel="chunked", block_n=64, num_warps=1, wait=True),
+            r"wait is set; only the sharded kernel has it",
+        ),
+        (
+            dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2),
+            r"programs_per_sm is 2; the sharded kernel runs one program a shard",
         ),
         (dict(kernel="fused", block_n=32, num_warps=1), r"block_n = 32 is narrower than the row"),
         ("fused", r"cfg must be a Config or a dict"),
