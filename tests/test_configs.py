@@ -104,23 +104,33 @@ def test_sharded_kernel(n, stages, stream_y, dtype, weighted):
 @pytest.mark.parametrize("shape", [(2048, 65536), (600, 131071), (257, 262144)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_sharded_kernel_many_rows_many_times(shape, dtype):
-    """Every sharded candidate on many wide rows, run ten times (the default config more):
-    a last arrival that read a partial sum, or a shard of x, before its writer had arrived
-    shows as a wrong row in some run; the shard-ordered sum gives the same bits every run."""
+    """The sharded kernel's waiting candidates, a last-arrival one and the default config on
+    many wide rows, ten times each: a program that read a partial sum, or a shard, before
+    its writer had arrived shows as a wrong row in some run; the shard-ordered sum gives
+    the same bits every run."""
     impl_or_skip("triton")
-    from triton_impl import rms_norm_with_config, search_space
+    from triton_impl import rms_norm_with_config
     from triton_impl.configs import default_config
 
     x, w = inputs(*shape, dtype)
     want = rms_norm_ref(x, w, 1e-6)
-    cfgs = [c for c in search_space(shape[1], x.element_size()) if c.kernel == "sharded"]
+    cfgs = sharded_to_stress(shape[1], x.element_size())
     cfgs.append(default_config(shape[1], x.element_size()))
     for cfg in cfgs:
         first = rms_norm_with_config(x, w, 1e-6, cfg)
         torch.testing.assert_close(first, want, **TOL[dtype], msg=lambda m, c=cfg: f"{c}: {m}")
-        for _ in range(10 if cfg.kernel == "sharded" else 2):
+        for _ in range(10):
             again = rms_norm_with_config(x, w, 1e-6, cfg)
             assert torch.equal(again, first), cfg
+
+
+def sharded_to_stress(n: int, element_size: int) -> list:
+    """The sharded candidates the GPU stress tests run: every waiting one, one last-arrival
+    one (the schedule the interpreter checks everywhere)."""
+    from triton_impl.configs import Config, sharded_candidates
+
+    cands = sharded_candidates(n, element_size)
+    return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]
 
 
 def triton_next_pow2(n: int) -> int:

@@ -378,7 +378,7 @@ def test_one_wording_for_both_sides(case):
         ),
         (
             dict(kernel="fused", block_n=64, num_warps=1, stream_y=True),
-            r"stream_y is set; only the chunked and sharded kernel has it",
+            r"stream_y is set; only the chunked and sharded kernels have it",
         ),
         (
             dict(kernel="chunked", block_n=64, num_warps=1, wait=True),

@@ -147,17 +147,17 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
 @pytest.mark.parametrize("rdtype", [None, torch.float32])
 @pytest.mark.parametrize("shape", [(2048, 65536), (300, 262143)], ids=str)
 def test_triton_sharded_in_place_many_times(shape, rdtype):
-    """Every sharded candidate of the fused add, in place, on many wide rows, ten times: a
-    last arrival that read residual_out before a peer stored it, or a store into x before
-    a peer loaded it, shows as a wrong row in some run."""
+    """The fused add's sharded kernel (its waiting candidates, a last-arrival one), in
+    place, on many wide rows, ten times: a program that read residual_out before a peer
+    stored it, or a store into x before a peer loaded it, shows as a wrong row in some
+    run."""
     impl_or_skip("triton")
-    from triton_impl import search_space
+    from test_configs import sharded_to_stress
     from triton_impl.launch import launch, plan_fused_add
 
     x0, r0, w = inputs(*shape, torch.bfloat16, rdtype)
     want_y, want_r = fused_add_rms_norm_ref(x0, r0, w, 1e-6)
-    cands = search_space(shape[1], 2, op="fused_add_rms_norm")
-    for cfg in [c for c in cands if c.kernel == "sharded"]:
+    for cfg in sharded_to_stress(shape[1], 2):
         for _ in range(10):
             x, r = x0.clone(), r0.clone()
             launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
