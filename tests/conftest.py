@@ -48,3 +48,12 @@ def refusal(main, argv, capsys) -> str:
         main(argv)
     assert e.value.code == 2, (main, argv)
     return capsys.readouterr().err
+
+
+def sharded_to_stress(n: int, element_size: int) -> list:
+    """The sharded candidates the GPU stress tests run: every waiting one, one last-arrival
+    one (the schedule the interpreter checks everywhere)."""
+    from triton_impl.configs import Config, sharded_candidates
+
+    cands = sharded_candidates(n, element_size)
+    return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]

@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip
+from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip, sharded_to_stress
 from harness.reference import TOL, rms_norm_ref
 
 VEC = {torch.float32: 4, torch.bfloat16: 8}
@@ -122,15 +122,6 @@ def test_sharded_kernel_many_rows_many_times(shape, dtype):
         for _ in range(10):
             again = rms_norm_with_config(x, w, 1e-6, cfg)
             assert torch.equal(again, first), cfg
-
-
-def sharded_to_stress(n: int, element_size: int) -> list:
-    """The sharded candidates the GPU stress tests run: every waiting one, one last-arrival
-    one (the schedule the interpreter checks everywhere)."""
-    from triton_impl.configs import Config, sharded_candidates
-
-    cands = sharded_candidates(n, element_size)
-    return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]
 
 
 def triton_next_pow2(n: int) -> int:

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU, impl_or_skip
+from conftest import DEVICE, HAS_GPU, impl_or_skip, sharded_to_stress
 from harness.cases import fused_add_cases
 from harness.ops import FUSED_ADD_RMS_NORM as OP
 from harness.reference import (
@@ -152,7 +152,6 @@ def test_triton_sharded_in_place_many_times(shape, rdtype):
     stored it, or a store into x before a peer loaded it, shows as a wrong row in some
     run."""
     impl_or_skip("triton")
-    from test_configs import sharded_to_stress
     from triton_impl.launch import launch, plan_fused_add
 
     x0, r0, w = inputs(*shape, torch.bfloat16, rdtype)
