@@ -91,8 +91,8 @@ class Config:
             if not isinstance(v, bool):
                 raise ValueError(f"{where}: {name} is {v!r}; expected a bool")
             if v and self.kernel not in kernels:
-                have = " kernels have" if len(kernels) > 1 else " kernel has"
-                raise ValueError(f"{where}: {name} is set; only the {' and '.join(kernels)}{have} it")
+                have = " and ".join(kernels) + (" kernels have" if kernels[1:] else " kernel has")
+                raise ValueError(f"{where}: {name} is set; only the {have} it")
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
