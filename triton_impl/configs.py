@@ -355,14 +355,13 @@ SEARCH_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time
 SEARCH_SHORT_CHUNKS = (1024, 2048)
 SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
 SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
-#: The sharded kernel from rows of this width up: its shard widths and warps (per-thread
-#: bytes of a shard in SEARCH_SHARD_THREAD_BYTES); each program waiting for its row's sum,
-#: or the last to arrive normalising the row (its loads 1-2 deep).
+#: The sharded kernel from rows of this width up, its programs waiting for their row's sum
+#: (the last-arrival schedule lost at every wide shape: PERF_NOTES v24): shard widths and
+#: warps, the per-thread bytes of a shard in SEARCH_SHARD_THREAD_BYTES.
 SEARCH_SHARDED_MIN_N = 16384
-SEARCH_SHARDS = (4096, 8192, 16384, 32768)
-SEARCH_SHARD_WARPS = (8, 16, 32)
+SEARCH_SHARDS = (2048, 4096, 8192, 16384)
+SEARCH_SHARD_WARPS = (4, 8, 16)
 SEARCH_SHARD_THREAD_BYTES = (16, 128)
-SEARCH_SHARD_STAGES = (1, 2)
 
 
 def sharded_candidates(n: int, element_size: int) -> list[Config]:
@@ -375,8 +374,6 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHARD_WARPS:
             if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
                 out.append(Config("sharded", shard, warps, stream_y=True, wait=True))
-                for stages in SEARCH_SHARD_STAGES:
-                    out.append(Config("sharded", shard, warps, stages=stages, stream_y=True))
     return out
 
 
