@@ -132,7 +132,7 @@ def _scale_chunk(x_row, w_ptr, y_row, c, N, rstd, HAS_WEIGHT: tl.constexpr, STRE
 @triton.jit
 def _rms_norm_fwd_sharded(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
-    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS), -1 (WAIT); arrivals (M,), zeroed
+    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
@@ -141,14 +141,13 @@ def _rms_norm_fwd_sharded(
 ):
     # fmt: on
     # a wide row shared by SHARDS programs of BLOCK_N columns (a thread-block cluster made
-    # of global memory): each loads its shard once and stores the sum of its squares.
-    # WAIT: every program polls its row's partial sums until none is the -1 they start as
-    # (a sum of squares is >= 0 or NaN), then normalises its own shard from registers: x
-    # read once, one round trip to L2 to synchronise. The programs of a row are
+    # of global memory): each loads its shard once, stores the sum of its squares and adds
+    # one arrival to the row's count. WAIT: every program waits for the row's last arrival
+    # and normalises its own shard from registers (x read once); the programs of a row are
     # consecutive, so with blocks started in order the row's last program is resident or
-    # next to start, and the wait ends. Else each adds one arrival to the row's count and
-    # the last to arrive normalises the whole row, re-reading x from L2: no program waits,
-    # so the interpreter, which runs programs one after another, takes this path.
+    # next to start, and the wait ends. Else the last program to arrive normalises the
+    # whole row, re-reading x from L2, and no program waits: the interpreter, which runs
+    # programs one after another, takes this path.
     pid = tl.program_id(0)
     row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     shard = pid % SHARDS
@@ -168,40 +167,41 @@ def _sharded_finish(
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
     WAIT: tl.constexpr,
 ):
-    # The sharded kernels' synchronisation and normalisation. s: this program's shard
-    # (columns c) of the row s_row (x, or the fused add's residual_out), fp32; its partial
-    # sum already stored. Partials are summed in shard order, so rstd has the same bits on
-    # every run.
-    k = tl.arange(0, SHARDS_P2)
+    # The sharded kernels' arrival and normalisation. s: this program's shard (columns c)
+    # of the row s_row (x, or the fused add's residual_out), fp32. The barrier orders every
+    # thread's stores (the partial sum; residual_out) before the count's release; an
+    # acquire of the full count makes every shard's stores visible. Partials are summed in
+    # shard order, so rstd has the same bits on every run.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
     if WAIT:
         if HAS_WEIGHT:  # in flight while the row's other shards arrive
             w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-        # the partials are the only data shared, so volatile loads (from L2) suffice
-        p = tl.load(parts + k, mask=k < SHARDS, other=0.0, volatile=True)
-        while tl.sum((p == -1.0).to(tl.int32), axis=0) > 0:
-            p = tl.load(parts + k, mask=k < SHARDS, other=0.0, volatile=True)
-        y = s * tl.rsqrt(tl.sum(p, axis=0) / N + tl.cast(eps, tl.float32))
+        while arrived < SHARDS:
+            arrived = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+        y = s * _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
         if HAS_WEIGHT:
             y = y * w
         _sharded_store(y_row, c, y, N, STREAM_Y)
-    else:
-        # the barrier orders every thread's stores (the partial sum; residual_out) before the
-        # count's release; the last arrival's acquire makes every shard's stores visible
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
-        if arrived == SHARDS:
-            p = tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg")
-            rstd = tl.rsqrt(tl.sum(p, axis=0) / N + tl.cast(eps, tl.float32))
-            cols = tl.arange(0, BLOCK_N)
-            for i in tl.range(0, SHARDS, num_stages=STAGES):
-                cc = i * BLOCK_N + cols
-                ok = cc < N
-                # .cg: from L2, never a stale L1 line of a shard another program stored
-                y = tl.load(s_row + cc, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                y = y * rstd
-                if HAS_WEIGHT:
-                    y = y * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
-                _sharded_store(y_row, cc, y, N, STREAM_Y)
+    elif arrived == SHARDS:
+        rstd = _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
+        cols = tl.arange(0, BLOCK_N)
+        for i in tl.range(0, SHARDS, num_stages=STAGES):
+            cc = i * BLOCK_N + cols
+            ok = cc < N
+            # .cg: from L2, never a stale L1 line of a shard another program stored
+            y = tl.load(s_row + cc, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+            y = y * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
+            _sharded_store(y_row, cc, y, N, STREAM_Y)
+
+
+@triton.jit
+def _sharded_rstd(parts, N, eps, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr):
+    k = tl.arange(0, SHARDS_P2)
+    total = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
+    return tl.rsqrt(total / N + tl.cast(eps, tl.float32))
 
 
 @triton.jit
@@ -475,7 +475,7 @@ def _fused_add_rms_norm_fwd_chunked(
 @triton.jit
 def _fused_add_rms_norm_fwd_sharded(
     x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
-    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS), -1 (WAIT); arrivals (M,), zeroed
+    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
     stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,

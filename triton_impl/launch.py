@@ -45,15 +45,10 @@ class Launch:
         return self.cfg.kernel != "sharded"
 
 
-def sharded_workspace(m: int, meta: dict, device: torch.device) -> tuple:
-    """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32): for
-    the waiting schedule the partials start at -1 (not yet stored; no counts), else the
-    counts at 0. One allocation a launch, so that launches on different streams (or a
-    launch that failed) share nothing."""
-    shards = meta["SHARDS"]
-    if meta["WAIT"]:
-        part = torch.full((m * shards,), -1.0, dtype=torch.float32, device=device)
-        return part, part  # the counts' pointer unused
+def sharded_workspace(m: int, shards: int, device: torch.device) -> tuple:
+    """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32), the
+    counts zeroed: one allocation a launch, so that launches on different streams (or a
+    launch that failed) share no count."""
     ws = torch.zeros(m * (shards + 1), dtype=torch.int32, device=device)
     return ws[m:].view(torch.float32), ws[:m]
 
@@ -101,7 +96,7 @@ def plan(
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, w, y2, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
-        ws = sharded_workspace(m, meta, x.device)
+        ws = sharded_workspace(m, meta["SHARDS"], x.device)
         args = (x2, w, y2, *ws, *strides, m, n, eps)
         return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
     args = (x2, w, y2, *strides, m, n, eps)
@@ -140,7 +135,7 @@ def plan_fused_add(
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, r2, w, y2, ro2, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
-        ws = sharded_workspace(m, meta, x.device)
+        ws = sharded_workspace(m, meta["SHARDS"], x.device)
         args = (x2, r2, w, y2, ro2, *ws, *strides, m, n, eps)
         return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
     args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
