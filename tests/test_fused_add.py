@@ -226,7 +226,7 @@ def test_triton_odd_widths_take_the_split_kernel():
     assert fused_add_config(4097, 2, split_ok=False).kernel == "fused"
     assert fused_add_config(4096, 2).kernel == "fused"
     assert fused_add_config(1001, 4).kernel == "split"
-    assert fused_add_config(40000, 2).kernel == "chunked"
+    assert fused_add_config(40000, 2).kernel == "sharded"
 
 
 @pytest.mark.parametrize("name", BACKENDS)

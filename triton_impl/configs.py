@@ -158,21 +158,25 @@ FUSED_TUNED = {
     Width(4, 8192, padded=True): _fused(8192, 4, 32),
     Width(4, 16384, padded=True): _fused(16384, 2, 32),
 }
-#: The chunked kernel per width: for rows wider than FUSED_MAX_N, and (unpadded widths only)
-#: where the sweep measured it ahead of the fused kernel; wider rows take CHUNKED_WIDE.
-#: stream_y from 65536: y's lines let go first, the sweep's winner there (PERF_NOTES v23).
-CHUNKED_TUNED = {
+#: The sharded kernel's shipped configs per element size: each program waits for its row's
+#: sum (PERF_NOTES v24).
+SHARDED = {
+    2: Config("sharded", 8192, 8, stream_y=True, wait=True),
+    4: Config("sharded", 4096, 4, stream_y=True, wait=True),
+}
+#: Rows wider than FUSED_MAX_N per width (and, unpadded only, widths where the sweep
+#: measured these ahead of the fused kernel): the chunked kernel (stream_y from 65536: y's
+#: lines let go first, PERF_NOTES v23) or the sharded one; rows wider than the table's take
+#: WIDE (the sharded kernel).
+WIDE_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
     Width(2, 65536): Config("chunked", 16384, 32, stream_y=True),
     Width(2, 131072): Config("chunked", 32768, 16, programs_per_sm=1, stream_y=True),
     Width(4, 16384): Config("chunked", 4096, 32),
-    Width(4, 65536): Config("chunked", 32768, 32, programs_per_sm=2, stream_y=True),
-    Width(4, 131072): Config("chunked", 32768, 32, stream_y=True),
+    Width(4, 65536): SHARDED[4],
+    Width(4, 131072): SHARDED[4],
 }
-#: Past 131072 one program a row keeps more rows in flight than L2 holds (132 x 512 KiB at
-#: bf16 262144): the second sweep runs from the row's end, re-reading the chunks loaded
-#: last, the likeliest still in L2, first.
-CHUNKED_WIDE = Config("chunked", 32768, 32, reverse=True, stream_y=True)
+WIDE = SHARDED
 #: The persistent kernel where the sweep measured it ahead of the fused kernel.
 PERSISTENT_TUNED = {
     Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
@@ -209,15 +213,16 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
     - rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED), else
       several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread; the
       persistent kernel where PERSISTENT_TUNED names the width;
-    - wider rows, and the widths CHUNKED_TUNED names: the chunked two-sweep kernel.
+    - wider rows, and the widths WIDE_TUNED names: the chunked two-sweep kernel or the
+      sharded one (WIDE_TUNED, else WIDE).
     """
     check_width(n, element_size, "default_config")
     elem = element_size
     vec = 16 // elem
     block_n = triton.next_power_of_2(n)
-    chunked = CHUNKED_TUNED.get(Width(elem, block_n))
-    if block_n > FUSED_MAX_N[elem] or (chunked and n == block_n):
-        return chunked or CHUNKED_WIDE
+    wide = WIDE_TUNED.get(Width(elem, block_n))
+    if block_n > FUSED_MAX_N[elem] or (wide and n == block_n):
+        return wide or WIDE[elem]
     if split_ok and split_kernel_wins(n, elem):
         body = triton.next_power_of_2(n // vec * vec)
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
@@ -250,7 +255,7 @@ def default_config(
     throughput rule, and for `rows` fewer programs than `sms` (both given: a real GPU) the
     latency rule. split_ok: x's and y's rows share their 16-byte alignment."""
     cfg = throughput_config(n, element_size, split_ok)
-    if rows is not None and sms and cfg.kernel != "chunked":
+    if rows is not None and sms and cfg.kernel not in ("chunked", "sharded"):
         if triton.cdiv(rows, cfg.block_m) < sms:
             cfg = latency_config(cfg, element_size)
     return cfg
@@ -293,8 +298,12 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tupl
 
 
 # ---- the fused residual add -------------------------------------------------------------
-#: Chunk and warps of the fused add's chunked kernel (rows wider than FUSED_MAX_N).
-FUSED_ADD_CHUNK = Config("chunked", 8192, 16)
+#: The fused add's rows wider than FUSED_MAX_N: the sharded kernel, its programs waiting for
+#: their row's sum (PERF_NOTES v24).
+FUSED_ADD_WIDE = {
+    2: Config("sharded", 8192, 4, stream_y=True, wait=True),
+    4: Config("sharded", 4096, 4, stream_y=True, wait=True),
+}
 
 
 @functools.cache
@@ -303,12 +312,12 @@ def fused_add_config(n: int, element_size: int, split_ok: bool = True) -> Config
     kernel where split_kernel_wins and the four rows share x's 16-byte alignment (split_ok),
     half the plain split's bytes a thread (x's and the residual's both in flight); the
     fused tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile, THREAD_BYTES of
-    it a thread, as the plain op's rule for untuned widths); the chunked kernel beyond.
-    Not yet swept: a rule, not a table."""
+    it a thread, as the plain op's rule for untuned widths); the sharded kernel beyond
+    (FUSED_ADD_WIDE, from the sweep; the rest a rule, not a table)."""
     check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
-        return FUSED_ADD_CHUNK
+        return FUSED_ADD_WIDE[element_size]
     if split_ok and split_kernel_wins(n, element_size):
         vec = 16 // element_size
         body = triton.next_power_of_2(n // vec * vec)
@@ -384,12 +393,10 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     memory, the chunked kernel for rows of two or more chunks from 8192 elements up (its
     chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more, and the
     sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
-    config, its chunked kernel and the sharded kernel."""
+    config and the sharded kernel's candidates."""
     check_width(n, element_size, "search_space")
     if op == "fused_add_rms_norm":
         out = [fused_add_config(n, element_size)]
-        if n >= 8192 and FUSED_ADD_CHUNK not in out:
-            out.append(FUSED_ADD_CHUNK)
         return out + [c for c in sharded_candidates(n, element_size) if c not in out]
     if op != "rms_norm":
         raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")

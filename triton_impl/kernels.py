@@ -14,6 +14,11 @@ Parallelisation
 - chunked (wider rows): a few programs per SM, each walking its rows in BLOCK_N chunks
   twice: the first sweep accumulates sum(x^2), the second re-reads the chunks (from L2:
   the rows in flight fit in it), normalises and stores.
+- sharded (the widest rows; the fused add's rows past FUSED_MAX_N): a row split over
+  consecutive programs of BLOCK_N columns, which share the row's sum through global
+  memory, the software counterpart of a thread-block cluster: each loads its shard into
+  registers once, stores its partial sum, waits for the row's count of arrivals, and
+  normalises its shard; x is read from memory exactly once.
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is divided
 by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31 elements index
 correctly.
@@ -89,7 +94,7 @@ def _rms_norm_fwd_chunked(
     # while one is summed or scaled; 1: one chunk at a time. REVERSE: the second sweep from
     # the row's end (the chunks loaded last, the likeliest still in L2, re-read first: for
     # more rows in flight than L2 holds); STREAM_Y: y stored evict_first (its lines, as many
-    # as x's, not kept in L2 in x's place). Where each is on: configs.CHUNKED_TUNED.
+    # as x's, not kept in L2 in x's place). Where each is on: configs.WIDE_TUNED.
     cols = tl.arange(0, BLOCK_N)
     first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     for row in range(first, M, tl.num_programs(0)):
@@ -436,43 +441,6 @@ def _fused_add_rms_norm_fwd_split(
 
 # fmt: off
 @triton.jit
-def _fused_add_rms_norm_fwd_chunked(
-    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
-    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
-    M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
-):
-    # fmt: on
-    # rows too wide for registers: one program a row, in BLOCK_N chunks, twice. Sweep 1
-    # adds, stores residual_out and sums its squares; sweep 2 re-reads residual_out (just
-    # written, so from L2), scales and stores y.
-    row = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
-    cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        ok = c < N
-        x = tl.load(x_ptr + row * stride_x + c, mask=ok, other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + row * stride_r + c, mask=ok, other=0.0).to(tl.float32)
-        s = _round_to(x + r, ro_ptr.dtype.element_ty, ROUND_BY_HAND)
-        tl.store(ro_ptr + row * stride_ro + c, s, mask=ok)
-        s = s.to(tl.float32)
-        acc += s * s
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
-    # every thread's residual_out stores are visible to the block before sweep 2 reads them
-    tl.debug_barrier()
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        ok = c < N
-        s = tl.load(ro_ptr + row * stride_ro + c, mask=ok, other=0.0).to(tl.float32)
-        y = s * rstd
-        if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-# fmt: off
-@triton.jit
 def _fused_add_rms_norm_fwd_sharded(
     x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
     part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
@@ -517,6 +485,5 @@ KERNELS = {
 FUSED_ADD_KERNELS = {
     "fused": _fused_add_rms_norm_fwd_fused,
     "split": _fused_add_rms_norm_fwd_split,
-    "chunked": _fused_add_rms_norm_fwd_chunked,
     "sharded": _fused_add_rms_norm_fwd_sharded,
 }
