@@ -191,3 +191,48 @@ def test_triton_verified_versions():
     assert eager._version("3.6.0") == (3, 6) and eager._version("3.8.0+git1234") == (3, 8)
     assert eager._version("4") == (4, 0)
     assert (3, 6) in eager.VERIFIED_TRITON and (3, 8) in eager.VERIFIED_TRITON
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_sharded_kernel_as_an_op(dtype):
+    """Rows the sharded kernel takes (its workspace allocated and zeroed for each launch):
+    eager calls (never cached by the fast path, whose plans would share one workspace),
+    torch.compile(fullgraph=True), and CUDA graphs of the plain op and the fused add's
+    in-place form, replayed on new data."""
+    import triton_impl
+    from harness.reference import fused_add_rms_norm_ref
+    from triton_impl import eager
+    from triton_impl.configs import default_config, fused_add_config
+
+    n = 262144 if dtype == torch.bfloat16 else 131072
+    assert default_config(n, dtype.itemsize).kernel == "sharded"
+    assert fused_add_config(n, dtype.itemsize).kernel == "sharded"
+    tol = TOL[dtype]
+    x, w = inputs(dtype, n=n, m=24)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        got = triton_impl.rms_norm(x, w, 1e-6)
+        torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **tol)
+    assert eager._key(x, w) not in eager.PLANS
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: triton_impl.rms_norm(x * 2.0, w, 1e-6), fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), rms_norm_ref(x * 2.0, w, 1e-6), **tol)
+    r = torch.randn_like(x)
+    out = torch.empty_like(x)
+    triton_impl.rms_norm(x, w, 1e-6, out=out)  # warm up (JIT) outside the capture
+    triton_impl.fused_add_rms_norm_(x.clone(), r.clone(), w, 1e-6)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        triton_impl.rms_norm(x, w, 1e-6, out=out)
+        triton_impl.fused_add_rms_norm_(x, r, w, 1e-6)
+    x0, r0 = torch.randn_like(x), torch.randn_like(r)
+    x.copy_(x0)
+    r.copy_(r0)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, rms_norm_ref(x0, w, 1e-6), **tol)
+    want_y, want_r = fused_add_rms_norm_ref(x0, r0, w, 1e-6)
+    torch.testing.assert_close(x, want_y, **tol)
+    torch.testing.assert_close(r, want_r, **tol)
