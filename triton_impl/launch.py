@@ -47,10 +47,11 @@ class Launch:
 
 def sharded_workspace(m: int, shards: int, device: torch.device) -> tuple:
     """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32), the
-    counts zeroed: one allocation a launch, so that launches on different streams (or a
-    launch that failed) share no count."""
-    ws = torch.zeros(m * (shards + 1), dtype=torch.int32, device=device)
-    return ws[m:].view(torch.float32), ws[:m]
+    counts zeroed: allocated for each launch, so that launches on different streams (or a
+    launch that failed) share no count. Two tensors, not views of one: inductor cannot
+    lower a dtype view of a slice."""
+    part = torch.empty(m * shards, dtype=torch.float32, device=device)
+    return part, torch.zeros(m, dtype=torch.int32, device=device)
 
 
 def split_ok(x2: torch.Tensor, *others: torch.Tensor) -> bool:
