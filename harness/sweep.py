@@ -15,7 +15,7 @@ whether it is the one the kernel picks today in ``config``, GB/s by the op's byt
 % of the copy ceiling. The table printed last gives, per shape, today's config and the
 best one. CUDA only; the candidates are each backend's search_space (triton_impl.configs,
 cuda_impl.configs), the default its default_config. --op fused_add_rms_norm sweeps the
-fused add's candidates (the CUDA table; Triton's rule, chunked and sharded kernels).
+fused add's candidates (the CUDA table; Triton's rule and sharded kernel).
 --where KERNEL:FIELD=VALUE[,FIELD=VALUE] keeps, of that kernel's candidates, only
 those whose config fields have those values (repeated: a candidate matching any one is
 kept), and today's config beside them: a probe of a few candidates within a device call.

@@ -329,7 +329,7 @@ def fused_add_config(n: int, element_size: int, split_ok: bool = True) -> Config
 def fused_add_kernel_for(
     cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
 ) -> tuple:
-    """(kernel, meta) of the fused add for a config (fused, split, chunked or sharded
+    """(kernel, meta) of the fused add for a config (fused, split or sharded
     kernel) and rows of n elements; round_by_hand: residual_out is bf16 and the kernel runs
     in the interpreter (kernels._round_to)."""
     if cfg.kernel not in FUSED_ADD_KERNELS:
