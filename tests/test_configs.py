@@ -100,6 +100,16 @@ def test_sharded_kernel(n, stages, stream_y, dtype, weighted):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
+def test_sharded_kernel_waits_only_where_a_row_fits_the_gpu():
+    """A row of more shards than the GPU has SMs might not be resident at once: it takes the
+    schedule that never waits."""
+    from triton_impl.launch import wait_if_resident
+
+    assert wait_if_resident({"WAIT": True, "SHARDS": 64}, sms=132)["WAIT"]
+    assert not wait_if_resident({"WAIT": True, "SHARDS": 64}, sms=16)["WAIT"]
+    assert not wait_if_resident({"WAIT": False, "SHARDS": 2}, sms=132)["WAIT"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2048, 65536), (600, 131071), (257, 262144)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

@@ -73,6 +73,26 @@ def sm_count(device: Optional[int]) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def wait_if_resident(meta: dict, sms: int) -> dict:
+    """The sharded kernel's meta with WAIT kept only where a row's programs can all be
+    resident at once: one program an SM always is, so rows of more shards than SMs take the
+    last-arrival schedule, which never waits (a waiting row whose last program could not
+    start would wait forever)."""
+    if meta.get("WAIT") and meta["SHARDS"] > sms:
+        return {**meta, "WAIT": False}
+    return meta
+
+
+def _sharded_launch(
+    cfg: Config, kernel, meta: dict, m: int, x: torch.Tensor, tensors: tuple, rest: tuple
+) -> Launch:
+    """A sharded kernel's launch: its workspace after the row tensors, a program a shard."""
+    if x.is_cuda:
+        meta = wait_if_resident(meta, sm_count(x.device.index))
+    ws = sharded_workspace(m, meta["SHARDS"], x.device)
+    return Launch(cfg, kernel, (m * meta["SHARDS"],), (*tensors, *ws, *rest), meta)
+
+
 def plan(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -97,9 +117,7 @@ def plan(
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, w, y2, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
-        ws = sharded_workspace(m, meta["SHARDS"], x.device)
-        args = (x2, w, y2, *ws, *strides, m, n, eps)
-        return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
+        return _sharded_launch(cfg, kernel, meta, m, x, (x2, w, y2), (*strides, m, n, eps))
     args = (x2, w, y2, *strides, m, n, eps)
     if cfg.kernel == "fused":
         return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
@@ -136,9 +154,8 @@ def plan_fused_add(
     if cfg.kernel == "split":
         return Launch(cfg, kernel, (m,), (x2, r2, w, y2, ro2, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
-        ws = sharded_workspace(m, meta["SHARDS"], x.device)
-        args = (x2, r2, w, y2, ro2, *ws, *strides, m, n, eps)
-        return Launch(cfg, kernel, (m * meta["SHARDS"],), args, meta)
+        rows = (x2, r2, w, y2, ro2)
+        return _sharded_launch(cfg, kernel, meta, m, x, rows, (*strides, m, n, eps))
     args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
     grid = (triton.cdiv(m, cfg.block_m),) if cfg.kernel == "fused" else (m,)
     return Launch(cfg, kernel, grid, args, meta)
