@@ -100,6 +100,39 @@ def test_sharded_kernel(n, stages, stream_y, dtype, weighted):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sharded_kernel_waiting_schedule(dtype):
+    """The waiting schedule's arithmetic, which the interpreter cannot run as scheduled (its
+    programs run one after another): a last-arrival launch leaves the row's partial sums
+    and full counts in its workspace, so a waiting launch over that workspace finds every
+    row complete at once, and normalises each shard as the GPU's waiting programs do."""
+    impl_or_skip("triton")
+    import dataclasses
+
+    from triton_impl import Config
+    from triton_impl.launch import launch, plan
+
+    x, w = inputs(5, 12289, dtype)
+    cfg = Config("sharded", 2048, 4, stream_y=True)
+    p = plan(x, w, 1e-6, torch.full_like(x, float("nan")), cfg)
+    launch(p)
+    y = torch.full_like(x, float("nan"))
+    waiting = dataclasses.replace(p, args=(x, w, y, *p.args[3:]), meta={**p.meta, "WAIT": True})
+    launch(waiting)
+    torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+    assert torch.equal(y, p.args[2])
+
+
+def test_sharded_kernel_shard_cap():
+    """A forced shard so narrow that a row takes more than MAX_SHARDS programs is refused."""
+    impl_or_skip("triton")
+    from triton_impl import Config, rms_norm_with_config
+
+    x, w = inputs(2, 4096, torch.float32)
+    with pytest.raises(ValueError, match="splits a row of N = 4096 into 2048 shards"):
+        rms_norm_with_config(x, w, 1e-6, Config("sharded", 2, 1))
+
+
 def test_sharded_kernel_waits_only_where_a_row_fits_the_gpu():
     """A row of more shards than the GPU has SMs might not be resident at once: it takes the
     schedule that never waits."""
@@ -115,23 +148,30 @@ def test_sharded_kernel_waits_only_where_a_row_fits_the_gpu():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_sharded_kernel_many_rows_many_times(shape, dtype):
     """The sharded kernel's waiting candidates, a last-arrival one and the default config on
-    many wide rows, ten times each: a program that read a partial sum, or a shard, before
-    its writer had arrived shows as a wrong row in some run; the shard-ordered sum gives
-    the same bits every run."""
+    many wide rows, ten times each, the partial sums poisoned with NaN before each launch
+    (the allocator would hand back the last run's, right ones): a program that read a
+    partial sum before its writer had arrived shows as a wrong row in some run; the
+    shard-ordered sum gives the same bits every run."""
     impl_or_skip("triton")
-    from triton_impl import rms_norm_with_config
     from triton_impl.configs import default_config
+    from triton_impl.launch import launch, plan
 
     x, w = inputs(*shape, dtype)
     want = rms_norm_ref(x, w, 1e-6)
     cfgs = sharded_to_stress(shape[1], x.element_size())
     cfgs.append(default_config(shape[1], x.element_size()))
+    first = {}
     for cfg in cfgs:
-        first = rms_norm_with_config(x, w, 1e-6, cfg)
-        torch.testing.assert_close(first, want, **TOL[dtype], msg=lambda m, c=cfg: f"{c}: {m}")
         for _ in range(10):
-            again = rms_norm_with_config(x, w, 1e-6, cfg)
-            assert torch.equal(again, first), cfg
+            y = torch.full_like(x, float("nan"))
+            p = plan(x, w, 1e-6, y, cfg)
+            if cfg.kernel == "sharded":
+                p.args[3].fill_(float("nan"))  # the partial sums
+            launch(p)
+            if cfg not in first:
+                first[cfg] = y
+                torch.testing.assert_close(y, want, **TOL[dtype], msg=lambda m, c=cfg: f"{c}: {m}")
+            assert torch.equal(y, first[cfg]), cfg
 
 
 def triton_next_pow2(n: int) -> int:

@@ -148,9 +148,9 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
 @pytest.mark.parametrize("shape", [(2048, 65536), (300, 262143)], ids=str)
 def test_triton_sharded_in_place_many_times(shape, rdtype):
     """The fused add's sharded kernel (its waiting candidates, a last-arrival one), in
-    place, on many wide rows, ten times: a program that read residual_out before a peer
-    stored it, or a store into x before a peer loaded it, shows as a wrong row in some
-    run."""
+    place, on many wide rows, ten times, the partial sums poisoned with NaN before each
+    launch: a program that read a partial sum or residual_out before a peer stored it, or
+    a store into x before a peer loaded it, shows as a wrong row in some run."""
     impl_or_skip("triton")
     from triton_impl.launch import launch, plan_fused_add
 
@@ -159,7 +159,9 @@ def test_triton_sharded_in_place_many_times(shape, rdtype):
     for cfg in sharded_to_stress(shape[1], 2):
         for _ in range(10):
             x, r = x0.clone(), r0.clone()
-            launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
+            p = plan_fused_add(x, r, w, 1e-6, x, r, cfg)
+            p.args[5].fill_(float("nan"))  # the partial sums
+            launch(p)
             tol = TOL[torch.bfloat16]
             torch.testing.assert_close(x, want_y, **tol, msg=lambda m, c=cfg: f"{c}: {m}")
             torch.testing.assert_close(r, want_r, **TOL[rdtype or torch.bfloat16])

@@ -5,7 +5,7 @@
 - ``default_config(n, element_size, ...)``: the one rule the launcher, ``kernel_info``,
   the tests and the report use. Tuned tables below, keyed by named fields (``Width``), for
   the widths the sweep measured; a formula for the rest.
-- ``search_space(n, element_size)``: the candidates ``python -m harness.sweep`` times.
+- ``search_space(n, element_size, op)``: the candidates ``python -m harness.sweep`` times.
 - ``kernel_for(cfg, ...)``: the @triton.jit function and compile-time arguments of a config.
 
 Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) -> these tables ->
@@ -273,8 +273,17 @@ def shards(cfg: Config, n: int) -> int:
     return triton.cdiv(n, cfg.block_n) if cfg.kernel == "sharded" else 1
 
 
+#: Shards a row may take: each program sums the row's partials as one vector of this many.
+MAX_SHARDS = 1024
+
+
 def _sharded_meta(cfg: Config, n: int) -> dict:
     k = shards(cfg, n)
+    if k > MAX_SHARDS:
+        raise ValueError(
+            f"sharded kernel: block_n = {cfg.block_n} splits a row of N = {n} into {k} shards;"
+            f" at most {MAX_SHARDS}"
+        )
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
                 STREAM_Y=cfg.stream_y, WAIT=cfg.wait and not INTERPRET)  # fmt: skip
 

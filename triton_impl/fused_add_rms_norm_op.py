@@ -10,7 +10,9 @@ rms_norm(r)`` while reading x and residual once and writing y and residual_out o
 residual may be x's dtype or float32 (an fp32 residual stream beside 16-bit activations).
 Registered as ``triton_impl::fused_add_rms_norm`` and the in-place
 ``triton_impl::fused_add_rms_norm_`` (its mutation declared in the schema, so it captures
-in CUDA graphs with no allocation). Kernels: kernels.py; config rule: configs.py. The
+in CUDA graphs with no output allocated; the sharded kernel's rows, past FUSED_MAX_N,
+allocate a small workspace a launch, from the graph's pool there). Kernels: kernels.py;
+config rule: configs.py. The
 functional form is differentiable (triton_impl.backward); the in-place one refuses inputs
 that require grad.
 """

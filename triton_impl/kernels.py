@@ -18,7 +18,9 @@ Parallelisation
   consecutive programs of BLOCK_N columns, which share the row's sum through global
   memory, the software counterpart of a thread-block cluster: each loads its shard into
   registers once, stores its partial sum, waits for the row's count of arrivals, and
-  normalises its shard; x is read from memory exactly once.
+  normalises its shard; x is read from memory exactly once. Under the interpreter, and
+  for rows of more shards than SMs, the last program to arrive normalises the whole row
+  instead, re-reading it from L2, and no program waits.
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is divided
 by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31 elements index
 correctly.

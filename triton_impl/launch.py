@@ -157,8 +157,7 @@ def plan_fused_add(
         rows = (x2, r2, w, y2, ro2)
         return _sharded_launch(cfg, kernel, meta, m, x, rows, (*strides, m, n, eps))
     args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
-    grid = (triton.cdiv(m, cfg.block_m),) if cfg.kernel == "fused" else (m,)
-    return Launch(cfg, kernel, grid, args, meta)
+    return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
 
 
 def launch(p: Launch) -> None:

@@ -93,9 +93,12 @@ def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     if init is not None:  # registers and spills are read when the binary is loaded
         init()
     md = compiled.metadata
+    config = p.cfg.as_dict()
+    if "WAIT" in p.meta:  # the sharded kernel's schedule as launched (launch.wait_if_resident)
+        config["wait"] = p.meta["WAIT"]
     return dict(
         name=getattr(md, "name", p.kernel.__name__),
-        config=p.cfg.as_dict(),
+        config=config,
         grid=list(p.grid),
         n_regs=getattr(compiled, "n_regs", None),
         n_spills=getattr(compiled, "n_spills", None),
