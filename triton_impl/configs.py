@@ -23,7 +23,7 @@ from typing import Optional, Union
 import triton
 
 from rmsnorm_api import MAX_N
-from triton_impl.kernels import FUSED_ADD_KERNELS, INTERPRET, KERNELS
+from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS
 
 #: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
 FUSED_MAX_N = {4: 32768, 2: 16384}
@@ -113,6 +113,17 @@ class Config:
         except TypeError as e:  # a missing required field
             raise ValueError(f"cfg: {e}") from None
 
+    @classmethod
+    def forced(cls, cfg: Union[Config, dict], n: int, element_size: int, where: str) -> Config:
+        """A forced config (Config.of) that holds a row of n elements, else ValueError."""
+        cfg = cls.of(cfg)
+        if not cfg.holds(n, element_size):
+            raise ValueError(
+                f"{where}: cfg's block_n = {cfg.block_n} is narrower than the row (N = {n}) for"
+                f" the {cfg.kernel} kernel"
+            )
+        return cfg
+
     def holds(self, n: int, element_size: int) -> bool:
         """Whether the tile holds a row of n elements (the chunked and sharded kernels hold
         any row)."""
@@ -167,7 +178,7 @@ SHARDED = {
 #: Rows wider than FUSED_MAX_N per width (and, unpadded only, widths where the sweep
 #: measured these ahead of the fused kernel): the chunked kernel (stream_y from 65536: y's
 #: lines let go first, PERF_NOTES v23) or the sharded one; rows wider than the table's take
-#: WIDE (the sharded kernel).
+#: SHARDED.
 WIDE_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
     Width(2, 65536): Config("chunked", 16384, 32, stream_y=True),
@@ -176,7 +187,6 @@ WIDE_TUNED = {
     Width(4, 65536): SHARDED[4],
     Width(4, 131072): SHARDED[4],
 }
-WIDE = SHARDED
 #: The persistent kernel where the sweep measured it ahead of the fused kernel.
 PERSISTENT_TUNED = {
     Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
@@ -214,7 +224,7 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
       several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread; the
       persistent kernel where PERSISTENT_TUNED names the width;
     - wider rows, and the widths WIDE_TUNED names: the chunked two-sweep kernel or the
-      sharded one (WIDE_TUNED, else WIDE).
+      sharded one (WIDE_TUNED, else SHARDED).
     """
     check_width(n, element_size, "default_config")
     elem = element_size
@@ -222,7 +232,7 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
     block_n = triton.next_power_of_2(n)
     wide = WIDE_TUNED.get(Width(elem, block_n))
     if block_n > FUSED_MAX_N[elem] or (wide and n == block_n):
-        return wide or WIDE[elem]
+        return wide or SHARDED[elem]
     if split_ok and split_kernel_wins(n, elem):
         body = triton.next_power_of_2(n // vec * vec)
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
@@ -285,7 +295,7 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
             f" at most {MAX_SHARDS}"
         )
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
-                STREAM_Y=cfg.stream_y, WAIT=cfg.wait and not INTERPRET)  # fmt: skip
+                STREAM_Y=cfg.stream_y, WAIT=cfg.wait)  # fmt: skip
 
 
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:

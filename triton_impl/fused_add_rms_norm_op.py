@@ -95,13 +95,7 @@ def fused_add_rms_norm_with_config(
     """fused_add_rms_norm with a forced launch config (a triton_impl.configs.Config or its
     as_dict() form), for sweeps; same result. ValueError names a field no kernel can run."""
     _check(x, residual, weight, eps, _IMPL)
-    cfg = Config.of(cfg)
-    n = x.shape[-1]
-    if not cfg.holds(n, x.element_size()):
-        raise ValueError(
-            f"fused_add_rms_norm_with_config: cfg's block_n = {cfg.block_n} is narrower than"
-            f" the row (N = {n}) for the {cfg.kernel} kernel"
-        )
+    cfg = Config.forced(cfg, x.shape[-1], x.element_size(), "fused_add_rms_norm_with_config")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     residual_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
     if x.numel() > 0:

@@ -77,7 +77,8 @@ def wait_if_resident(meta: dict, sms: int) -> dict:
     """The sharded kernel's meta with WAIT kept only where a row's programs can all be
     resident at once: one program an SM always is, so rows of more shards than SMs take the
     last-arrival schedule, which never waits (a waiting row whose last program could not
-    start would wait forever)."""
+    start would wait forever). sms = 0: the interpreter (or no GPU), whose programs run one
+    after another, none resident beside another."""
     if meta.get("WAIT") and meta["SHARDS"] > sms:
         return {**meta, "WAIT": False}
     return meta
@@ -87,8 +88,7 @@ def _sharded_launch(
     cfg: Config, kernel, meta: dict, m: int, x: torch.Tensor, tensors: tuple, rest: tuple
 ) -> Launch:
     """A sharded kernel's launch: its workspace after the row tensors, a program a shard."""
-    if x.is_cuda:
-        meta = wait_if_resident(meta, sm_count(x.device.index))
+    meta = wait_if_resident(meta, sm_count(x.device.index) if x.is_cuda and not INTERPRET else 0)
     ws = sharded_workspace(m, meta["SHARDS"], x.device)
     return Launch(cfg, kernel, (m * meta["SHARDS"],), (*tensors, *ws, *rest), meta)
 

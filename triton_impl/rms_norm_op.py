@@ -113,12 +113,7 @@ def rms_norm_with_config(
     """rms_norm with a forced launch config (a triton_impl.configs.Config, or its as_dict()
     form), for sweeps; same result. ValueError names a field no kernel can run."""
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
-    cfg = Config.of(cfg)
-    if not cfg.holds(x.shape[-1], x.element_size()):
-        raise ValueError(
-            f"rms_norm_with_config: cfg's block_n = {cfg.block_n} is narrower than the row"
-            f" (N = {x.shape[-1]}) for the {cfg.kernel} kernel"
-        )
+    cfg = Config.forced(cfg, x.shape[-1], x.element_size(), "rms_norm_with_config")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _run(x, weight, float(eps), y, cfg)
     return y
