@@ -31,15 +31,6 @@ VARIANT_NC_ONLY_LOADS = 8
 #: The fused add: the weight read after the reduction even where rms_norm reads it early
 #: (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
 VARIANT_LATE_WEIGHT = 16
-#: Cluster configs: the row (and the fused add's residual) staged through shared memory by
-#: cp.async instead of held in registers, so shared memory, not registers, sets how many
-#: CTAs share an SM; clusters of up to 16 CTAs (the H200's non-portable size).
-VARIANT_STAGED = 32
-
-
-def max_cluster(variant: int) -> int:
-    """The most CTAs a cluster of a config with these variant bits may take."""
-    return 16 if variant & VARIANT_STAGED else 8
 
 
 @dataclass(frozen=True)
@@ -117,11 +108,10 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     for c in compiled_configs(op):
         per_cta = c.row_threads * c.vpt
         if c.cluster:
-            most = max_cluster(c.variant)
             ranks = 2
-            while ranks * per_cta < vecs and ranks < most:
+            while ranks * per_cta < vecs and ranks < 8:
                 ranks *= 2
-            for r in sorted({ranks, min(most, 2 * ranks)}):
+            for r in sorted({ranks, min(8, 2 * ranks)}):
                 if r * per_cta >= vecs:
                     out.append(Config(c.row_threads, c.vpt, r, c.variant))
         elif vecs <= per_cta <= 4 * max(vecs, 8):

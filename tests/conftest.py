@@ -57,33 +57,3 @@ def sharded_to_stress(n: int, element_size: int) -> list:
 
     cands = sharded_candidates(n, element_size)
     return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]
-
-
-def staged_cuda_configs(op: str) -> list:
-    """The compiled staged cluster configs of op (cuda_impl.configs.VARIANT_STAGED)."""
-    try:
-        from cuda_impl import configs as C
-
-        return [c for c in C.compiled_configs(op) if c.variant & C.VARIANT_STAGED]
-    except (ImportError, RuntimeError):
-        return []
-
-
-def staged_cases(op: str) -> list:
-    """(config, N) for each staged config at every cluster size it takes: a width that
-    fills the cluster but for 3 elements, so rows end off the 16-byte grid."""
-    from cuda_impl import configs as C
-
-    out = []
-    for c in staged_cuda_configs(op):
-        for ranks in (2, 4, 8, 16):
-            if ranks <= C.max_cluster(c.variant):
-                cfg = C.Config(c.row_threads, c.vpt, ranks, c.variant)
-                out.append((cfg, c.row_threads * c.vpt * ranks))
-    return out
-
-
-def poisoned_pool(shape, dtype) -> None:
-    """Leave a NaN-filled block of this size in the caching allocator, so that an output
-    allocated next (inside a with_config call) starts as NaN, not as a right old answer."""
-    torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)

@@ -385,6 +385,14 @@ def test_one_wording_for_both_sides(case):
             r"wait is set; only the sharded kernel has it",
         ),
         (
+            dict(kernel="chunked", block_n=64, num_warps=1, reload=True),
+            r"reload is set; only the sharded kernel has it",
+        ),
+        (
+            dict(kernel="sharded", block_n=64, num_warps=1, reload=True),
+            r"reload is set without wait",
+        ),
+        (
             dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2),
             r"programs_per_sm is 2; the sharded kernel runs one program a shard",
         ),

@@ -13,14 +13,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import (
-    DEVICE,
-    HAS_GPU,
-    impl_or_skip,
-    poisoned_pool,
-    sharded_to_stress,
-    staged_cases,
-)
+from conftest import DEVICE, HAS_GPU, impl_or_skip, sharded_to_stress
 from harness.cases import fused_add_cases
 from harness.ops import FUSED_ADD_RMS_NORM as OP
 from harness.reference import (
@@ -594,30 +587,3 @@ def test_cuda_fused_every_config_matches_reference(dtype):
         torch.testing.assert_close(ro, want_r, **TOL[dtype])
     with pytest.raises(ValueError, match=r"no compiled config \(3, 1"):
         cuda_impl.fused_add_rms_norm_with_config(x, r, w, 1e-6, C.Config(3, 1))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rdtype", [None, torch.float32], ids=["r=x", "r=fp32"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_cuda_fused_staged_configs_every_cluster_size(dtype, rdtype):
-    """The fused add's staged cluster configs forced at every cluster size, rows off the
-    16-byte grid, the residual's rows at another offset than x's (its element-by-element
-    path): both outputs match the reference."""
-    impl_here("cuda")
-    import cuda_impl
-
-    cases = staged_cases("fused_add_rms_norm")
-    if not cases:
-        pytest.skip("no staged config in this build")
-    rdtype = rdtype or dtype
-    elem = torch.finfo(dtype).bits // 8
-    for cfg, vecs in cases:
-        n = vecs * 16 // elem - 3
-        x = torch.randn(3, n + 8, device=DEVICE).to(dtype)[:, 3 : 3 + n]
-        r = torch.randn(3, n + 8, device=DEVICE).to(rdtype)[:, 1 : 1 + n]
-        w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
-        poisoned_pool((3, n), dtype)
-        y, ro = cuda_impl.fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
-        want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
-        torch.testing.assert_close(y, want_y, **TOL[dtype], msg=lambda m, cfg=cfg: f"{cfg}: {m}")
-        torch.testing.assert_close(ro, want_r, **TOL[rdtype], msg=lambda m, cfg=cfg: f"{cfg}: {m}")

@@ -48,7 +48,9 @@ class Config:
     sweep re-reads); wait (sharded only): each program waits for its row's sum and
     normalises its own shard from registers, else the last program of a row to arrive
     normalises the whole row from L2 (the only schedule under the interpreter, whose
-    programs run one after another).
+    programs run one after another); reload (sharded, waiting only): each program reads its
+    shard again once its row's sum is complete (from L1 or L2, where it has just been)
+    instead of holding it in registers through the wait, so that more programs share an SM.
     """
 
     kernel: str
@@ -60,6 +62,7 @@ class Config:
     reverse: bool = False
     stream_y: bool = False
     wait: bool = False
+    reload: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -86,6 +89,7 @@ class Config:
             ("reverse", ("chunked",)),
             ("stream_y", ("chunked", "sharded")),
             ("wait", ("sharded",)),
+            ("reload", ("sharded",)),
         ):
             v = getattr(self, name)
             if not isinstance(v, bool):
@@ -93,6 +97,10 @@ class Config:
             if v and self.kernel not in kernels:
                 have = " and ".join(kernels) + (" kernels have" if kernels[1:] else " kernel has")
                 raise ValueError(f"{where}: {name} is set; only the {have} it")
+        if self.reload and not self.wait:
+            raise ValueError(
+                f"{where}: reload is set without wait; only the waiting schedule has it"
+            )
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -295,7 +303,7 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
             f" at most {MAX_SHARDS}"
         )
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
-                STREAM_Y=cfg.stream_y, WAIT=cfg.wait)  # fmt: skip
+                STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload)  # fmt: skip
 
 
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
@@ -401,7 +409,9 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
     for shard in SEARCH_SHARDS:
         for warps in SEARCH_SHARD_WARPS:
             if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
-                out.append(Config("sharded", shard, warps, stream_y=True, wait=True))
+                for reload in (False, True):
+                    cfg = Config("sharded", shard, warps, stream_y=True, wait=True, reload=reload)
+                    out.append(cfg)
     return out
 
 

@@ -144,7 +144,7 @@ def _rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
-    WAIT: tl.constexpr,
+    WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
     # a wide row shared by SHARDS programs of BLOCK_N columns (a thread-block cluster made
@@ -164,7 +164,7 @@ def _rms_norm_fwd_sharded(
     tl.store(part_ptr + row * SHARDS + shard, tl.sum(x * x, axis=0))
     _sharded_finish(x, c, x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
                     count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT)  # fmt: skip
+                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 @triton.jit
@@ -172,13 +172,15 @@ def _sharded_finish(
     s, c, s_row, w_ptr, y_row, parts, count, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
-    WAIT: tl.constexpr,
+    WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # The sharded kernels' arrival and normalisation. s: this program's shard (columns c)
     # of the row s_row (x, or the fused add's residual_out), fp32. The barrier orders every
     # thread's stores (the partial sum; residual_out) before the count's release; an
     # acquire of the full count makes every shard's stores visible. Partials are summed in
-    # shard order, so rstd has the same bits on every run.
+    # shard order, so rstd has the same bits on every run. RELOAD: the shard is read again
+    # after the wait (.ca: from L1 where it still is, else L2) so that s is dead through
+    # the wait and its registers let more programs share the SM.
     tl.debug_barrier()
     arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
     if WAIT:
@@ -186,6 +188,8 @@ def _sharded_finish(
             w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
         while arrived < SHARDS:
             arrived = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
+        if RELOAD:
+            s = tl.load(s_row + c, mask=c < N, other=0.0, cache_modifier=".ca").to(tl.float32)
         y = s * _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
         if HAS_WEIGHT:
             y = y * w
@@ -450,7 +454,7 @@ def _fused_add_rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, STAGES: tl.constexpr,
-    STREAM_Y: tl.constexpr, WAIT: tl.constexpr,
+    STREAM_Y: tl.constexpr, WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
     # the plain op's sharded schedules: each program adds its shard, stores residual_out
@@ -473,7 +477,7 @@ def _fused_add_rms_norm_fwd_sharded(
     tl.store(part_ptr + row * SHARDS + shard, part)
     _sharded_finish(sf, c, ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
                     count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT)  # fmt: skip
+                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 KERNELS = {

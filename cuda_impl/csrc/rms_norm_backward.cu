@@ -299,6 +299,19 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 // columns, because every row a CTA takes has the same phase: the host makes gridDim.x a
 // multiple of the rows it takes the phase to repeat (and requires one phase, row by row,
 // of every tensor).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// All but the latest `kPending` groups landed.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
 // the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
 template <typename T, typename S>

@@ -68,28 +68,6 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Asynchronous 16-byte copies from global into shared memory (sm_80+), cached in L2 only:
-// issue, close a group, and wait for all but the latest kPending groups (the waiting
-// thread's own copies then visible to it). cp_async16_zfill copies src_bytes (16 or 0) and
-// fills the rest of the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // This CTA's rank within its cluster, and the cluster's size (left as they are before sm_90).
 __device__ __forceinline__ void cluster_position(int& rank, int& ranks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

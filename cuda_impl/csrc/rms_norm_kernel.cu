@@ -34,9 +34,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <mutex>
-#include <set>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -69,7 +66,6 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 }
 
 constexpr int kMaxClusterRanks = 8;  // portable cluster size
-constexpr int kMaxStagedRanks = 16;  // the staged configs: the H200's non-portable size
 
 // Ask for the line holding p to be brought into L1 (no register, no wait).
 template <typename W>
@@ -96,18 +92,6 @@ constexpr int kNcOnlyLoads = 8;
 //   reduction, as for wider rows (its 16 registers a thread beside the residual's vectors
 //   cost occupancy).
 constexpr int kLateWeight = 16;
-// - kStaged (cluster configs): x (and the fused add's residual) copied into shared memory
-//   by cp.async and read from there, for the sum and again for the scale, instead of held
-//   in registers: a CTA's occupancy is then set by its shared memory, not its registers,
-//   so more CTAs (and more bytes in flight) share an SM while a peer waits on its row's
-//   sum. The layout QuACK's rmsnorm uses for wide rows (256-thread CTAs, clusters of up to
-//   16 of them).
-constexpr int kStaged = 32;
-
-// The largest cluster a config may take.
-constexpr int max_ranks(int variant) {
-  return (variant & kStaged) != 0 ? kMaxStagedRanks : kMaxClusterRanks;
-}
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
 #define RMS_NORM_LD_V4(OP) \
@@ -168,24 +152,18 @@ __device__ __forceinline__ RowSplit split_row(const T* xr, int N) {
   return sp;
 }
 
-// ss plus the squares of one held vector's values, in fp32 (zero-filled lanes add nothing).
-template <typename L>
-__device__ __forceinline__ float add_squares(const L& v, float ss) {
-  constexpr int kElems = sizeof(v.e) / sizeof(v.e[0]);
-#pragma unroll
-  for (int i = 0; i < kElems; ++i) {
-    const float f = to_float(v.e[i]);
-    ss = fmaf(f, f, ss);
-  }
-  return ss;
-}
-
-// This thread's sum of squares in fp32.
+// This thread's sum of squares in fp32 (zero-filled lanes add nothing).
 template <typename L, int VPT>
 __device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float xt) {
+  constexpr int kElems = sizeof(v[0].e) / sizeof(v[0].e[0]);
   float ss = xh * xh + xt * xt;
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) ss = add_squares(v[k], ss);
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int i = 0; i < kElems; ++i) {
+      const float f = to_float(v[k].e[i]);
+      ss = fmaf(f, f, ss);
+    }
   return ss;
 }
 
@@ -298,12 +276,11 @@ __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const
 }
 
 // y = x * rstd * weight for this thread's slice of the row: body vectors g, g + G, ...
-// (VPT of them at most; vec_at(k) gives the k-th, from registers or shared memory), then
-// head element g and tail element g; fp32 math, one cast.
+// (VPT of them at most), then head element g and tail element g; fp32 math, one cast.
 // wv: this thread's weight vectors when load_weight_early loaded them (w_early), else
 // the weight is read here.
-template <typename T, typename W, int VPT, typename Get>
-__device__ __forceinline__ void scale_store(Get&& vec_at, float xh, float xt,
+template <typename T, typename W, typename L, int VPT>
+__device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float xt,
                                             const RowSplit& sp, int g, int G, float rstd,
                                             const W* __restrict__ w, T* yr,
                                             const Pack<W> (&wv)[VPT], bool w_early) {
@@ -327,10 +304,9 @@ __device__ __forceinline__ void scale_store(Get&& vec_at, float xh, float xt,
 #pragma unroll
       for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
     }
-    const auto v = vec_at(k);
     Pack<T> o;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v.e[i]) * rstd * wf[i]);
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
     if (y_vec) {
       *reinterpret_cast<uint4*>(yr + e0) = o.raw;
     } else {
@@ -358,19 +334,6 @@ struct Config {
   bool cluster = false;
   int variant = 0;
 };
-
-// A held vector of residual_out's values stored at ro (16-byte stores when ro_vec).
-template <typename T, typename L, typename R>
-__device__ __forceinline__ void store_lanes(R* ro, L v, bool ro_vec) {
-  if (ro_vec) {
-#pragma unroll
-    for (int q = 0; q < static_cast<int>(sizeof(R) / sizeof(T)); ++q)
-      reinterpret_cast<uint4*>(ro)[q] = lane_raw<T>(v, q);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec<T>; ++i) ro[i] = v.e[i];
-  }
-}
 
 // x + residual for this thread's slice, rounded once to R, stored to residual_out and kept
 // in v for the reduction and the scale (fused add only). The residual's vectors follow x's
@@ -404,77 +367,15 @@ __device__ __forceinline__ void add_residual(const Pack<T> (&xv)[VPT], const R* 
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
       v[k].e[i] = from_float<R>(to_float(xv[k].e[i]) + to_float(v[k].e[i]));
-    if (row_ok && j < sp.nvec) store_lanes<T>(ro + sp.head + j * VEC, v[k], ro_vec);
-  }
-}
-
-// ---- the staged path (kStaged) ---------------------------------------------------------
-// A thread's slots in shared memory: slot s at stage[s * BLOCK] (stage: the CTA's buffer
-// plus threadIdx.x, so a warp's slots are consecutive 16 bytes). x's vector k is slot k,
-// the fused add's residual vectors of it slots VPT + k * NR + q. A thread reads only the
-// slots it copied into: its own wait orders them, no block barrier.
-
-// 16-byte vectors of residual a vector of x takes (0: the plain op).
-template <typename T, typename R>
-constexpr int residual_vecs() {
-  if constexpr (std::is_void_v<R>) {
-    return 0;
-  } else {
-    return static_cast<int>(sizeof(R) / sizeof(T));
-  }
-}
-
-// Copy this thread's vectors of the row into its slots and wait for them. Lanes past the
-// row are zero-filled (no bytes read); a residual row that does not share x's 16-byte split
-// goes element by element.
-template <typename T, typename R, int BLOCK, int VPT>
-__device__ __forceinline__ void stage_row(uint4* stage, const uint4* xp, const R* rr,
-                                          const RowSplit& sp, int g, int G, bool row_ok) {
-  constexpr int VEC = kVec<T>;
-  constexpr int NR = residual_vecs<T, R>();
+    if (!row_ok || j >= sp.nvec) continue;
+    const int e0 = sp.head + j * VEC;
+    if (ro_vec) {
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = g + k * G;
-    const bool in = row_ok && j < sp.nvec;
-    cp_async16_zfill(stage + k * BLOCK, in ? xp + j : xp, in ? 16 : 0);
-    if constexpr (NR > 0) {
-      const int e0 = sp.head + j * VEC;
-      if (aligned16(rr + sp.head)) {
-        const uint4* rp = reinterpret_cast<const uint4*>(rr + e0);
+      for (int q = 0; q < NR; ++q) reinterpret_cast<uint4*>(ro + e0)[q] = lane_raw<T>(v[k], q);
+    } else {
 #pragma unroll
-        for (int q = 0; q < NR; ++q)
-          cp_async16_zfill(stage + (VPT + k * NR + q) * BLOCK, in ? rp + q : xp, in ? 16 : 0);
-      } else {
-        Lanes<T, R> l;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) l.e[i] = in ? rr[e0 + i] : from_float<R>(0.f);
-#pragma unroll
-        for (int q = 0; q < NR; ++q) stage[(VPT + k * NR + q) * BLOCK] = lane_raw<T>(l, q);
-      }
+      for (int i = 0; i < VEC; ++i) ro[e0 + i] = v[k].e[i];
     }
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-}
-
-// This thread's k-th staged vector as the values it holds: x's, or (the fused add) x +
-// residual rounded once to R, the same bits each time it is asked.
-template <typename T, typename R, int BLOCK, int VPT>
-__device__ __forceinline__ auto staged_vec(const uint4* stage, int k) {
-  constexpr int NR = residual_vecs<T, R>();
-  if constexpr (NR == 0) {
-    Pack<T> v;
-    v.raw = stage[k * BLOCK];
-    return v;
-  } else {
-    Pack<T> xv;
-    xv.raw = stage[k * BLOCK];
-    Lanes<T, R> v;
-#pragma unroll
-    for (int q = 0; q < NR; ++q) lane_raw<T>(v, q) = stage[(VPT + k * NR + q) * BLOCK];
-#pragma unroll
-    for (int i = 0; i < kVec<T>; ++i) v.e[i] = from_float<R>(to_float(xv.e[i]) + to_float(v.e[i]));
-    return v;
   }
 }
 
@@ -514,11 +415,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   constexpr int ROWS = BLOCK / ROW_THREADS;  // row groups per block
   static_assert(ROW_THREADS >= VEC, "head and tail need one thread per element");
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
-  constexpr bool kStage = (VARIANT & kStaged) != 0;
-  static_assert(!kStage || CLUSTER, "the staged path serves the cluster configs");
   __shared__ float warp_sums[BLOCK / 32];
   // a cluster's row sum: every warp's partial of every CTA, and the mbarrier they land on
-  __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * max_ranks(VARIANT) : 1];
+  __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * kMaxClusterRanks : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
 
   // which row, and which slice of it this thread owns
@@ -555,19 +454,13 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   }
 
   // load: every vector of this thread's slice is in flight before the first use
-  Lanes<T, H> v[kStage ? 1 : VPT];
+  Lanes<T, H> v[VPT];
   const uint4* xp = reinterpret_cast<const uint4*>(xr + sp.head);
   const R* rr = nullptr;
   R* ro = nullptr;
   if constexpr (kFused) {
     rr = res + r0 * stride_r;
     ro = res_out + r0 * stride_ro;
-  }
-  extern __shared__ uint4 rms_stage[];  // kStage: BLOCK * VPT * (1 + NR) vectors
-  uint4* const stage = rms_stage + threadIdx.x;
-  if constexpr (kStage) {
-    stage_row<T, R, BLOCK, VPT>(stage, xp, rr, sp, g, G, row_ok);
-  } else if constexpr (kFused) {
     Pack<T> xv[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -593,40 +486,21 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     }
   }
   Pack<W> wv[VPT];
-  const bool w_early = !kStage && sizeof(H) == sizeof(T) &&
-                       load_weight_early<T, W, BLOCK, VPT, VARIANT>(w, sp, g, G, row_ok, wv);
+  const bool w_early =
+      sizeof(H) == sizeof(T) && load_weight_early<T, W, BLOCK, VPT, VARIANT>(w, sp, g, G, row_ok, wv);
   const float xh = edge_value<T, R>(xr, rr, ro, g, row_ok && g < sp.head);
   const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
-
-  // this thread's sum of squares; the staged fused add stores residual_out on the way
-  float part;
-  if constexpr (kStage) {
-    part = xh * xh + xt * xt;
-    bool ro_vec = false;
-    if constexpr (kFused) ro_vec = aligned16(ro + sp.head);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const auto s = staged_vec<T, R, BLOCK, VPT>(stage, k);
-      const int j = g + k * G;
-      if constexpr (kFused) {
-        if (row_ok && j < sp.nvec) store_lanes<T>(ro + sp.head + j * VEC, s, ro_vec);
-      }
-      part = add_squares(s, part);
-    }
-  } else {
-    part = sum_squares(v, xh, xt);
-  }
 
   // reduce: within the row group (warp shuffles, then shared memory across its warps) ...
   // (a cluster: over all its CTAs' warps at once, through distributed shared memory)
   float ss;
   if constexpr (CLUSTER) {
-    ss = cluster_sum<BLOCK>(part, cluster_parts, &cluster_bar, rank, ranks);
+    ss = cluster_sum<BLOCK>(sum_squares(v, xh, xt), cluster_parts, &cluster_bar, rank, ranks);
   } else {
-    ss = group_sum<ROW_THREADS>(part, warp_sums);
+    ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
   }
   const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
-  if constexpr ((VARIANT & kLeanRegs) != 0 && !kStage) {
+  if constexpr ((VARIANT & kLeanRegs) != 0) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)  // opaque to the compiler: the raw bits "change" here
 #pragma unroll
@@ -635,14 +509,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
         asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
       }
   }
-  if (!row_ok) return;
-  if constexpr (kStage) {
-    scale_store<T, W, VPT>([&](int k) { return staged_vec<T, R, BLOCK, VPT>(stage, k); }, xh, xt,
-                           sp, g, G, rstd, w, yr, wv, w_early);
-  } else {
-    scale_store<T, W, VPT>([&](int k) { return v[k]; }, xh, xt, sp, g, G, rstd, w, yr, wv,
-                           w_early);
-  }
+  if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
 // ---- launch configuration --------------------------------------------------------------
@@ -720,9 +587,7 @@ struct PlainTable {
       {1024, 8, true, kLean},
       // half of the read-only, non-allocating load each
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
-      {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
-      // rows staged through shared memory, clusters of up to 16 CTAs
-      {256, 8, true, kStaged}, {256, 4, true, kStaged}, {512, 8, true, kStaged}};
+      {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -782,10 +647,7 @@ struct FusedTable {
   static constexpr Config kSweepOnly[] = {{512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
                                           {1024, 4, false},
                                           {128, 4, false, kPlainLate},
-                                          {512, 4, false, kPlainLate},
-                                          // staged rows, clusters of up to 16 CTAs
-                                          {256, 4, true, kStaged}, {256, 8, true, kStaged},
-                                          {512, 4, true, kStaged}, {512, 8, true, kStaged}};
+                                          {512, 4, false, kPlainLate}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -858,7 +720,7 @@ constexpr bool valid_table() {
       if (same(kConfigs<Tb>[i], kConfigs<Tb>[j])) return false;
   for (int i = 0; i < kNumRungs<Tb>; ++i) {
     const Rung& r = Tb::kRungs[i];
-    const int ranks = r.config.cluster ? max_ranks(r.config.variant) : 1;
+    const int ranks = r.config.cluster ? kMaxClusterRanks : 1;
     if (r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;  // holds it
     for (int j = 0; j < i; ++j)  // a ladder's rungs grow
       if (Tb::kRungs[j].ladder == r.ladder && Tb::kRungs[j].max_vecs >= r.max_vecs) return false;
@@ -970,77 +832,27 @@ KernelFn<T, W, R> kernel_at(int i) {
   return table[i];
 }
 
-// Dynamic shared memory a CTA of config c takes: the staged configs' row slice (x's
-// vectors and the fused add's residual vectors beside them), else none.
-template <typename T, typename R>
-int stage_bytes(const Config& c) {
-  if ((c.variant & kStaged) == 0) return 0;
-  return block_threads(c.row_threads) * c.vpt * 16 * (1 + residual_vecs<T, R>());
-}
-
-// A cluster launch of `kernel` over `blocks` CTAs of `block` threads, `ranks` a cluster.
-inline cudaLaunchConfig_t cluster_launch(int64_t blocks, int block, int ranks, int smem,
-                                         cudaStream_t stream, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = ranks;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Once per kernel, device, cluster size and shared memory size: the attributes a staged
-// cluster launch needs (its dynamic shared memory past 48 KiB, the shared-memory carveout,
-// a cluster past the portable 8 CTAs), and whether such a cluster fits the GPU at all, so
-// that a config the GPU cannot hold is refused by name instead of failing at launch.
-template <typename Kernel>
-void prepare_cluster_launch(const char* impl, const Config& c, Kernel kernel, int ranks,
-                            int smem) {
-  if (smem == 0 && ranks <= kMaxClusterRanks) return;
-  const int device = c10::cuda::current_device();
-  static std::mutex mu;
-  static std::set<std::tuple<const void*, int, int, int>> ready;
-  const void* k = reinterpret_cast<const void*>(kernel);
-  const std::lock_guard<std::mutex> lock(mu);
-  if (ready.count({k, device, ranks, smem}) != 0) return;
-  if (smem > 0) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-  }
-  if (ranks > kMaxClusterRanks)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg =
-      cluster_launch(ranks, block_threads(c.row_threads), ranks, smem, nullptr, &attr);
-  int fit = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
-  TORCH_CHECK_VALUE(fit > 0, impl, ": config (", num(c.row_threads), ", ", num(c.vpt),
-                    ", cluster ", num(ranks), ", variant ", num(c.variant),
-                    ") does not fit this GPU (no cluster of it can be resident)");
-  ready.insert({k, device, ranks, smem});
-}
-
-// Launch `kernel` (a kernel of config c) over M rows, as a cluster launch when c is one;
-// smem: its dynamic shared memory (stage_bytes).
+// Launch `kernel` (a kernel of config c) over M rows, as a cluster launch when c is one.
 template <typename Kernel, typename... Args>
-void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, int smem,
-                   Kernel kernel, Args... args) {
+void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kernel kernel,
+                   Args... args) {
   const int block = block_threads(c.row_threads), rows = block / c.row_threads;
   const int64_t blocks = c.cluster ? M * ranks : (M + rows - 1) / rows;
   TORCH_CHECK_VALUE(blocks <= INT32_MAX, impl, ": x has ", num(M),
                     " rows, more than one launch can cover");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (c.cluster) {
-    prepare_cluster_launch(impl, c, kernel, ranks, smem);
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_launch(blocks, block, ranks, smem, stream, &attr);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(block);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = ranks;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
     C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   } else {
     kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(args...);
@@ -1084,8 +896,8 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   const int N = static_cast<int>(x2.size(1));
   const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced);
   check_clusters<PlainTable>(kImpl, plan, N);
-  const Config& c = kConfigs<PlainTable>[plan.config];
-  launch_kernel(kImpl, c, plan.ranks, M, stage_bytes<T, void>(c), kernel_at<T, W, void>(plan.config),
+  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M,
+                kernel_at<T, W, void>(plan.config),
                 reinterpret_cast<const T*>(x2.const_data_ptr()), nullptr, w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), nullptr, x2.stride(0), int64_t{0},
                 y2.stride(0), int64_t{0}, M, N, eps);
@@ -1107,8 +919,7 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
                     num(kConfigs<FusedTable>[plan.config].vpt),
                     ") is compiled only for the dtypes whose ladders name it, not for x's; see "
                     "cuda_impl.compiled_configs('fused_add_rms_norm')");
-  const Config& c = kConfigs<FusedTable>[plan.config];
-  launch_kernel(kImpl, c, plan.ranks, M, stage_bytes<T, R>(c), kernel,
+  launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M, kernel,
                 reinterpret_cast<const T*>(x2.const_data_ptr()),
                 reinterpret_cast<const R*>(r2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()),
@@ -1250,10 +1061,8 @@ Plan forced_plan(const char* fn, int64_t row_threads, int64_t vpt, int64_t clust
   TORCH_CHECK_VALUE(found >= 0, fn, ": no compiled config (", num(row_threads), ", ", num(vpt),
                     ", cluster ", num(ranks), ", variant ", num(variant),
                     "); see cuda_impl.compiled_configs()");
-  const int most = max_ranks(static_cast<int>(variant));
-  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= most && (ranks & (ranks - 1)) == 0), fn,
-                    ": cluster is ", num(ranks), "; expected 1, 2, 4, 8",
-                    most > 8 ? " or 16" : " (16 only for the staged configs)");
+  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0), fn,
+                    ": cluster is ", num(ranks), "; expected 1, 2, 4 or 8");
   return Plan{found, ranks};
 }
 }  // namespace
