@@ -178,19 +178,19 @@ FUSED_TUNED = {
     Width(4, 16384, padded=True): _fused(16384, 2, 32),
 }
 #: The sharded kernel's shipped configs per element size: each program waits for its row's
-#: sum (PERF_NOTES v24).
+#: sum, then reads its shard again rather than holding it through the wait (PERF_NOTES v24,
+#: v26).
 SHARDED = {
-    2: Config("sharded", 8192, 8, stream_y=True, wait=True),
-    4: Config("sharded", 4096, 4, stream_y=True, wait=True),
+    2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
+    4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
 }
 #: Rows wider than FUSED_MAX_N per width (and, unpadded only, widths where the sweep
-#: measured these ahead of the fused kernel): the chunked kernel (stream_y from 65536: y's
-#: lines let go first, PERF_NOTES v23) or the sharded one; rows wider than the table's take
-#: SHARDED.
+#: measured these ahead of the fused kernel): the chunked kernel where it still leads (16-bit
+#: 32768, fp32 16384), the sharded one from 65536; rows wider than the table's take SHARDED.
 WIDE_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
-    Width(2, 65536): Config("chunked", 16384, 32, stream_y=True),
-    Width(2, 131072): Config("chunked", 32768, 16, programs_per_sm=1, stream_y=True),
+    Width(2, 65536): SHARDED[2],
+    Width(2, 131072): SHARDED[2],
     Width(4, 16384): Config("chunked", 4096, 32),
     Width(4, 65536): SHARDED[4],
     Width(4, 131072): SHARDED[4],
