@@ -126,6 +126,24 @@ def test_sharded_kernel_waiting_schedule(dtype, reload):
     assert torch.equal(y, p.args[2])
 
 
+@pytest.mark.parametrize("n", [4096, 8192, 1000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_kernel_weight_first(n, dtype):
+    """The latency rule's fused kernel, its weight loaded before the reduction: the same
+    function as the shipped order, with and without a weight; the latency rule picks it."""
+    impl_or_skip("triton")
+    from triton_impl import Config, rms_norm_with_config
+    from triton_impl.configs import latency_config, throughput_config
+
+    x, w = inputs(3, n, dtype)
+    cfg = Config("fused", triton_next_pow2(n), 4, weight_first=True)
+    for weight in (w, None):
+        got = rms_norm_with_config(x, weight, 1e-6, cfg)
+        torch.testing.assert_close(got, rms_norm_ref(x, weight, 1e-6), **TOL[dtype])
+    elem = x.element_size()
+    assert latency_config(throughput_config(n, elem, False), elem).weight_first
+
+
 def test_sharded_kernel_shard_cap():
     """A forced shard so narrow that a row takes more than MAX_SHARDS programs is refused."""
     impl_or_skip("triton")
@@ -306,7 +324,8 @@ def launched(fn) -> list[dict]:
 @pytest.mark.parametrize("rows", ["grid", "decode"])
 def test_kernel_info_is_what_runs(name, dtype, rows):
     """For every grid width (M = 2^27 / N, and 8 rows: the latency rule), the kernel
-    kernel_info names is the one the profiler sees launched, with its grid and block."""
+    kernel_info names is the one the profiler sees launched, with its grid and block (the
+    sharded kernel's launch also zeroes its workspace's arrival counts: one fill before it)."""
     impl = impl_or_skip(name)
     info_fn = impl.resources
     for n in GRID_NS:
@@ -315,8 +334,13 @@ def test_kernel_info_is_what_runs(name, dtype, rows):
         w = torch.randn(n, device=DEVICE).to(dtype)
         impl.fn(x, w, 1e-6)  # compile outside the profile
         info = info_fn(x, w)
-        (k,) = launched(functools.partial(impl.fn, x, w, 1e-6))
+        ks = launched(functools.partial(impl.fn, x, w, 1e-6))
         cfg = info["config"]
+        if cfg.get("kernel") == "sharded":
+            fills = [e for e in ks if "fill" in e["name"].lower()]
+            assert len(fills) == 1 and len(ks) == 2, (n, [e["name"] for e in ks])
+            ks = [e for e in ks if e is not fills[0]]
+        (k,) = ks
         if name == "triton":
             assert k["name"] == info["name"], (n, k["name"], info)
             assert k["args"]["grid"][0] == info["grid"][0], (n, k["args"], info)

@@ -393,6 +393,10 @@ def test_one_wording_for_both_sides(case):
             r"reload is set without wait",
         ),
         (
+            dict(kernel="split", block_n=64, num_warps=1, weight_first=True),
+            r"weight_first is set; only the fused kernel has it",
+        ),
+        (
             dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2),
             r"programs_per_sm is 2; the sharded kernel runs one program a shard",
         ),

@@ -48,7 +48,9 @@ class Config:
     sweep re-reads); wait (sharded only): each program waits for its row's sum and
     normalises its own shard from registers, else the last program of a row to arrive
     normalises the whole row from L2 (the only schedule under the interpreter, whose
-    programs run one after another); reload (sharded, waiting only): each program reads its
+    programs run one after another); weight_first (fused only): the weight loaded beside x,
+    before the reduction, so that a decode-sized call waits on one L2 round trip, not two
+    (the latency rule's configs); reload (sharded, waiting only): each program reads its
     shard again once its row's sum is complete (from L1 or L2, where it has just been)
     instead of holding it in registers through the wait, so that more programs share an SM.
     """
@@ -63,6 +65,7 @@ class Config:
     stream_y: bool = False
     wait: bool = False
     reload: bool = False
+    weight_first: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -90,6 +93,7 @@ class Config:
             ("stream_y", ("chunked", "sharded")),
             ("wait", ("sharded",)),
             ("reload", ("sharded",)),
+            ("weight_first", ("fused",)),
         ):
             v = getattr(self, name)
             if not isinstance(v, bool):
@@ -201,8 +205,10 @@ PERSISTENT_TUNED = {
 }
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
-#: Bytes of a row a thread holds for decode-sized calls (latency_config).
+#: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
+#: a row takes there.
 LATENCY_THREAD_BYTES = 32
+LATENCY_MAX_WARPS = 8
 
 
 def formula_tile(block_n: int, element_size: int) -> Config:
@@ -255,10 +261,13 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
 
 def latency_config(cfg: Config, element_size: int) -> Config:
     """For fewer programs than SMs (decode-sized calls): one row a program and
-    LATENCY_THREAD_BYTES of it a thread, so rows spread over SMs and each thread's loads and
-    the reduction are short; the throughput tiles aim at many rows."""
-    warps = max(1, min(16, cfg.block_n * element_size // (32 * LATENCY_THREAD_BYTES)))
-    return dataclasses.replace(cfg, block_m=1, num_warps=warps)
+    LATENCY_THREAD_BYTES of it a thread up to LATENCY_MAX_WARPS warps, so rows spread over
+    SMs and each thread's loads and the reduction are short, the fused kernel's weight
+    loaded beside x (weight_first); the throughput tiles aim at many rows."""
+    warps = cfg.block_n * element_size // (32 * LATENCY_THREAD_BYTES)
+    warps = max(1, min(LATENCY_MAX_WARPS, warps))
+    first = cfg.kernel == "fused"
+    return dataclasses.replace(cfg, block_m=1, num_warps=warps, weight_first=first)
 
 
 def default_config(
@@ -312,7 +321,7 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tupl
     scripts/triton_ptx.py."""
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
     if cfg.kernel == "fused":
-        meta["BLOCK_M"] = cfg.block_m
+        meta.update(BLOCK_M=cfg.block_m, W_FIRST=cfg.weight_first)
     elif cfg.kernel == "split":
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":

@@ -52,6 +52,7 @@ def _rms_norm_fwd_fused(
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    W_FIRST: tl.constexpr,  # the weight loaded beside x, before the reduction
 ):
     # fmt: on
     # one program per BLOCK_M rows; the whole tile lives in registers
@@ -62,13 +63,16 @@ def _rms_norm_fwd_fused(
     # load: masked lanes read 0 and add nothing to the sum
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
+    if HAS_WEIGHT and W_FIRST:  # decode: its L2 round trip overlaps x's, not follows the sum
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     # accumulate in fp32, divide by the true width. eps is cast here (and in every kernel)
     # because torch.compile passes it as fp64, which would make rstd, and every product
     # with it, fp64
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + tl.cast(eps, tl.float32))
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if not W_FIRST:  # many rows: the weight's registers stay free through the sum
+            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y * w[None, :]
     # one cast, at the store
     tl.store(
