@@ -565,7 +565,7 @@ struct PlainTable {
       {Ladder::kFew, 32, {32, 1, false, kPlain}},
       {Ladder::kFew, 64, {32, 2, false, kPlain}},
       {Ladder::kFew, 256, {128, 4, false, kPlain}},
-      {Ladder::kFew, 1024, {256, 4, false, kPlain}},
+      {Ladder::kFew, 1024, {512, 4, false, kPlain}},
       {Ladder::kFew, 2048, {1024, 4, false}},
       // 16-bit: lean registers, two CTAs an SM; then 1024 x 8 past what 8 of those hold
       {Ladder::kCluster16, 8 * 4096, {512, 8, true, kLean}},
@@ -581,7 +581,7 @@ struct PlainTable {
       {128, 16, false}, {256, 4, false},  {256, 8, false},  {256, 16, false}, {512, 4, false},
       {512, 8, false},  {512, 16, false},
       // plain loads; lean registers
-      {128, 8, false, kPlain},  {1024, 4, false, kPlain},
+      {128, 8, false, kPlain},  {256, 4, false, kPlain},  {1024, 4, false, kPlain},
       {1024, 8, false, kPlain}, {128, 8, false, kLean},   {256, 8, false, kLean},
       {256, 16, false, kLean},  {512, 8, false, kLean},   {256, 8, true, kLean},
       {1024, 8, true, kLean},
