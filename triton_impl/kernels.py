@@ -5,6 +5,7 @@ Parallelisation
 - fused (next_pow2(N) <= FUSED_MAX_N): one program owns a BLOCK_M x BLOCK_N tile, BLOCK_M
   whole rows (several rows for small N, one for large N). The tile is loaded once, kept in
   registers, reduced along the row, scaled and stored: x is read from memory exactly once.
+  Decode-sized calls (W_FIRST) load the weight beside x rather than after the reduction.
 - split (N not a multiple of 16 in 16-bit dtypes, of 4 in fp32): one program per row, the
   row split at x's 16-byte boundaries into a scalar head, an aligned body (a power-of-two
   tile of 16-byte vectors, alignment promised to the compiler) and a scalar tail, so odd N
@@ -18,7 +19,8 @@ Parallelisation
   consecutive programs of BLOCK_N columns, which share the row's sum through global
   memory, the software counterpart of a thread-block cluster: each loads its shard into
   registers once, stores its partial sum, waits for the row's count of arrivals, and
-  normalises its shard; x is read from memory exactly once. Under the interpreter, and
+  normalises its shard, held through the wait or (RELOAD) read again from L1/L2 after it;
+  x is read from HBM exactly once. Under the interpreter, and
   for rows of more shards than SMs, the last program to arrive normalises the whole row
   instead, re-reading it from L2, and no program waits.
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is divided
