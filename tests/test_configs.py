@@ -133,15 +133,31 @@ def test_fused_kernel_weight_first(n, dtype):
     function as the shipped order, with and without a weight; the latency rule picks it."""
     impl_or_skip("triton")
     from triton_impl import Config, rms_norm_with_config
-    from triton_impl.configs import latency_config, throughput_config
 
     x, w = inputs(3, n, dtype)
     cfg = Config("fused", triton_next_pow2(n), 4, weight_first=True)
     for weight in (w, None):
         got = rms_norm_with_config(x, weight, 1e-6, cfg)
         torch.testing.assert_close(got, rms_norm_ref(x, weight, 1e-6), **TOL[dtype])
-    elem = x.element_size()
-    assert latency_config(throughput_config(n, elem, False), elem).weight_first
+
+
+def test_latency_rule_weight_first_where_measured():
+    """The latency rule loads the weight first, on at most 8 warps, only for the fused
+    kernel's rows up to 16 KiB (the widths the decode probe measured); wider rows and the
+    split kernel keep the rule's 32 bytes a thread up to 16 warps, the weight after the sum."""
+    from triton_impl.configs import latency_config, throughput_config
+
+    def rule(n, elem, split_ok=True):
+        return latency_config(throughput_config(n, elem, split_ok), elem)
+
+    for n, elem in ((4096, 2), (8192, 2), (1000, 2), (4096, 4)):
+        c = rule(n, elem, split_ok=False)
+        assert c.weight_first and c.num_warps <= 8 and c.block_m == 1, (n, elem, c)
+    for n, elem, warps in ((8192, 4, 16), (32768, 4, 16), (16384, 2, 16)):
+        c = rule(n, elem)
+        assert not c.weight_first and c.num_warps == warps, (n, elem, c)
+    c = rule(8191, 2)  # the split kernel
+    assert c.kernel == "split" and not c.weight_first and c.num_warps == 16, c
 
 
 def test_sharded_kernel_shard_cap():

@@ -143,6 +143,43 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
     torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
 
 
+@pytest.mark.parametrize("reload", [False, True], ids=["held", "reload"])
+@pytest.mark.parametrize("rdtype", [None, torch.float32])
+def test_triton_sharded_waiting_schedule(rdtype, reload):
+    """The fused add's waiting schedule's arithmetic under the interpreter (as the plain
+    op's test: a waiting launch over the workspace a last-arrival launch completed), the
+    shard held through the wait or (reload) residual_out read again, in the in-place form
+    (residual_out is residual: the reload reads back this program's own stores)."""
+    impl_or_skip("triton")
+    import dataclasses
+
+    from triton_impl import Config
+    from triton_impl.launch import launch, plan_fused_add
+
+    x, r, w = inputs(5, 12289, torch.bfloat16, rdtype)
+    want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    p = plan_fused_add(x, r, w, 1e-6, torch.empty_like(x), torch.empty_like(r),
+                       Config("sharded", 2048, 4, stream_y=True))  # fmt: skip
+    launch(p)
+    xi, ri = x.clone(), r.clone()
+    args = (xi, ri, w, xi, ri, *p.args[5:])
+    launch(dataclasses.replace(p, args=args, meta={**p.meta, "WAIT": True, "RELOAD": reload}))
+    torch.testing.assert_close(xi, want_y, **TOL[torch.bfloat16])
+    torch.testing.assert_close(ri, want_r, **TOL[rdtype or torch.bfloat16])
+    assert torch.equal(xi, p.args[3])
+
+
+def test_triton_fused_add_refuses_weight_first():
+    """weight_first is rms_norm's fused kernel's: a forced fused-add config with it is
+    refused by name, not run without it."""
+    impl_or_skip("triton")
+    from triton_impl import Config, fused_add_rms_norm_with_config
+
+    x, r, w = inputs(2, 64)
+    with pytest.raises(ValueError, match="weight_first is set; only rms_norm's fused kernel"):
+        fused_add_rms_norm_with_config(x, r, w, 1e-6, Config("fused", 64, 1, weight_first=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rdtype", [None, torch.float32])
 @pytest.mark.parametrize("shape", [(2048, 65536), (300, 262143)], ids=str)

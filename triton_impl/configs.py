@@ -46,13 +46,14 @@ class Config:
     reverse (chunked only): the second sweep from the row's end; stream_y (chunked,
     sharded): y stored evict_first (so y's lines do not take L2 from the x lines a second
     sweep re-reads); wait (sharded only): each program waits for its row's sum and
-    normalises its own shard from registers, else the last program of a row to arrive
-    normalises the whole row from L2 (the only schedule under the interpreter, whose
-    programs run one after another); weight_first (fused only): the weight loaded beside x,
-    before the reduction, so that a decode-sized call waits on one L2 round trip, not two
-    (the latency rule's configs); reload (sharded, waiting only): each program reads its
-    shard again once its row's sum is complete (from L1 or L2, where it has just been)
-    instead of holding it in registers through the wait, so that more programs share an SM.
+    normalises its own shard (held, or with reload read again), else the last program of a
+    row to arrive normalises the whole row from L2 (the only schedule under the interpreter,
+    whose programs run one after another); weight_first (rms_norm's fused kernel only): the
+    weight loaded beside x, before the reduction, so that a decode-sized call waits on one
+    L2 round trip, not two (the latency rule's configs); reload (sharded, waiting only):
+    each program reads its shard again once its row's sum is complete (from L2, where it has
+    just been: the wait's acquire invalidates L1) instead of holding it in registers through
+    the wait, so that more programs share an SM.
     """
 
     kernel: str
@@ -206,9 +207,13 @@ PERSISTENT_TUNED = {
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
 #: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
-#: a row takes there.
+#: a row takes there; rows of the fused kernel up to LATENCY_FIRST_MAX_BYTES (the widths
+#: the decode probe measured: bf16 4096 and 8192) load the weight first, on at most
+#: LATENCY_FIRST_MAX_WARPS warps.
 LATENCY_THREAD_BYTES = 32
-LATENCY_MAX_WARPS = 8
+LATENCY_MAX_WARPS = 16
+LATENCY_FIRST_MAX_BYTES = 16384
+LATENCY_FIRST_MAX_WARPS = 8
 
 
 def formula_tile(block_n: int, element_size: int) -> Config:
@@ -262,11 +267,14 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
 def latency_config(cfg: Config, element_size: int) -> Config:
     """For fewer programs than SMs (decode-sized calls): one row a program and
     LATENCY_THREAD_BYTES of it a thread up to LATENCY_MAX_WARPS warps, so rows spread over
-    SMs and each thread's loads and the reduction are short, the fused kernel's weight
-    loaded beside x (weight_first); the throughput tiles aim at many rows."""
-    warps = cfg.block_n * element_size // (32 * LATENCY_THREAD_BYTES)
-    warps = max(1, min(LATENCY_MAX_WARPS, warps))
-    first = cfg.kernel == "fused"
+    SMs and each thread's loads and the reduction are short; the fused kernel's rows up to
+    LATENCY_FIRST_MAX_BYTES load the weight beside x (weight_first) on at most
+    LATENCY_FIRST_MAX_WARPS warps (wider rows would hold the weight through the sum in too
+    many registers: fp32 32768 on 8 warps spills). The throughput tiles aim at many rows."""
+    row_bytes = cfg.block_n * element_size
+    first = cfg.kernel == "fused" and row_bytes <= LATENCY_FIRST_MAX_BYTES
+    most = LATENCY_FIRST_MAX_WARPS if first else LATENCY_MAX_WARPS
+    warps = max(1, min(most, row_bytes // (32 * LATENCY_THREAD_BYTES)))
     return dataclasses.replace(cfg, block_m=1, num_warps=warps, weight_first=first)
 
 
@@ -372,6 +380,8 @@ def fused_add_kernel_for(
         raise ValueError(
             f"fused add: no {cfg.kernel!r} kernel; expected one of {sorted(FUSED_ADD_KERNELS)}"
         )
+    if cfg.weight_first:
+        raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps,
                 ROUND_BY_HAND=round_by_hand)  # fmt: skip
     if cfg.kernel == "fused":

@@ -19,7 +19,7 @@ Parallelisation
   consecutive programs of BLOCK_N columns, which share the row's sum through global
   memory, the software counterpart of a thread-block cluster: each loads its shard into
   registers once, stores its partial sum, waits for the row's count of arrivals, and
-  normalises its shard, held through the wait or (RELOAD) read again from L1/L2 after it;
+  normalises its shard, held through the wait or (RELOAD) read again from L2 after it;
   x is read from HBM exactly once. Under the interpreter, and
   for rows of more shards than SMs, the last program to arrive normalises the whole row
   instead, re-reading it from L2, and no program waits.
@@ -156,7 +156,8 @@ def _rms_norm_fwd_sharded(
     # a wide row shared by SHARDS programs of BLOCK_N columns (a thread-block cluster made
     # of global memory): each loads its shard once, stores the sum of its squares and adds
     # one arrival to the row's count. WAIT: every program waits for the row's last arrival
-    # and normalises its own shard from registers (x read once); the programs of a row are
+    # and normalises its own shard, from registers or (RELOAD) read again from L2, x read
+    # from HBM once; the programs of a row are
     # consecutive, so with blocks started in order the row's last program is resident or
     # next to start, and the wait ends. Else the last program to arrive normalises the
     # whole row, re-reading x from L2, and no program waits: the interpreter, which runs
@@ -185,8 +186,8 @@ def _sharded_finish(
     # thread's stores (the partial sum; residual_out) before the count's release; an
     # acquire of the full count makes every shard's stores visible. Partials are summed in
     # shard order, so rstd has the same bits on every run. RELOAD: the shard is read again
-    # after the wait (.ca: from L1 where it still is, else L2) so that s is dead through
-    # the wait and its registers let more programs share the SM.
+    # after the wait (from L2, where it has just been: the acquire invalidates L1) so that s
+    # is dead through the wait and its registers let more programs share the SM.
     tl.debug_barrier()
     arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
     if WAIT:
