@@ -24,6 +24,26 @@ from harness.timing import graph_samples, quantile
 DECODE = "1x4096,8x4096,32x4096,128x4096,1x8192,8x8192,32x8192,128x8192"
 
 
+def shape_inputs(m: int, n: int, dtype: torch.dtype) -> tuple:
+    """x, the weight and the reference output for one decode shape."""
+    x = torch.randn(m, n, device="cuda").to(dtype)
+    w = (1 + 0.5 * torch.randn(n, device="cuda")).to(dtype)
+    return x, w, rms_norm_ref(x, w, 1e-6)
+
+
+def median_us(fns: list, want: torch.Tensor, dtype: torch.dtype) -> list[float]:
+    """Each call's median device time under graph replay, checked against want first; a
+    None (a candidate that cannot run the shape) gives NaN."""
+    cells = []
+    for fn in fns:
+        if fn is None:
+            cells.append(float("nan"))
+            continue
+        torch.testing.assert_close(fn(), want, **TOL[dtype])
+        cells.append(quantile([s * 1e6 for s in graph_samples(fn)], 0.5))
+    return cells
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shapes", default=DECODE)
@@ -40,18 +60,13 @@ def main() -> int:
     head = [f"{w:>3}w {'wfst' if first else 'late'}" for w, first in cands]
     print(f"{'shape':>10} {'today':>22} " + " ".join(head) + "  (us)")
     for m, n in parse_shapes(args.shapes):
-        x = torch.randn(m, n, device="cuda").to(dtype)
-        w = (1 + 0.5 * torch.randn(n, device="cuda")).to(dtype)
-        want = rms_norm_ref(x, w, 1e-6)
+        x, w, want = shape_inputs(m, n, dtype)
         info = triton_impl.kernel_info(x, w)["config"]
         fns = [lambda x=x, w=w: triton_impl.rms_norm(x, w, 1e-6)]
         for nw, first in cands:
             cfg = Config("fused", 1 << (n - 1).bit_length(), nw, weight_first=first)
             fns.append(lambda x=x, w=w, cfg=cfg: rms_norm_with_config(x, w, 1e-6, cfg))
-        cells = []
-        for fn in fns:
-            torch.testing.assert_close(fn(), want, **TOL[dtype])
-            cells.append(quantile([s * 1e6 for s in graph_samples(fn)], 0.5))
+        cells = median_us(fns, want, dtype)
         first = "wfst" if info.get("weight_first") else "late"
         today = f"{cells[0]:.2f} ({info['kernel']} {info['num_warps']}w {first})"
         print(f"{m}x{n:>8} {today:>22} " + " ".join(f"{c:9.2f}" for c in cells[1:]), flush=True)
@@ -67,21 +82,13 @@ def cuda_main(args) -> int:
     head = [f"{c.row_threads}x{c.vpt}" for c in cfgs]
     print(f"{'shape':>10} {'today':>16} " + " ".join(f"{h:>8}" for h in head) + "  (us)")
     for m, n in parse_shapes(args.shapes):
-        x = torch.randn(m, n, device="cuda").to(dtype)
-        w = (1 + 0.5 * torch.randn(n, device="cuda")).to(dtype)
-        want = rms_norm_ref(x, w, 1e-6)
+        x, w, want = shape_inputs(m, n, dtype)
         info = cuda_impl.kernel_info(x, w)["config"]
         fns = [lambda x=x, w=w: cuda_impl.rms_norm(x, w, 1e-6)]
         for c in cfgs:  # a config that cannot hold the row: a blank cell
-            ok = c.holds(n, x.element_size())
-            fns.append(ok and (lambda x=x, w=w, c=c: cuda_impl.rms_norm_with_config(x, w, 1e-6, c)))
-        cells = []
-        for fn in fns:
-            if not fn:
-                cells.append(float("nan"))
-                continue
-            torch.testing.assert_close(fn(), want, **TOL[dtype])
-            cells.append(quantile([s * 1e6 for s in graph_samples(fn)], 0.5))
+            run = lambda x=x, w=w, c=c: cuda_impl.rms_norm_with_config(x, w, 1e-6, c)  # noqa: E731
+            fns.append(run if c.holds(n, x.element_size()) else None)
+        cells = median_us(fns, want, dtype)
         today = f"{cells[0]:.2f} ({info['row_threads']}x{info['vpt']})"
         print(f"{m}x{n:>8} {today:>16} " + " ".join(f"{c:8.2f}" for c in cells[1:]), flush=True)
     return 0

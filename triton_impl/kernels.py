@@ -20,9 +20,9 @@ Parallelisation
   memory, the software counterpart of a thread-block cluster: each loads its shard into
   registers once, stores its partial sum, waits for the row's count of arrivals, and
   normalises its shard, held through the wait or (RELOAD) read again from L2 after it;
-  x is read from HBM exactly once. Under the interpreter, and
-  for rows of more shards than SMs, the last program to arrive normalises the whole row
-  instead, re-reading it from L2, and no program waits.
+  x is read from HBM exactly once. Under the interpreter, and for rows of more shards than
+  SMs, the last program to arrive normalises the whole row instead, re-reading it from L2,
+  and no program waits.
 Lanes >= N are masked: they load 0, so they add nothing to the sum, and the sum is divided
 by the true N, never by BLOCK_N. Row offsets are int64 so tensors above 2^31 elements index
 correctly.
@@ -157,11 +157,10 @@ def _rms_norm_fwd_sharded(
     # of global memory): each loads its shard once, stores the sum of its squares and adds
     # one arrival to the row's count. WAIT: every program waits for the row's last arrival
     # and normalises its own shard, from registers or (RELOAD) read again from L2, x read
-    # from HBM once; the programs of a row are
-    # consecutive, so with blocks started in order the row's last program is resident or
-    # next to start, and the wait ends. Else the last program to arrive normalises the
-    # whole row, re-reading x from L2, and no program waits: the interpreter, which runs
-    # programs one after another, takes this path.
+    # from HBM once; the programs of a row are consecutive, so with blocks started in order
+    # the row's last program is resident or next to start, and the wait ends. Else the last
+    # program to arrive normalises the whole row, re-reading x from L2, and no program
+    # waits: the interpreter, which runs programs one after another, takes this path.
     pid = tl.program_id(0)
     row = (pid // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     shard = pid % SHARDS
