@@ -129,6 +129,35 @@ def _on_gpu(x, *others) -> bool:
     )
 
 
+#: The key a call that needs no gradient dispatches to, below Autograd: the autograd
+#: kernel torch.library.register_autograd installs is Python and runs on every call, a
+#: gradient or not, at more host time than the rest of a small call (docs/PERF_NOTES.md).
+_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _below_autograd(x, *others) -> bool:
+    """Whether a call may dispatch to the CUDA kernel below Autograd: plain CUDA tensors
+    (no subclass, such as FakeTensor), none of them needing a gradient, outside tracing,
+    functorch transforms and torch function or dispatch modes (each of which a redispatch
+    would skip). The kernel's C++ checks raise rmsnorm_api's errors."""
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or not x.is_cuda:
+        return False
+    grad = torch.is_grad_enabled()
+    needs = grad and x.requires_grad
+    for t in others:
+        if t is not None:
+            if type(t) not in _TENSOR_TYPES or not t.is_cuda:
+                return False
+            needs = needs or (grad and t.requires_grad)
+    return not (
+        needs
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -141,8 +170,11 @@ def rms_norm(
     Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` and
     returns it. Raises TypeError/ValueError naming the argument for unsupported input.
     """
-    if out is None and type(eps) is float and _on_gpu(x, weight):
-        return _OP(x, weight, eps)
+    if out is None and type(eps) is float:
+        if _below_autograd(x, weight):
+            return _OP.redispatch(_CUDA_KEYS, x, weight, eps)
+        if _on_gpu(x, weight):
+            return _OP(x, weight, eps)
     ops = torch.ops.cuda_impl
     return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL)
 
@@ -156,6 +188,8 @@ def fused_add_rms_norm(
     """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
+    if type(eps) is float and _below_autograd(x, residual, weight):
+        return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
     return _FUSED_OP(x, residual, weight, float(eps))

@@ -143,13 +143,18 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
     torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
 
 
-@pytest.mark.parametrize("reload", [False, True], ids=["held", "reload"])
+@pytest.mark.parametrize(
+    "reload, late",
+    [(False, False), (True, False), (True, True), (False, True)],
+    ids=["held", "reload", "reload-late-weight", "held-late-weight"],
+)
 @pytest.mark.parametrize("rdtype", [None, torch.float32])
-def test_triton_sharded_waiting_schedule(rdtype, reload):
+def test_triton_sharded_waiting_schedule(rdtype, reload, late):
     """The fused add's waiting schedule's arithmetic under the interpreter (as the plain
     op's test: a waiting launch over the workspace a last-arrival launch completed), the
     shard held through the wait or (reload) residual_out read again, in the in-place form
-    (residual_out is residual: the reload reads back this program's own stores)."""
+    (residual_out is residual: the reload reads back this program's own stores), the weight
+    read before or (late) after the wait."""
     impl_or_skip("triton")
     import dataclasses
 
@@ -163,7 +168,11 @@ def test_triton_sharded_waiting_schedule(rdtype, reload):
     launch(p)
     xi, ri = x.clone(), r.clone()
     args = (xi, ri, w, xi, ri, *p.args[5:])
-    launch(dataclasses.replace(p, args=args, meta={**p.meta, "WAIT": True, "RELOAD": reload}))
+    launch(
+        dataclasses.replace(
+            p, args=args, meta={**p.meta, "WAIT": True, "RELOAD": reload, "W_LATE": late}
+        )
+    )
     torch.testing.assert_close(xi, want_y, **TOL[torch.bfloat16])
     torch.testing.assert_close(ri, want_r, **TOL[rdtype or torch.bfloat16])
     assert torch.equal(xi, p.args[3])

@@ -104,6 +104,58 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
 
 
 @pytest.mark.gpu
+def test_cuda_below_autograd_only_where_nothing_is_skipped():
+    """CUDA's eager calls dispatch below Autograd only when nothing needs a gradient and
+    nothing a redispatch would skip is active (functorch, torch function or dispatch
+    modes): gradients still flow, modes still see the op, and every result is the
+    reference's."""
+    impl_or_skip("cuda")
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cuda_impl import ops
+
+    x, w = inputs(torch.bfloat16, n=4096, m=8)
+    r = torch.randn_like(x)
+    wg = w.clone().requires_grad_()
+    assert ops._below_autograd(x, w) and ops._below_autograd(x, r, w)
+    assert not ops._below_autograd(x, wg) and not ops._below_autograd(x, r.requires_grad_(), w)
+    with torch.no_grad():
+        assert ops._below_autograd(x, r, wg)
+        y = ops.rms_norm(x, wg)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
+    y = ops.rms_norm(x, wg)  # through autograd
+    y.float().sum().backward()
+    assert wg.grad is not None and torch.isfinite(wg.grad).all()
+    y2, ro = ops.fused_add_rms_norm(x, r, wg)
+    assert y2.grad_fn is not None and ro.grad_fn is not None
+
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert not ops._below_autograd(x, w)
+        ops.rms_norm(x, w)
+        ops.fused_add_rms_norm(x, r.detach(), w)
+    assert {"cuda_impl.rms_norm.default", "cuda_impl.fused_add_rms_norm.default"} <= set(seen)
+    with TorchFunctionMode():
+        assert not ops._below_autograd(x, w)
+    flags = []
+
+    def f(t):
+        flags.append(ops._below_autograd(t, w))
+        return t * 2
+
+    torch.func.vmap(f)(x)
+    assert flags == [False]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["triton", "cuda"])
 def test_cuda_graph_capture_functional(name):
     """The functional (fast-path) form inside a captured graph, replayed on new data."""

@@ -53,7 +53,8 @@ class Config:
     L2 round trip, not two (the latency rule's configs); reload (sharded, waiting only):
     each program reads its shard again once its row's sum is complete (from L2, where it has
     just been: the wait's acquire invalidates L1) instead of holding it in registers through
-    the wait, so that more programs share an SM.
+    the wait, so that more programs share an SM; late_weight (sharded, waiting only): the
+    weight read after the wait, not held through it.
     """
 
     kernel: str
@@ -67,6 +68,7 @@ class Config:
     wait: bool = False
     reload: bool = False
     weight_first: bool = False
+    late_weight: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -95,6 +97,7 @@ class Config:
             ("wait", ("sharded",)),
             ("reload", ("sharded",)),
             ("weight_first", ("fused",)),
+            ("late_weight", ("sharded",)),
         ):
             v = getattr(self, name)
             if not isinstance(v, bool):
@@ -102,10 +105,11 @@ class Config:
             if v and self.kernel not in kernels:
                 have = " and ".join(kernels) + (" kernels have" if kernels[1:] else " kernel has")
                 raise ValueError(f"{where}: {name} is set; only the {have} it")
-        if self.reload and not self.wait:
-            raise ValueError(
-                f"{where}: reload is set without wait; only the waiting schedule has it"
-            )
+        for name in ("reload", "late_weight"):
+            if getattr(self, name) and not self.wait:
+                raise ValueError(
+                    f"{where}: {name} is set without wait; only the waiting schedule has it"
+                )
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -320,7 +324,8 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
             f" at most {MAX_SHARDS}"
         )
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
-                STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload)  # fmt: skip
+                STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload,
+                W_LATE=cfg.late_weight)  # fmt: skip
 
 
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
@@ -429,8 +434,9 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHARD_WARPS:
             if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
                 for reload in (False, True):
-                    cfg = Config("sharded", shard, warps, stream_y=True, wait=True, reload=reload)
-                    out.append(cfg)
+                    for late in (False, True):
+                        out.append(Config("sharded", shard, warps, stream_y=True, wait=True,
+                                          reload=reload, late_weight=late))  # fmt: skip
     return out
 
 

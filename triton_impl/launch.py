@@ -78,10 +78,10 @@ def wait_if_resident(meta: dict, sms: int) -> dict:
     resident at once: one program an SM always is, so rows of more shards than SMs take the
     last-arrival schedule, which never waits (a waiting row whose last program could not
     start would wait forever). sms = 0: the interpreter (or no GPU), whose programs run one
-    after another, none resident beside another. RELOAD, a part of the waiting schedule,
-    goes with it."""
+    after another, none resident beside another. RELOAD and W_LATE, parts of the waiting
+    schedule, go with it."""
     if meta.get("WAIT") and meta["SHARDS"] > sms:
-        return {**meta, "WAIT": False, "RELOAD": False}
+        return {**meta, "WAIT": False, "RELOAD": False, "W_LATE": False}
     return meta
 
 
