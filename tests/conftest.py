@@ -50,14 +50,10 @@ def refusal(main, argv, capsys) -> str:
     return capsys.readouterr().err
 
 
-def sharded_to_stress(n: int, element_size: int, op: str = "rms_norm") -> list:
-    """The sharded candidates the GPU stress tests run: every waiting one that reads the
-    weight before its wait (those reading it late differ only in when they read a tensor
-    no program writes), for rms_norm the ticketed ones of two programs an SM, and one
-    last-arrival one (the schedule the interpreter checks everywhere)."""
-    from triton_impl.configs import Config, sharded_candidates, ticketed_candidates
+def sharded_to_stress(n: int, element_size: int) -> list:
+    """The sharded candidates the GPU stress tests run: every waiting one, one last-arrival
+    one (the schedule the interpreter checks everywhere)."""
+    from triton_impl.configs import Config, sharded_candidates
 
-    cands = [c for c in sharded_candidates(n, element_size) if c.wait and not c.late_weight]
-    if op == "rms_norm":
-        cands += [c for c in ticketed_candidates(n, element_size) if c.programs_per_sm == 2]
-    return cands + [Config("sharded", 8192, 16, stages=2, stream_y=True)]
+    cands = sharded_candidates(n, element_size)
+    return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]

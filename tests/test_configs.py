@@ -131,42 +131,6 @@ def test_sharded_kernel_waiting_schedule(dtype, reload, late):
     assert torch.equal(y, p.args[2])
 
 
-@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_sharded_ticketed_schedule(dtype, weighted):
-    """The ticketed schedule's arithmetic and its walk over the tasks, as the waiting
-    schedule's test: over the workspace a last-arrival launch completed (its ticket still
-    zero), every shard normalised once, read again, with the weight read late (under the
-    interpreter, whose programs run one after another, the first program takes every
-    task). A ticketed config launches the ticketed kernel on a GPU and the last-arrival
-    schedule under the interpreter, the same function either way."""
-    impl_or_skip("triton")
-    import dataclasses
-
-    from triton_impl import Config, rms_norm_with_config
-    from triton_impl.configs import TICKETED, ticketed_meta
-    from triton_impl.launch import launch, plan
-
-    x, w = inputs(5, 12289, dtype)
-    w = w if weighted else None
-    want = rms_norm_ref(x, w, 1e-6)
-    p = plan(x, w, 1e-6, torch.full_like(x, float("nan")), Config("sharded", 2048, 4))
-    launch(p)
-    counts = p.args[4]
-    assert int(counts[-1]) == 0 and bool((counts[:-1] == 7).all())
-    y = torch.full_like(x, float("nan"))
-    args = (x, p.args[1], y, *p.args[3:])
-    launch(
-        dataclasses.replace(p, kernel=TICKETED, grid=(3,), args=args, meta=ticketed_meta(p.meta))
-    )
-    assert int(counts[-1]) == 5 * 7 + 3  # every task's ticket, and one past the end a program
-    torch.testing.assert_close(y, want, **TOL[dtype])
-    cfg = Config("sharded", 2048, 4, programs_per_sm=2, stream_y=True, wait=True, reload=True,
-                 late_weight=True)  # fmt: skip
-    assert (plan(x, w, 1e-6, y, cfg).kernel is TICKETED) == HAS_GPU
-    torch.testing.assert_close(rms_norm_with_config(x, w, 1e-6, cfg), want, **TOL[dtype])
-
-
 @pytest.mark.parametrize("n", [4096, 8192, 1000])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_kernel_weight_first(n, dtype):

@@ -410,13 +410,7 @@ def test_one_wording_for_both_sides(case):
         ),
         (
             dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2),
-            r"programs_per_sm is 2; the sharded kernel's persistent programs \(ticketed\) wait,"
-            r" reload and read the weight late",
-        ),
-        (
-            dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2, wait=True,
-                 reload=True),  # fmt: skip
-            r"set wait, reload and late_weight, or programs_per_sm 0",
+            r"programs_per_sm is 2; the sharded kernel runs one program a shard",
         ),
         (dict(kernel="fused", block_n=32, num_warps=1), r"block_n = 32 is narrower than the row"),
         ("fused", r"cfg must be a Config or a dict"),

@@ -23,7 +23,7 @@ from typing import Optional, Union
 import triton
 
 from rmsnorm_api import MAX_N
-from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS, TICKETED
+from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS
 
 #: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
 FUSED_MAX_N = {4: 32768, 2: 16384}
@@ -41,8 +41,7 @@ class Config:
     program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
     block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
     loads in flight) or "sharded" (a row's block_n-wide shards summed by one program
-    each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row (the
-    sharded kernel: its persistent, ticketed schedule's programs an SM, 0 for one a shard);
+    each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
     stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
     reverse (chunked only): the second sweep from the row's end; stream_y (chunked,
     sharded): y stored evict_first (so y's lines do not take L2 from the x lines a second
@@ -83,6 +82,11 @@ class Config:
                 raise ValueError(f"{where}: {name} is {v!r}; expected a power of two in [1, {hi}]")
         if self.kernel != "fused" and self.block_m != 1:
             raise ValueError(f"{where}: block_m is {self.block_m}; only the fused kernel has rows")
+        if self.kernel == "sharded" and self.programs_per_sm:
+            raise ValueError(
+                f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"
+                " one program a shard (0)"
+            )
         for name, lo in (("programs_per_sm", 0), ("stages", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -106,13 +110,6 @@ class Config:
                 raise ValueError(
                     f"{where}: {name} is set without wait; only the waiting schedule has it"
                 )
-        ticketed = self.kernel == "sharded" and self.programs_per_sm
-        if ticketed and not (self.wait and self.reload and self.late_weight):
-            raise ValueError(
-                f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel's"
-                " persistent programs (ticketed) wait, reload and read the weight late: set"
-                " wait, reload and late_weight, or programs_per_sm 0 (one program a shard)"
-            )
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -331,13 +328,6 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
                 W_LATE=cfg.late_weight)  # fmt: skip
 
 
-def ticketed_meta(meta: dict) -> dict:
-    """The ticketed kernel's compile-time arguments from the sharded kernel's (it always
-    waits, reloads and reads the weight late; it has no pipelined loop)."""
-    drop = ("STAGES", "WAIT", "RELOAD", "W_LATE")
-    return {k: v for k, v in meta.items() if k not in drop}
-
-
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
     """(kernel, meta) for a config and rows of n elements: the @triton.jit function and its
     compile-time arguments (constexprs and num_warps), shared by the launch and
@@ -349,8 +339,6 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tupl
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
         meta.update(_sharded_meta(cfg, n))
-        if cfg.programs_per_sm:
-            return TICKETED, ticketed_meta(meta)
     else:  # chunked, persistent
         meta["STAGES"] = cfg.stages
         if cfg.kernel == "chunked":
@@ -399,11 +387,6 @@ def fused_add_kernel_for(
         )
     if cfg.weight_first:
         raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
-    if cfg.kernel == "sharded" and cfg.programs_per_sm:
-        raise ValueError(
-            f"fused add: programs_per_sm is {cfg.programs_per_sm}; the sharded kernel's"
-            " ticketed schedule is rms_norm's only"
-        )
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps,
                 ROUND_BY_HAND=round_by_hand)  # fmt: skip
     if cfg.kernel == "fused":
@@ -439,8 +422,6 @@ SEARCH_SHARDED_MIN_N = 16384
 SEARCH_SHARDS = (2048, 4096, 8192, 16384)
 SEARCH_SHARD_WARPS = (4, 8, 16)
 SEARCH_SHARD_THREAD_BYTES = (16, 128)
-#: The ticketed schedule's programs an SM (rms_norm's sharded kernel, persistent).
-SEARCH_TICKETED_PER_SM = (2, 3, 4)
 
 
 def sharded_candidates(n: int, element_size: int) -> list[Config]:
@@ -459,25 +440,14 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
     return out
 
 
-def ticketed_candidates(n: int, element_size: int) -> list[Config]:
-    """The ticketed schedule's candidates (rms_norm only): each waiting shard of
-    sharded_candidates that reads the weight late, in SEARCH_TICKETED_PER_SM programs an SM."""
-    return [
-        dataclasses.replace(c, programs_per_sm=k)
-        for c in sharded_candidates(n, element_size)
-        if c.reload and c.late_weight
-        for k in SEARCH_TICKETED_PER_SM
-    ]
-
-
 def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
     that are not whole 16-byte vectors, the persistent kernel where a row fits shared
     memory, the chunked kernel for rows of two or more chunks from 8192 elements up (its
     chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more, and the
-    sharded kernel (sharded_candidates, ticketed_candidates). op "fused_add_rms_norm": the
-    fused add's rule's config and the sharded kernel's candidates."""
+    sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
+    config and the sharded kernel's candidates."""
     check_width(n, element_size, "search_space")
     if op == "fused_add_rms_norm":
         out = [fused_add_config(n, element_size)]
@@ -527,8 +497,7 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
-    sharded = sharded_candidates(n, elem) + ticketed_candidates(n, elem)
-    out += [c for c in sharded if c not in out]
+    out += [c for c in sharded_candidates(n, elem) if c not in out]
     # the shipped chunked config with each order of the second sweep and store of y
     shipped = throughput_config(n, elem, True)
     if shipped.kernel == "chunked":

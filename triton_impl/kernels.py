@@ -217,61 +217,6 @@ def _sharded_finish(
             _sharded_store(y_row, cc, y, N, STREAM_Y)
 
 
-# fmt: off
-@triton.jit
-def _rms_norm_fwd_sharded_ticketed(
-    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
-    part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), then the
-                          # ticket (count_ptr[M]), zeroed
-    stride_x, stride_y,  # elements between consecutive rows
-    M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, STREAM_Y: tl.constexpr,
-):
-    # fmt: on
-    # The sharded kernel's waiting schedule in persistent programs that take the shards
-    # (tasks: row-major, SHARDS a row) in order from a ticket, each one's loads in flight
-    # while the program's previous task waits for its row: a program loads task t, stores
-    # its partial sum and arrives, then waits for its previous task's row, takes its next
-    # ticket and normalises the previous task's shard, read again from L2 with the weight.
-    # No program waits while it holds a task it has not arrived for, and tickets are
-    # taken in order, so a row being waited for lacks only tasks not yet taken: unless
-    # fewer than SHARDS programs can run at once, some program is free to take them.
-    tasks = M * SHARDS
-    cols = tl.arange(0, BLOCK_N)
-    ticket = count_ptr + M
-    t = tl.atomic_add(ticket, 1, sem="relaxed", scope="gpu")
-    prev = t * 0 - 1  # the task that arrived and waits to be normalised; -1: none
-    while (t < tasks) | (prev >= 0):
-        if t < tasks:
-            row = (t // SHARDS).to(tl.int64)  # int64 rows: offsets above 2^31 elements
-            c = (t % SHARDS) * BLOCK_N + cols
-            x = tl.load(x_ptr + row * stride_x + c, mask=c < N, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)  # fmt: skip
-            tl.store(part_ptr + row * SHARDS + t % SHARDS, tl.sum(x * x, axis=0))
-            tl.debug_barrier()  # every thread's part of the task before the arrival
-            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
-        nxt = t
-        if prev >= 0:
-            prow = (prev // SHARDS).to(tl.int64)
-            arrived = tl.atomic_add(count_ptr + prow, 0, sem="acquire", scope="gpu")
-            while arrived < SHARDS:
-                arrived = tl.atomic_add(count_ptr + prow, 0, sem="acquire", scope="gpu")
-            if t < tasks:  # after the wait (see above); in flight through the normalisation
-                nxt = tl.atomic_add(ticket, 1, sem="relaxed", scope="gpu")
-            pc = (prev % SHARDS) * BLOCK_N + cols
-            s = tl.load(x_ptr + prow * stride_x + pc, mask=pc < N, other=0.0,
-                        cache_modifier=".ca").to(tl.float32)  # fmt: skip
-            y = s * _sharded_rstd(part_ptr + prow * SHARDS, N, eps, SHARDS, SHARDS_P2)
-            if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + pc, mask=pc < N, other=0.0).to(tl.float32)
-            _sharded_store(y_ptr + prow * stride_y, pc, y, N, STREAM_Y)
-        elif t < tasks:
-            nxt = tl.atomic_add(ticket, 1, sem="relaxed", scope="gpu")
-        prev = tl.where(t < tasks, t, -1)
-        t = nxt
-
-
 @triton.jit
 def _sharded_rstd(parts, N, eps, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr):
     k = tl.arange(0, SHARDS_P2)
@@ -544,8 +489,6 @@ def _fused_add_rms_norm_fwd_sharded(
                     STREAM_Y, WAIT, RELOAD, W_LATE)  # fmt: skip
 
 
-#: The sharded kernel's persistent, ticketed schedule (Config.programs_per_sm > 0).
-TICKETED = _rms_norm_fwd_sharded_ticketed
 KERNELS = {
     "fused": _rms_norm_fwd_fused,
     "split": _rms_norm_fwd_split,

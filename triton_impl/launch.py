@@ -23,7 +23,7 @@ from triton_impl.configs import (
     fused_add_kernel_for,
     kernel_for,
 )
-from triton_impl.kernels import INTERPRET, KERNELS, TICKETED
+from triton_impl.kernels import INTERPRET
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,12 @@ class Launch:
 
 
 def sharded_workspace(m: int, shards: int, device: torch.device) -> tuple:
-    """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32 and
-    the ticketed schedule's ticket after them), the counts zeroed: allocated for each
-    launch, so that launches on different streams (or a launch that failed) share no count.
-    Two tensors, not views of one: inductor cannot lower a dtype view of a slice."""
+    """The sharded kernels' (partial sums (m, shards) fp32, arrival counts (m,) int32), the
+    counts zeroed: allocated for each launch, so that launches on different streams (or a
+    launch that failed) share no count. Two tensors, not views of one: inductor cannot
+    lower a dtype view of a slice."""
     part = torch.empty(m * shards, dtype=torch.float32, device=device)
-    return part, torch.zeros(m + 1, dtype=torch.int32, device=device)
+    return part, torch.zeros(m, dtype=torch.int32, device=device)
 
 
 def split_ok(x2: torch.Tensor, *others: torch.Tensor) -> bool:
@@ -88,21 +88,10 @@ def wait_if_resident(meta: dict, sms: int) -> dict:
 def _sharded_launch(
     cfg: Config, kernel, meta: dict, m: int, x: torch.Tensor, tensors: tuple, rest: tuple
 ) -> Launch:
-    """A sharded kernel's launch: its workspace after the row tensors, a program a shard,
-    or (ticketed, cfg.programs_per_sm) that many programs an SM, at most one a shard. A
-    ticketed launch whose rows could wait forever (wait_if_resident: more shards than
-    SMs, or the interpreter) runs the sharded kernel's last-arrival schedule instead."""
-    sms = sm_count(x.device.index) if x.is_cuda and not INTERPRET else 0
+    """A sharded kernel's launch: its workspace after the row tensors, a program a shard."""
+    meta = wait_if_resident(meta, sm_count(x.device.index) if x.is_cuda and not INTERPRET else 0)
     ws = sharded_workspace(m, meta["SHARDS"], x.device)
-    tasks = m * meta["SHARDS"]
-    if kernel is TICKETED:
-        if meta["SHARDS"] <= sms:
-            grid = (max(1, min(tasks, cfg.programs_per_sm * sms)),)
-            return Launch(cfg, kernel, grid, (*tensors, *ws, *rest), meta)
-        kernel = KERNELS["sharded"]
-        meta = {**meta, "STAGES": cfg.stages, "WAIT": False, "RELOAD": False, "W_LATE": False}
-    meta = wait_if_resident(meta, sms)
-    return Launch(cfg, kernel, (tasks,), (*tensors, *ws, *rest), meta)
+    return Launch(cfg, kernel, (m * meta["SHARDS"],), (*tensors, *ws, *rest), meta)
 
 
 def plan(
