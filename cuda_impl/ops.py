@@ -132,7 +132,8 @@ def _on_gpu(x, *others) -> bool:
 #: The key a call that needs no gradient dispatches to, below Autograd: the autograd
 #: kernel torch.library.register_autograd installs is Python and runs on every call, a
 #: gradient or not, at more host time than the rest of a small call (docs/PERF_NOTES.md).
-_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+_C = torch._C
+_CUDA_KEYS = _C.DispatchKeySet(_C.DispatchKey.CUDA)
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -141,20 +142,19 @@ def _below_autograd(x, *others) -> bool:
     (no subclass, such as FakeTensor), none of them needing a gradient, outside tracing,
     functorch transforms and torch function or dispatch modes (each of which a redispatch
     would skip). The kernel's C++ checks raise rmsnorm_api's errors."""
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or not x.is_cuda:
+    if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return False
-    grad = torch.is_grad_enabled()
-    needs = grad and x.requires_grad
+    needs = x.requires_grad
     for t in others:
         if t is not None:
             if type(t) not in _TENSOR_TYPES or not t.is_cuda:
                 return False
-            needs = needs or (grad and t.requires_grad)
+            needs = needs or t.requires_grad
     return not (
-        needs
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._are_functorch_transforms_active()
+        (needs and _C.is_grad_enabled())
+        or _C._len_torch_dispatch_stack()
+        or _C._is_torch_function_mode_enabled()
+        or _C._are_functorch_transforms_active()
     )
 
 

@@ -106,12 +106,16 @@ def config_fields(kernel: str) -> set[str]:
     return {f.name for f in dataclasses.fields(Config)}
 
 
-def default_config(kernel: str, n: int, elem: int, op: str = RMS_NORM.name):
-    """The config the kernel picks today for many rows (the backend's default rule)."""
+def default_config(kernel: str, n: int, dtype: str, op: str = RMS_NORM.name):
+    """The config the kernel picks today for many rows of a dtype (its name, "bf16", ...):
+    the backend's default rule."""
+    elem = DTYPE_BYTES[dtype]
     if kernel == "triton":
         from triton_impl.configs import default_config, fused_add_config
 
-        return default_config(n, elem) if op == RMS_NORM.name else fused_add_config(n, elem)
+        if op == RMS_NORM.name:
+            return default_config(n, elem)
+        return fused_add_config(n, elem, dtype=dtype)
     from cuda_impl import default_config
 
     return default_config(n, elem, op=op)
@@ -128,7 +132,7 @@ def sweep_shape(
     base = measure.shape_fields(b, p, inputs)
     ref = op.reference(*inputs)
     elem = DTYPE_BYTES[p.dtype]
-    default = default_config(kernel, p.n, elem, op.name)
+    default = default_config(kernel, p.n, p.dtype, op.name)
     # candidate index -> (the fields its record shares, whatever its status; its call)
     ready: dict[str, tuple[dict, Callable]] = {}
     written = []

@@ -100,19 +100,14 @@ def test_sharded_kernel(n, stages, stream_y, dtype, weighted):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
-@pytest.mark.parametrize(
-    "reload, late",
-    [(False, False), (True, False), (True, True), (False, True)],
-    ids=["held", "reload", "reload-late-weight", "held-late-weight"],
-)
+@pytest.mark.parametrize("reload", [False, True], ids=["held", "reload"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_sharded_kernel_waiting_schedule(dtype, reload, late):
+def test_sharded_kernel_waiting_schedule(dtype, reload):
     """The waiting schedule's arithmetic, which the interpreter cannot run as scheduled (its
     programs run one after another): a last-arrival launch leaves the row's partial sums
     and full counts in its workspace, so a waiting launch over that workspace finds every
     row complete at once, and normalises each shard as the GPU's waiting programs do, from
-    the shard it holds or (reload) read again, the weight held through the wait or (late)
-    read after it."""
+    the shard it holds or (reload) read again."""
     impl_or_skip("triton")
     import dataclasses
 
@@ -124,7 +119,7 @@ def test_sharded_kernel_waiting_schedule(dtype, reload, late):
     p = plan(x, w, 1e-6, torch.full_like(x, float("nan")), cfg)
     launch(p)
     y = torch.full_like(x, float("nan"))
-    meta = {**p.meta, "WAIT": True, "RELOAD": reload, "W_LATE": late}
+    meta = {**p.meta, "WAIT": True, "RELOAD": reload}
     waiting = dataclasses.replace(p, args=(x, w, y, *p.args[3:]), meta=meta)
     launch(waiting)
     torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[dtype])

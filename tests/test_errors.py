@@ -393,18 +393,6 @@ def test_one_wording_for_both_sides(case):
             r"reload is set without wait",
         ),
         (
-            dict(kernel="fused", block_n=64, num_warps=1, late_weight=True),
-            r"late_weight is set; only the sharded kernel has it",
-        ),
-        (
-            dict(kernel="sharded", block_n=64, num_warps=1, reload=True, wait=True, late_weight=1),
-            r"late_weight is 1; expected a bool",
-        ),
-        (
-            dict(kernel="sharded", block_n=64, num_warps=1, late_weight=True),
-            r"late_weight is set without wait",
-        ),
-        (
             dict(kernel="split", block_n=64, num_warps=1, weight_first=True),
             r"weight_first is set; only the fused kernel has it",
         ),

@@ -467,7 +467,7 @@ def test_sweep_writes_validated_records(tmp_path, monkeypatch, capsys):
         assert r["config"]["params"] == cfg.as_dict() and r["bytes"] == nbytes
         assert r["gbps"] == pytest.approx(records.gbps(nbytes, r["stats"]["median_us"] * 1e-6))
         assert r["pct_copy"] == pytest.approx(100 * r["gbps"] / ENV["copy_gbps"])
-    default = sweep.default_config("triton", n, 2)
+    default = sweep.default_config("triton", n, "bf16")
     assert [r["config"]["default"] for r in passed] == [c == default for c in good]
     sweep.summarize(back)
     assert "triton  bf16" in capsys.readouterr().out
@@ -485,7 +485,7 @@ def test_sweep_where_keeps_the_matching_candidates_and_today_s():
     kept = [c for c in cands if sweep.matches(c, where["triton"])]
     assert kept and all(c.reverse or (c.stream_y and c.num_warps == 32) for c in kept)
     assert len(kept) == sum(c.reverse or (c.stream_y and c.num_warps == 32) for c in cands)
-    assert not sweep.matches(sweep.default_config("triton", n, 2), where["triton"])
+    assert not sweep.matches(sweep.default_config("triton", n, "bf16"), where["triton"])
 
 
 def test_sweep_takes_its_grid_from_plan():
@@ -697,19 +697,22 @@ def test_no_synthetic_records_committed():
 
 
 @pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096, 4097, 8192, 32768, 65536, 131072])
-@pytest.mark.parametrize("elem", [2, 4])
-def test_sweep_candidates_include_todays_config(n, elem):
-    """harness.sweep compares each kernel's current choice with its alternatives."""
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_sweep_candidates_include_todays_config(n, dtype):
+    """harness.sweep compares each kernel's current choice with its alternatives, for both
+    ops (the fused add's Triton rule names some dtypes)."""
     from harness import sweep
 
-    assert sweep.default_config("triton", n, elem) in sweep.candidates("triton", n, elem)
+    elem = 4 if dtype == "fp32" else 2
+    op = "fused_add_rms_norm"
+    assert sweep.default_config("triton", n, dtype) in sweep.candidates("triton", n, elem)
+    assert sweep.default_config("triton", n, dtype, op) in sweep.candidates("triton", n, elem, op)
     try:
         import cuda_impl  # noqa: F401
     except ImportError as e:
         pytest.skip(f"cuda extension not built: {e}")
-    assert sweep.default_config("cuda", n, elem) in sweep.candidates("cuda", n, elem)
-    op = "fused_add_rms_norm"
-    assert sweep.default_config("cuda", n, elem, op) in sweep.candidates("cuda", n, elem, op)
+    assert sweep.default_config("cuda", n, dtype) in sweep.candidates("cuda", n, elem)
+    assert sweep.default_config("cuda", n, dtype, op) in sweep.candidates("cuda", n, elem, op)
 
 
 def test_forced_configs_compute_the_same_function():

@@ -119,7 +119,9 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
     r = torch.randn_like(x)
     wg = w.clone().requires_grad_()
     assert ops._below_autograd(x, w) and ops._below_autograd(x, r, w)
-    assert not ops._below_autograd(x, wg) and not ops._below_autograd(x, r.requires_grad_(), w)
+    assert not ops._below_autograd(x, wg)
+    r.requires_grad_()
+    assert not ops._below_autograd(x, r, w)
     with torch.no_grad():
         assert ops._below_autograd(x, r, wg)
         y = ops.rms_norm(x, wg)
@@ -143,7 +145,12 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
         ops.rms_norm(x, w)
         ops.fused_add_rms_norm(x, r.detach(), w)
     assert {"cuda_impl.rms_norm.default", "cuda_impl.fused_add_rms_norm.default"} <= set(seen)
-    with TorchFunctionMode():
+
+    class Passing(TorchFunctionMode):  # the base class refuses every call
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
         assert not ops._below_autograd(x, w)
     flags = []
 

@@ -53,8 +53,7 @@ class Config:
     L2 round trip, not two (the latency rule's configs); reload (sharded, waiting only):
     each program reads its shard again once its row's sum is complete (from L2, where it has
     just been: the wait's acquire invalidates L1) instead of holding it in registers through
-    the wait, so that more programs share an SM; late_weight (sharded, waiting only): the
-    weight read after the wait, not held through it.
+    the wait, so that more programs share an SM.
     """
 
     kernel: str
@@ -68,7 +67,6 @@ class Config:
     wait: bool = False
     reload: bool = False
     weight_first: bool = False
-    late_weight: bool = False
 
     def __post_init__(self) -> None:
         where = "triton_impl Config"
@@ -97,7 +95,6 @@ class Config:
             ("wait", ("sharded",)),
             ("reload", ("sharded",)),
             ("weight_first", ("fused",)),
-            ("late_weight", ("sharded",)),
         ):
             v = getattr(self, name)
             if not isinstance(v, bool):
@@ -105,11 +102,10 @@ class Config:
             if v and self.kernel not in kernels:
                 have = " and ".join(kernels) + (" kernels have" if kernels[1:] else " kernel has")
                 raise ValueError(f"{where}: {name} is set; only the {have} it")
-        for name in ("reload", "late_weight"):
-            if getattr(self, name) and not self.wait:
-                raise ValueError(
-                    f"{where}: {name} is set without wait; only the waiting schedule has it"
-                )
+        if self.reload and not self.wait:
+            raise ValueError(
+                f"{where}: reload is set without wait; only the waiting schedule has it"
+            )
 
     def as_dict(self) -> dict:
         """The config as records and the sweep write it."""
@@ -324,8 +320,7 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
             f" at most {MAX_SHARDS}"
         )
     return dict(SHARDS=k, SHARDS_P2=triton.next_power_of_2(k), STAGES=cfg.stages,
-                STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload,
-                W_LATE=cfg.late_weight)  # fmt: skip
+                STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload)  # fmt: skip
 
 
 def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
@@ -353,20 +348,31 @@ FUSED_ADD_WIDE = {
     2: Config("sharded", 8192, 4, stream_y=True, wait=True),
     4: Config("sharded", 4096, 4, stream_y=True, wait=True),
 }
+#: Widths where one dtype's wide rows take another config, by (dtype name, power-of-two
+#: width): fp16 reads its shard again after the wait at 65536 and 131072, where the held
+#: shard's registers leave it fewer programs an SM than bf16 (PERF_NOTES v28).
+FUSED_ADD_WIDE_TUNED = {
+    ("fp16", 65536): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
+    ("fp16", 131072): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
+}
 
 
 @functools.cache
-def fused_add_config(n: int, element_size: int, split_ok: bool = True) -> Config:
-    """The fused add's config for rows of n elements of x's element_size bytes: the split
-    kernel where split_kernel_wins and the four rows share x's 16-byte alignment (split_ok),
-    half the plain split's bytes a thread (x's and the residual's both in flight); the
-    fused tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile, THREAD_BYTES of
-    it a thread, as the plain op's rule for untuned widths); the sharded kernel beyond
-    (FUSED_ADD_WIDE, from the sweep; the rest a rule, not a table)."""
+def fused_add_config(
+    n: int, element_size: int, split_ok: bool = True, dtype: Optional[str] = None
+) -> Config:
+    """The fused add's config for rows of n elements of x's element_size bytes (x's dtype
+    named "bf16", "fp16" or "fp32", where known): the split kernel where split_kernel_wins
+    and the four rows share x's 16-byte alignment (split_ok), half the plain split's bytes a
+    thread (x's and the residual's both in flight); the fused tile up to FUSED_MAX_N
+    (several rows a program up to a 4 KiB tile, THREAD_BYTES of it a thread, as the plain
+    op's rule for untuned widths); the sharded kernel beyond (FUSED_ADD_WIDE, or
+    FUSED_ADD_WIDE_TUNED for the dtype and width, from the sweep; the rest a rule, not a
+    table)."""
     check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
-        return FUSED_ADD_WIDE[element_size]
+        return FUSED_ADD_WIDE_TUNED.get((dtype, block_n), FUSED_ADD_WIDE[element_size])
     if split_ok and split_kernel_wins(n, element_size):
         vec = 16 // element_size
         body = triton.next_power_of_2(n // vec * vec)
@@ -434,9 +440,8 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
         for warps in SEARCH_SHARD_WARPS:
             if shard < n and lo <= shard * element_size // (32 * warps) <= hi:
                 for reload in (False, True):
-                    for late in (False, True):
-                        out.append(Config("sharded", shard, warps, stream_y=True, wait=True,
-                                          reload=reload, late_weight=late))  # fmt: skip
+                    cfg = Config("sharded", shard, warps, stream_y=True, wait=True, reload=reload)
+                    out.append(cfg)
     return out
 
 

@@ -150,7 +150,7 @@ def _rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
-    WAIT: tl.constexpr, RELOAD: tl.constexpr, W_LATE: tl.constexpr,
+    WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
     # a wide row shared by SHARDS programs of BLOCK_N columns (a thread-block cluster made
@@ -170,7 +170,7 @@ def _rms_norm_fwd_sharded(
     tl.store(part_ptr + row * SHARDS + shard, tl.sum(x * x, axis=0))
     _sharded_finish(x, c, x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
                     count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT, RELOAD, W_LATE)  # fmt: skip
+                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 @triton.jit
@@ -178,7 +178,7 @@ def _sharded_finish(
     s, c, s_row, w_ptr, y_row, parts, count, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
-    WAIT: tl.constexpr, RELOAD: tl.constexpr, W_LATE: tl.constexpr,
+    WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # The sharded kernels' arrival and normalisation. s: this program's shard (columns c)
     # of the row s_row (x, or the fused add's residual_out), fp32. The barrier orders every
@@ -186,17 +186,14 @@ def _sharded_finish(
     # acquire of the full count makes every shard's stores visible. Partials are summed in
     # shard order, so rstd has the same bits on every run. RELOAD: the shard is read again
     # after the wait (from L2, where it has just been: the acquire invalidates L1) so that s
-    # is dead through the wait and its registers let more programs share the SM. W_LATE:
-    # the weight is read after the wait too, not held through it.
+    # is dead through the wait and its registers let more programs share the SM.
     tl.debug_barrier()
     arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
     if WAIT:
-        if HAS_WEIGHT and not W_LATE:  # in flight while the row's other shards arrive
+        if HAS_WEIGHT:  # in flight while the row's other shards arrive
             w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
         while arrived < SHARDS:
             arrived = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
-        if HAS_WEIGHT and W_LATE:
-            w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
         if RELOAD:
             s = tl.load(s_row + c, mask=c < N, other=0.0, cache_modifier=".ca").to(tl.float32)
         y = s * _sharded_rstd(parts, N, eps, SHARDS, SHARDS_P2)
@@ -463,7 +460,7 @@ def _fused_add_rms_norm_fwd_sharded(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, STAGES: tl.constexpr,
-    STREAM_Y: tl.constexpr, WAIT: tl.constexpr, RELOAD: tl.constexpr, W_LATE: tl.constexpr,
+    STREAM_Y: tl.constexpr, WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
     # the plain op's sharded schedules: each program adds its shard, stores residual_out
@@ -486,7 +483,7 @@ def _fused_add_rms_norm_fwd_sharded(
     tl.store(part_ptr + row * SHARDS + shard, part)
     _sharded_finish(sf, c, ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
                     count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT, RELOAD, W_LATE)  # fmt: skip
+                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 KERNELS = {

@@ -25,6 +25,9 @@ from triton_impl.configs import (
 )
 from triton_impl.kernels import INTERPRET
 
+#: The names the config tables key dtypes by.
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -78,10 +81,10 @@ def wait_if_resident(meta: dict, sms: int) -> dict:
     resident at once: one program an SM always is, so rows of more shards than SMs take the
     last-arrival schedule, which never waits (a waiting row whose last program could not
     start would wait forever). sms = 0: the interpreter (or no GPU), whose programs run one
-    after another, none resident beside another. RELOAD and W_LATE, parts of the waiting
-    schedule, go with it."""
+    after another, none resident beside another. RELOAD, a part of the waiting schedule,
+    goes with it."""
     if meta.get("WAIT") and meta["SHARDS"] > sms:
-        return {**meta, "WAIT": False, "RELOAD": False, "W_LATE": False}
+        return {**meta, "WAIT": False, "RELOAD": False}
     return meta
 
 
@@ -148,7 +151,8 @@ def plan_fused_add(
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
     if cfg is None:
-        cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2))
+        ok = split_ok(x2, r2, y2, ro2)
+        cfg = fused_add_config(n, x.element_size(), ok, DTYPE_NAMES.get(x.dtype))
     by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
     kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, n, by_hand)
     strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))

@@ -95,7 +95,7 @@ def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     md = compiled.metadata
     config = p.cfg.as_dict()
     if "WAIT" in p.meta:  # the sharded kernel's schedule as launched (launch.wait_if_resident)
-        config.update(wait=p.meta["WAIT"], reload=p.meta["RELOAD"], late_weight=p.meta["W_LATE"])
+        config.update(wait=p.meta["WAIT"], reload=p.meta["RELOAD"])
     return dict(
         name=getattr(md, "name", p.kernel.__name__),
         config=config,
