@@ -263,14 +263,17 @@ __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const
                                                   Pack<W> (&wv)[VPT]) {
   if constexpr (sizeof(T) == 2 && sizeof(W) == 2 && BLOCK < 1024 && VPT <= 4 &&
                 (VARIANT & kLateWeight) == 0) {
-    if (w == nullptr || !row_ok || !aligned16(w + sp.head)) return false;
-    const uint4* wp = reinterpret_cast<const uint4*>(w + sp.head);
+    // predicated loads, no early return: a branch here let the compiler schedule the sum
+    // of squares (which waits for x) first and issue these only after x had arrived
+    const W* base = w != nullptr ? w + sp.head : w;
+    const bool ok = base != nullptr && row_ok && aligned16(base);
+    const uint4* wp = reinterpret_cast<const uint4*>(base);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = g + k * G;
-      wv[k].raw = j < sp.nvec ? __ldg(wp + j) : make_uint4(0, 0, 0, 0);
+      wv[k].raw = ok && j < sp.nvec ? __ldg(wp + j) : make_uint4(0, 0, 0, 0);
     }
-    return true;
+    return ok;
   }
   return false;
 }
