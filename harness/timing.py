@@ -215,12 +215,20 @@ def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) 
     """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
 
     One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
+    A GPU sleep ahead of the replays, sized by one replay's host time as cold_samples
+    sizes its lead, keeps the host's graph launches out of the samples: without it a
+    replay the host launches slower than the GPU runs the one before leaves the GPU idle
+    inside its event pair, and the sample times the host (docs/PERF_NOTES.md, v30).
     """
     graph = capture(fn, calls)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
     pairs = event_pairs(replays)
+    t0 = time.perf_counter()
+    graph.replay()
+    host_s = time.perf_counter() - t0
+    torch.cuda._sleep(lead_cycles(replays, host_s))  # outside every event pair: not timed
     for start, end in pairs:
         start.record()
         graph.replay()
