@@ -139,19 +139,24 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 def _below_autograd(x, *others) -> bool:
     """Whether a call may dispatch to the CUDA kernel below Autograd: plain CUDA tensors
-    (no subclass, such as FakeTensor), none of them needing a gradient, outside tracing,
-    functorch transforms and torch function or dispatch modes (each of which a redispatch
-    would skip). The kernel's C++ checks raise rmsnorm_api's errors."""
-    if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
+    (no subclass, such as FakeTensor; no negative or zero-tensor bit, which keys above the
+    kernel resolve), none of them needing a gradient, outside tracing (torch.compile,
+    torch.jit.trace), functorch transforms and torch function or dispatch modes (each of
+    which a redispatch would skip). The kernel's C++ checks raise rmsnorm_api's errors.
+    Compiling is asked first: dynamo folds it to True and so never traces the rest."""
+    if torch.compiler.is_compiling():
+        return False
+    if type(x) is not torch.Tensor or not x.is_cuda or x.is_neg() or x._is_zerotensor():
         return False
     needs = x.requires_grad
     for t in others:
         if t is not None:
-            if type(t) not in _TENSOR_TYPES or not t.is_cuda:
+            if type(t) not in _TENSOR_TYPES or not t.is_cuda or t.is_neg() or t._is_zerotensor():
                 return False
             needs = needs or t.requires_grad
     return not (
         (needs and _C.is_grad_enabled())
+        or _C._get_tracing_state() is not None
         or _C._len_torch_dispatch_stack()
         or _C._is_torch_function_mode_enabled()
         or _C._are_functorch_transforms_active()

@@ -273,6 +273,18 @@ def test_triton_odd_widths_take_the_split_kernel():
     assert not fused_add_config(262144, 2, dtype="fp16").reload
 
 
+def test_triton_fused_add_dtype_keyed_wide_rows():
+    """The dtype-keyed wide entries (fp16's reload) apply when x and the residual share
+    that dtype, the case the sweep measured; an fp32 residual keeps the element-size rule."""
+    impl_or_skip("triton")
+    from triton_impl.launch import plan_fused_add
+
+    x = torch.randn(2, 65536, device=DEVICE).half()
+    for r, reload in ((x.clone(), True), (x.float(), False)):
+        p = plan_fused_add(x, r, None, 1e-6, torch.empty_like(x), torch.empty_like(r))
+        assert p.cfg.kernel == "sharded" and p.cfg.reload == reload, r.dtype
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_empty_rows(name):
     impl = impl_here(name)

@@ -106,9 +106,9 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
 @pytest.mark.gpu
 def test_cuda_below_autograd_only_where_nothing_is_skipped():
     """CUDA's eager calls dispatch below Autograd only when nothing needs a gradient and
-    nothing a redispatch would skip is active (functorch, torch function or dispatch
-    modes): gradients still flow, modes still see the op, and every result is the
-    reference's."""
+    nothing a redispatch would skip is there (functorch, torch function or dispatch modes,
+    jit tracing, negative or zero-tensor bits): gradients still flow, modes and traces
+    still see the op, and every result is the reference's."""
     impl_or_skip("cuda")
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -116,6 +116,7 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
     from cuda_impl import ops
 
     x, w = inputs(torch.bfloat16, n=4096, m=8)
+    tol = TOL[torch.bfloat16]
     r = torch.randn_like(x)
     wg = w.clone().requires_grad_()
     assert ops._below_autograd(x, w) and ops._below_autograd(x, r, w)
@@ -152,6 +153,7 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
 
     with Passing():
         assert not ops._below_autograd(x, w)
+        torch.testing.assert_close(ops.rms_norm(x, w), rms_norm_ref(x, w, 1e-6), **tol)
     flags = []
 
     def f(t):
@@ -160,6 +162,16 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
 
     torch.func.vmap(f)(x)
     assert flags == [False]
+    # bits the keys above the kernel resolve: a negative view, a zero tensor (no storage)
+    neg = torch._neg_view(x)
+    assert not ops._below_autograd(neg, w)
+    torch.testing.assert_close(ops.rms_norm(neg, w), rms_norm_ref(-x, w, 1e-6), **tol)
+    zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
+    assert not ops._below_autograd(zero, w)
+    assert torch.equal(ops.rms_norm(zero, w), torch.zeros_like(x))
+    # torch.jit.trace records the op (a redispatch would leave it out of the graph)
+    traced = torch.jit.trace(lambda t: ops.rms_norm(t, w), (x,), check_trace=False)
+    assert "cuda_impl::rms_norm" in str(traced.graph)
 
 
 @pytest.mark.gpu

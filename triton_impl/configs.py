@@ -349,8 +349,9 @@ FUSED_ADD_WIDE = {
     4: Config("sharded", 4096, 4, stream_y=True, wait=True),
 }
 #: Widths where one dtype's wide rows take another config, by (dtype name, power-of-two
-#: width): fp16 reads its shard again after the wait at 65536 and 131072, where the held
-#: shard's registers leave it fewer programs an SM than bf16 (PERF_NOTES v28).
+#: width), for x and residual of that dtype: fp16 reads its shard again after the wait at
+#: 65536 and 131072, where the held shard's registers leave it fewer programs an SM than
+#: bf16 (PERF_NOTES v29).
 FUSED_ADD_WIDE_TUNED = {
     ("fp16", 65536): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
     ("fp16", 131072): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
@@ -361,14 +362,14 @@ FUSED_ADD_WIDE_TUNED = {
 def fused_add_config(
     n: int, element_size: int, split_ok: bool = True, dtype: Optional[str] = None
 ) -> Config:
-    """The fused add's config for rows of n elements of x's element_size bytes (x's dtype
-    named "bf16", "fp16" or "fp32", where known): the split kernel where split_kernel_wins
-    and the four rows share x's 16-byte alignment (split_ok), half the plain split's bytes a
-    thread (x's and the residual's both in flight); the fused tile up to FUSED_MAX_N
-    (several rows a program up to a 4 KiB tile, THREAD_BYTES of it a thread, as the plain
-    op's rule for untuned widths); the sharded kernel beyond (FUSED_ADD_WIDE, or
-    FUSED_ADD_WIDE_TUNED for the dtype and width, from the sweep; the rest a rule, not a
-    table)."""
+    """The fused add's config for rows of n elements of x's element_size bytes (dtype: x's
+    and the residual's, named "bf16", "fp16" or "fp32", where they are one): the split
+    kernel where split_kernel_wins and the four rows share x's 16-byte alignment
+    (split_ok), half the plain split's bytes a thread (x's and the residual's both in
+    flight); the fused tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile,
+    THREAD_BYTES of it a thread, as the plain op's rule for untuned widths); the sharded
+    kernel beyond (FUSED_ADD_WIDE, or FUSED_ADD_WIDE_TUNED for the dtype and width, from
+    the sweep; the rest a rule, not a table)."""
     check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:

@@ -151,8 +151,10 @@ def plan_fused_add(
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
     if cfg is None:
-        ok = split_ok(x2, r2, y2, ro2)
-        cfg = fused_add_config(n, x.element_size(), ok, DTYPE_NAMES.get(x.dtype))
+        # the dtype-keyed entries were measured with the residual in x's dtype
+        same = residual.dtype == x.dtype
+        dtype = DTYPE_NAMES.get(x.dtype) if same else None
+        cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2), dtype)
     by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
     kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, n, by_hand)
     strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
