@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+from rmsnorm_api import DTYPE_NAMES, DTYPES  # noqa: F401  (this module's names for them)
 
 #: On CPU (Triton interpreter) a case keeps at most this many elements, by cutting rows.
 CPU_MAX_ELEMENTS = 1 << 18

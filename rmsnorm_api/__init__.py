@@ -43,6 +43,8 @@ import torch
 MAX_N = 262144
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The short names records, sweeps and the config tables give the dtypes.
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DEFAULT_EPS = 1e-6
 #: eps is added to an fp32 mean: below float32's smallest normal it is 0 or subnormal there
 #: (a zero row gives NaN), above its largest it is inf (every output 0).

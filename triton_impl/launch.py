@@ -15,7 +15,7 @@ import torch
 import triton
 from torch.library import wrap_triton
 
-from rmsnorm_api import as_rows
+from rmsnorm_api import DTYPE_NAMES, as_rows
 from triton_impl.configs import (
     Config,
     default_config,
@@ -24,9 +24,6 @@ from triton_impl.configs import (
     kernel_for,
 )
 from triton_impl.kernels import INTERPRET
-
-#: The names the config tables key dtypes by.
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
