@@ -139,17 +139,20 @@ def lead_cycles(reps: int, host_s_per_rep: float = 0.0) -> int:
     return int(reps * per_rep * SLEEP_CLOCK_HZ)
 
 
+def sleep_ahead(rep: Callable[[], object], reps: int) -> None:
+    """Run one untimed repetition, then queue a GPU sleep long enough for the host to
+    enqueue ``reps`` more (lead_cycles of its host time), outside every event pair: when the
+    host falls behind, the GPU idles inside event pairs and the samples time the host."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    rep()
+    torch.cuda._sleep(lead_cycles(reps, time.perf_counter() - t0))
+
+
 def cold_samples(fn: Callable[[], object], reps: int, flush: L2Flush) -> list[float]:
     """Seconds per call for ``reps`` calls, each after an L2 flush outside its events."""
     pairs = event_pairs(reps)
-    # one untimed repetition's host time sizes the lead: when the host falls behind, the
-    # GPU idles inside event pairs and the samples time the host
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    flush()
-    fn()
-    host_s = time.perf_counter() - t0
-    torch.cuda._sleep(lead_cycles(reps, host_s))  # outside every event pair: not timed
+    sleep_ahead(lambda: (flush(), fn()), reps)
     for start, end in pairs:
         flush()
         start.record()
@@ -215,20 +218,14 @@ def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) 
     """Device seconds per call under CUDA-graph replay of ``calls`` back-to-back calls.
 
     One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
-    A GPU sleep ahead of the replays, sized by one replay's host time as cold_samples
-    sizes its lead, keeps the host's graph launches out of the samples: without it a
-    replay the host launches slower than the GPU runs the one before leaves the GPU idle
-    inside its event pair, and the sample times the host (docs/PERF_NOTES.md, v30).
+    The GPU sleeps ahead of the timed replays (sleep_ahead, as for cold samples), so the
+    host's graph launches stay out of the samples (docs/PERF_NOTES.md, v30).
     """
     graph = capture(fn, calls)
     for _ in range(3):
         graph.replay()
-    torch.cuda.synchronize()
     pairs = event_pairs(replays)
-    t0 = time.perf_counter()
-    graph.replay()
-    host_s = time.perf_counter() - t0
-    torch.cuda._sleep(lead_cycles(replays, host_s))  # outside every event pair: not timed
+    sleep_ahead(graph.replay, replays)
     for start, end in pairs:
         start.record()
         graph.replay()
