@@ -19,6 +19,7 @@ from cuda_impl.configs import Config
 from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
+    bypass_ok,
     call_backward,
     call_op,
     check_backward_inputs,
@@ -132,35 +133,7 @@ def _on_gpu(x, *others) -> bool:
 #: The key a call that needs no gradient dispatches to, below Autograd: the autograd
 #: kernel torch.library.register_autograd installs is Python and runs on every call, a
 #: gradient or not, at more host time than the rest of a small call (docs/PERF_NOTES.md).
-_C = torch._C
-_CUDA_KEYS = _C.DispatchKeySet(_C.DispatchKey.CUDA)
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _below_autograd(x, *others) -> bool:
-    """Whether a call may dispatch to the CUDA kernel below Autograd: plain CUDA tensors
-    (no subclass, such as FakeTensor; no negative or zero-tensor bit, which keys above the
-    kernel resolve), none of them needing a gradient, outside tracing (torch.compile,
-    torch.jit.trace), functorch transforms and torch function or dispatch modes (each of
-    which a redispatch would skip). The kernel's C++ checks raise rmsnorm_api's errors.
-    Compiling is asked first: dynamo folds it to True and so never traces the rest."""
-    if torch.compiler.is_compiling():
-        return False
-    if type(x) is not torch.Tensor or not x.is_cuda or x.is_neg() or x._is_zerotensor():
-        return False
-    needs = x.requires_grad
-    for t in others:
-        if t is not None:
-            if type(t) not in _TENSOR_TYPES or not t.is_cuda or t.is_neg() or t._is_zerotensor():
-                return False
-            needs = needs or t.requires_grad
-    return not (
-        (needs and _C.is_grad_enabled())
-        or _C._get_tracing_state() is not None
-        or _C._len_torch_dispatch_stack()
-        or _C._is_torch_function_mode_enabled()
-        or _C._are_functorch_transforms_active()
-    )
+_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
 def rms_norm(
@@ -176,7 +149,7 @@ def rms_norm(
     returns it. Raises TypeError/ValueError naming the argument for unsupported input.
     """
     if out is None and type(eps) is float:
-        if _below_autograd(x, weight):
+        if bypass_ok(x, weight):
             return _OP.redispatch(_CUDA_KEYS, x, weight, eps)
         if _on_gpu(x, weight):
             return _OP(x, weight, eps)
@@ -193,7 +166,7 @@ def fused_add_rms_norm(
     """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
-    if type(eps) is float and _below_autograd(x, residual, weight):
+    if type(eps) is float and bypass_ok(x, residual, weight):
         return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED)

@@ -430,6 +430,39 @@ def call_op(
     return out
 
 
+_C = torch._C
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def bypass_ok(x, *others) -> bool:
+    """Whether an eager call may go straight to a backend's kernel, past the dispatcher's
+    keys above it (both backends' fast paths: CUDA redispatches below Autograd, Triton
+    launches its cached plan), with nothing those keys would do left undone: plain CUDA
+    tensors (no subclass, such as FakeTensor; no negative or zero-tensor bit, which those
+    keys resolve: the raw data of a negative view has the other sign, a zero tensor has no
+    storage), none of them needing a gradient, outside tracing (torch.compile,
+    torch.jit.trace), functorch transforms and torch function or dispatch modes (each of
+    which would not see the call). others: the call's other tensors, None where absent.
+    Compiling is asked first: dynamo folds it to True and so never traces the rest."""
+    if torch.compiler.is_compiling():
+        return False
+    if type(x) is not torch.Tensor or not x.is_cuda or x.is_neg() or x._is_zerotensor():
+        return False
+    needs = x.requires_grad
+    for t in others:
+        if t is not None:
+            if type(t) not in _TENSOR_TYPES or not t.is_cuda or t.is_neg() or t._is_zerotensor():
+                return False
+            needs = needs or t.requires_grad
+    return not (
+        (needs and _C.is_grad_enabled())
+        or _C._get_tracing_state() is not None
+        or _C._len_torch_dispatch_stack()
+        or _C._is_torch_function_mode_enabled()
+        or _C._are_functorch_transforms_active()
+    )
+
+
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as (M, N) rows sharing one row stride: a view wherever one exists.
 

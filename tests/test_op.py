@@ -1,5 +1,7 @@
 """The kernels are real PyTorch ops: opcheck, torch.compile(fullgraph=True), CUDA graphs."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -104,34 +106,63 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
 
 
 @pytest.mark.gpu
-def test_cuda_below_autograd_only_where_nothing_is_skipped():
-    """CUDA's eager calls dispatch below Autograd only when nothing needs a gradient and
-    nothing a redispatch would skip is there (functorch, torch function or dispatch modes,
-    jit tracing, negative or zero-tensor bits): gradients still flow, modes and traces
-    still see the op, and every result is the reference's."""
-    impl_or_skip("cuda")
+def test_bypass_only_where_nothing_is_skipped():
+    """The eager fast paths' predicate (rmsnorm_api.bypass_ok, which CUDA's redispatch below
+    Autograd and Triton's plan cache both ask) holds only when nothing needs a gradient and
+    nothing the dispatcher's keys would do is there: functorch, torch function or dispatch
+    modes, jit tracing, negative or zero-tensor bits."""
+    from rmsnorm_api import bypass_ok
+
+    x, w = inputs(torch.bfloat16, n=4096, m=8)
+    r = torch.randn_like(x)
+    wg = w.clone().requires_grad_()
+    assert bypass_ok(x, w) and bypass_ok(x, r, w) and bypass_ok(x, None)
+    assert not bypass_ok(x, wg)
+    assert not bypass_ok(x.cpu(), w) and not bypass_ok(x, w.cpu())
+    r.requires_grad_()
+    assert not bypass_ok(x, r, w)
+    with torch.no_grad():
+        assert bypass_ok(x, r, wg)
+    assert not bypass_ok(torch._neg_view(x), w) and not bypass_ok(x, torch._neg_view(w))
+    zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
+    assert not bypass_ok(zero, w)
+    flags = []
+
+    def f(t):
+        flags.append(bypass_ok(t, w))
+        return t * 2
+
+    torch.func.vmap(f)(x)
+    assert flags == [False]
+    traced = []
+    torch.jit.trace(lambda t: traced.append(bypass_ok(t, w)) or t * 2, (x,), check_trace=False)
+    assert traced == [False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+def test_fast_path_skips_nothing(name):
+    """Each backend's eager calls, fast path or not, give the reference's result with
+    gradients flowing, and are seen by dispatch modes, torch function modes and
+    torch.jit.trace; negative views and zero tensors are normalised as their values."""
+    impl = impl_or_skip(name)
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from cuda_impl import ops
-
+    ns = OPS[name]
+    fused = importlib.import_module(ns).fused_add_rms_norm
     x, w = inputs(torch.bfloat16, n=4096, m=8)
     tol = TOL[torch.bfloat16]
     r = torch.randn_like(x)
     wg = w.clone().requires_grad_()
-    assert ops._below_autograd(x, w) and ops._below_autograd(x, r, w)
-    assert not ops._below_autograd(x, wg)
-    r.requires_grad_()
-    assert not ops._below_autograd(x, r, w)
     with torch.no_grad():
-        assert ops._below_autograd(x, r, wg)
-        y = ops.rms_norm(x, wg)
+        y = impl.fn(x, wg, 1e-6)
     assert y.grad_fn is None
-    torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **TOL[torch.bfloat16])
-    y = ops.rms_norm(x, wg)  # through autograd
+    torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **tol)
+    y = impl.fn(x, wg, 1e-6)  # through autograd
     y.float().sum().backward()
     assert wg.grad is not None and torch.isfinite(wg.grad).all()
-    y2, ro = ops.fused_add_rms_norm(x, r, wg)
+    y2, ro = fused(x, r, wg)
     assert y2.grad_fn is not None and ro.grad_fn is not None
 
     seen = []
@@ -142,36 +173,26 @@ def test_cuda_below_autograd_only_where_nothing_is_skipped():
             return func(*args, **(kwargs or {}))
 
     with Seen():
-        assert not ops._below_autograd(x, w)
-        ops.rms_norm(x, w)
-        ops.fused_add_rms_norm(x, r.detach(), w)
-    assert {"cuda_impl.rms_norm.default", "cuda_impl.fused_add_rms_norm.default"} <= set(seen)
+        impl.fn(x, w, 1e-6)
+        fused(x, r, w)
+    assert {f"{ns}.rms_norm.default", f"{ns}.fused_add_rms_norm.default"} <= set(seen)
 
     class Passing(TorchFunctionMode):  # the base class refuses every call
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Passing():
-        assert not ops._below_autograd(x, w)
-        torch.testing.assert_close(ops.rms_norm(x, w), rms_norm_ref(x, w, 1e-6), **tol)
-    flags = []
-
-    def f(t):
-        flags.append(ops._below_autograd(t, w))
-        return t * 2
-
-    torch.func.vmap(f)(x)
-    assert flags == [False]
+        torch.testing.assert_close(impl.fn(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **tol)
     # bits the keys above the kernel resolve: a negative view, a zero tensor (no storage)
     neg = torch._neg_view(x)
-    assert not ops._below_autograd(neg, w)
-    torch.testing.assert_close(ops.rms_norm(neg, w), rms_norm_ref(-x, w, 1e-6), **tol)
+    torch.testing.assert_close(impl.fn(neg, w, 1e-6), rms_norm_ref(-x, w, 1e-6), **tol)
+    neg_w = torch._neg_view(w)
+    torch.testing.assert_close(impl.fn(x, neg_w, 1e-6), rms_norm_ref(x, -w, 1e-6), **tol)
     zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
-    assert not ops._below_autograd(zero, w)
-    assert torch.equal(ops.rms_norm(zero, w), torch.zeros_like(x))
-    # torch.jit.trace records the op (a redispatch would leave it out of the graph)
-    traced = torch.jit.trace(lambda t: ops.rms_norm(t, w), (x,), check_trace=False)
-    assert "cuda_impl::rms_norm" in str(traced.graph)
+    assert torch.equal(impl.fn(zero, w, 1e-6), torch.zeros_like(x))
+    # torch.jit.trace records the op (a bypass would leave it out of the graph)
+    traced = torch.jit.trace(lambda t: impl.fn(t, w, 1e-6), (x,), check_trace=False)
+    assert f"{ns}::rms_norm" in str(traced.graph)
 
 
 @pytest.mark.gpu

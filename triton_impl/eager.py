@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import triton
 
-from rmsnorm_api import EPS_MAX, EPS_MIN, check_inputs
+from rmsnorm_api import EPS_MAX, EPS_MIN, bypass_ok, check_inputs
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import plan
 
@@ -96,19 +96,10 @@ def _launchable(compiled) -> bool:
 
 
 def eager_ok(x, weight, out) -> bool:
-    """Whether a call can take the fast path: plain CUDA tensors, no out=, no autograd,
-    not being traced (torch.compile, FakeTensor, functorch wrap tensors in subclasses)."""
-    return (
-        out is None
-        and type(x) is torch.Tensor
-        and x.is_cuda
-        and (weight is None or type(weight) in (torch.Tensor, torch.nn.Parameter))
-        and not torch.compiler.is_compiling()
-        and not (
-            torch.is_grad_enabled()
-            and (x.requires_grad or (weight is not None and weight.requires_grad))
-        )
-    )
+    """Whether a call can take the fast path: no out=, and nothing the dispatcher's keys
+    above the op would do (rmsnorm_api.bypass_ok: plain CUDA tensors, no gradient, no
+    tracing, transform or mode)."""
+    return out is None and bypass_ok(x, weight)
 
 
 def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str) -> torch.Tensor:
