@@ -31,6 +31,9 @@ VARIANT_NC_ONLY_LOADS = 8
 #: The fused add: the weight read after the reduction even where rms_norm reads it early
 #: (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
 VARIANT_LATE_WEIGHT = 16
+#: rms_norm, one CTA a row: the row in CTA-wide chunks of row_threads x vpt vectors (the
+#: first held, the rest read twice), every access a whole 16-byte vector; holds any row.
+VARIANT_ROW_CHUNKS = 32
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,10 @@ class Config:
         return asdict(self)
 
     def holds(self, n: int, element_size: int) -> bool:
-        """Whether the config holds a row of n elements' 16-byte vectors."""
+        """Whether the config holds a row of n elements' 16-byte vectors (a row-chunk
+        config walks a row of any width)."""
+        if self.variant & VARIANT_ROW_CHUNKS:
+            return True
         return self.row_threads * self.vpt * self.cluster >= n * element_size // 16
 
 
@@ -102,7 +108,8 @@ def default_config(n: int, element_size: int, op: str = "rms_norm") -> Config:
 
 def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
     """Compiled configs of op that hold the row with at most 4x spare capacity (clusters:
-    the fewest CTAs that hold it, and twice that), the sweep-only ones included when built."""
+    the fewest CTAs that hold it, and twice that; row-chunk configs: a chunk at most 4x the
+    row), the sweep-only ones included when built."""
     vecs = max(1, n * element_size // 16)
     out = []
     for c in compiled_configs(op):
@@ -114,6 +121,8 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
             for r in sorted({ranks, min(8, 2 * ranks)}):
                 if r * per_cta >= vecs:
                     out.append(Config(c.row_threads, c.vpt, r, c.variant))
-        elif vecs <= per_cta <= 4 * max(vecs, 8):
+        elif vecs <= per_cta <= 4 * max(vecs, 8) or (
+            c.variant & VARIANT_ROW_CHUNKS and per_cta <= 4 * max(vecs, 8)
+        ):
             out.append(Config(c.row_threads, c.vpt, 1, c.variant))
     return out

@@ -3,7 +3,7 @@ fused kernel with one row a program at each warp count, its weight loaded after 
 reduction (the throughput tiles' order) or beside x (``weight_first``), to tell what the
 latency rule (triton_impl.configs.latency_config) should pick. --cuda RTxVPT/...: the CUDA
 forward's default against those configs of its kernel (cuda_impl.rms_norm_with_config, no
-cluster, plain loads) instead.
+cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
 
@@ -48,7 +48,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shapes", default=DECODE)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--cuda", default="", help="RTxVPT/...: CUDA configs beside its default")
+    p.add_argument("--cuda", default="", help="RTxVPT[xVARIANT]/...: CUDA configs beside its default")
     args = p.parse_args()
     if args.cuda:
         return cuda_main(args)
@@ -78,8 +78,12 @@ def cuda_main(args) -> int:
     from cuda_impl import Config
 
     dtype = DTYPES[args.dtype]
-    cfgs = [Config(*map(int, c.split("x")), 1, 1) for c in args.cuda.split("/")]
-    head = [f"{c.row_threads}x{c.vpt}" for c in cfgs]
+    # RTxVPT: plain loads, no cluster; RTxVPTxVARIANT: those variant bits
+    cfgs = []
+    for c in args.cuda.split("/"):
+        rt, vpt, *variant = map(int, c.split("x"))
+        cfgs.append(Config(rt, vpt, 1, variant[0] if variant else 1))
+    head = [f"{c.row_threads}x{c.vpt}x{c.variant}" for c in cfgs]
     print(f"{'shape':>10} {'today':>16} " + " ".join(f"{h:>8}" for h in head) + "  (us)")
     for m, n in parse_shapes(args.shapes):
         x, w, want = shape_inputs(m, n, dtype)

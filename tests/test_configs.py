@@ -265,6 +265,7 @@ def cuda_cases():
     """(config, N) pairs: each compiled config at its full capacity and at an odd N below."""
     try:
         from cuda_impl import Config, compiled_configs
+        from cuda_impl.configs import VARIANT_ROW_CHUNKS
     except ImportError:
         return []
     out = []
@@ -272,7 +273,8 @@ def cuda_cases():
         cfg = Config(c.row_threads, c.vpt, 2 if c.cluster else 1, c.variant)
         for dtype in VEC:
             cap = c.row_threads * c.vpt * cfg.cluster * VEC[dtype]
-            for n in (cap, cap - 3):
+            more = (2 * cap + 5 * VEC[dtype],) if c.variant & VARIANT_ROW_CHUNKS else ()
+            for n in (cap, cap - 3, *more):  # row chunks: a partial third chunk too
                 tag = f"{c.row_threads}x{c.vpt}c{cfg.cluster}var{c.variant}"
                 out.append(pytest.param(cfg, n, dtype, id=f"{tag}-n{n}-{dtype}"))
     return out

@@ -249,18 +249,16 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
     elem = element_size
     vec = 16 // elem
     block_n = triton.next_power_of_2(n)
-    wide = WIDE_TUNED.get(Width(elem, block_n))
-    if block_n > FUSED_MAX_N[elem] or (wide and n == block_n):
-        return wide or SHARDED[elem]
+    if block_n > FUSED_MAX_N[elem]:
+        return WIDE_TUNED.get(Width(elem, block_n)) or SHARDED[elem]
     if split_ok and split_kernel_wins(n, elem):
         body = triton.next_power_of_2(n // vec * vec)
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
         return Config("split", body, warps)
     key = Width(elem, block_n, n < block_n)
-    if key in PERSISTENT_TUNED:
-        return PERSISTENT_TUNED[key]
-    if key in FUSED_TUNED:
-        return FUSED_TUNED[key]
+    for table in (WIDE_TUNED, PERSISTENT_TUNED, FUSED_TUNED):
+        if key in table:
+            return table[key]
     return formula_tile(block_n, elem)
 
 

@@ -92,6 +92,11 @@ constexpr int kNcOnlyLoads = 8;
 //   reduction, as for wider rows (its 16 registers a thread beside the residual's vectors
 //   cost occupancy).
 constexpr int kLateWeight = 16;
+// - kRowChunks (rms_norm, one CTA a row): the row in CTA-wide chunks of ROW_THREADS x VPT
+//   vectors, the first held in registers with its weight loaded beside it, the rest summed
+//   as they arrive and read again for the scale; every access a whole 16-byte vector, no
+//   scalar head or tail (row_chunks).
+constexpr int kRowChunks = 32;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
 #define RMS_NORM_LD_V4(OP) \
@@ -327,6 +332,122 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
   }
 }
 
+// ---- the row-chunk body ------------------------------------------------------------------
+// kRowChunks: one CTA a row, for rows whose every access is a whole aligned 16-byte vector
+// (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
+// picks it only for such rows). Each thread runs the work of its own vectors and nothing
+// else: no head or tail, no unused vector slots (a decode-sized call is a few CTAs whose
+// instruction count is their time). A row wider than the first chunk is walked as
+// torch.compile's looped reduction walks it: later chunks summed as they arrive, then read
+// again (from L1 or L2, where they have just been) for the scale, on few registers a
+// thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
+// loop, correct at any alignment and width.
+template <typename T, typename W, int ROW_THREADS, int VPT>
+__device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
+                                           T* __restrict__ y, int64_t stride_x,
+                                           int64_t stride_y, int N, float eps,
+                                           float* warp_sums) {
+  constexpr int VEC = kVec<T>;
+  constexpr int CHUNK = ROW_THREADS * VPT;           // vectors a sweep of the CTA covers
+  constexpr int NW = sizeof(W) / sizeof(T);          // weight vectors per x vector
+  static_assert(ROW_THREADS >= 128 && ROW_THREADS % 32 == 0, "one row a CTA of whole warps");
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * stride_x;
+  T* yr = y + row * stride_y;
+  const int t = threadIdx.x;
+  const bool vec_ok =
+      N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w));
+  if (!vec_ok) {  // any alignment: element by element, x read twice
+    float ss = 0.f;
+    for (int e = t; e < N; e += ROW_THREADS) {
+      const float f = to_float(xr[e]);
+      ss = fmaf(f, f, ss);
+    }
+    const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+    for (int e = t; e < N; e += ROW_THREADS) {
+      const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
+      yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
+    }
+    return;
+  }
+  const int nvec = N / VEC;
+  const uint4* xp = reinterpret_cast<const uint4*>(xr);
+  const uint4* wp = reinterpret_cast<const uint4*>(w);
+  uint4* yp = reinterpret_cast<uint4*>(yr);
+  // load: the first chunk and its weight, every vector in flight before the first use
+  Pack<T> v[VPT];
+  uint4 wr[VPT][NW];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = t + k * ROW_THREADS;
+    const bool in = j < nvec;
+    v[k].raw = in ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int q = 0; q < NW; ++q)
+      wr[k][q] = in && w != nullptr ? __ldg(wp + j * NW + q) : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (t + k * ROW_THREADS >= nvec) break;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
+  }
+  // later chunks: summed as they arrive
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+    Pack<T> u[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
+  }
+  // reduce over the CTA
+  const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+  // scale and store: the held chunk, then the later chunks read again
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = t + k * ROW_THREADS;
+    if (j >= nvec) break;
+    float wf[VEC];
+#pragma unroll
+    for (int q = 0; q < NW; ++q) {
+      Pack<W> p;
+      p.raw = wr[k][q];
+#pragma unroll
+      for (int i = 0; i < kVec<W>; ++i) wf[q * kVec<W> + i] = w != nullptr ? to_float(p.e[i]) : 1.f;
+    }
+    Pack<T> o;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
+    yp[j] = o.raw;
+  }
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      if (j >= nvec) break;
+      Pack<T> u;
+      u.raw = load_stream<kPlainLoads>(xp + j);
+      float wf[VEC];
+      if (w != nullptr) {
+        load_weight<W, VEC>(w + j * VEC, true, wf);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+      }
+      Pack<T> o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
+      yp[j] = o.raw;
+    }
+  }
+}
+
 // ---- the kernels -----------------------------------------------------------------------
 // A launch config: ROW_THREADS threads a row, VPT 16-byte vectors a thread, or (cluster) a
 // cluster of CTAs of ROW_THREADS threads sharing one row; VARIANT: kPlainLoads / kLeanRegs
@@ -422,6 +543,11 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
   // a cluster's row sum: every warp's partial of every CTA, and the mbarrier they land on
   __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * kMaxClusterRanks : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
+  if constexpr ((VARIANT & kRowChunks) != 0) {
+    static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
+    row_chunks<T, W, ROW_THREADS, VPT>(x, w, y, stride_x, stride_y, N, eps, warp_sums);
+    return;
+  }
 
   // which row, and which slice of it this thread owns
   int rank = 0, ranks = 1;
@@ -590,7 +716,11 @@ struct PlainTable {
       {1024, 8, true, kLean},
       // half of the read-only, non-allocating load each
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
-      {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads}};
+      {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
+      // one CTA a row in chunks: decode rows' exact vectors a thread, looped wider rows
+      {128, 4, false, kRowChunks}, {128, 8, false, kRowChunks}, {256, 2, false, kRowChunks},
+      {256, 4, false, kRowChunks}, {512, 1, false, kRowChunks}, {512, 2, false, kRowChunks},
+      {1024, 1, false, kRowChunks}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -746,9 +876,11 @@ struct Plan {
   int ranks;
 };
 
+// Vectors a row may have under plan p: a row-chunk config walks a row of any width.
 template <typename Tb>
 int capacity(const Plan& p) {
-  return kConfigs<Tb>[p.config].row_threads * kConfigs<Tb>[p.config].vpt * p.ranks;
+  const Config& c = kConfigs<Tb>[p.config];
+  return (c.variant & kRowChunks) != 0 ? static_cast<int>(kMaxN) : c.row_threads * c.vpt * p.ranks;
 }
 
 // The config of the first rung of `ladder` that takes rows of `vecs` vectors, or -1.
