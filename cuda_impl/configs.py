@@ -99,9 +99,9 @@ def sweep_build() -> bool:
 
 
 def default_config(n: int, element_size: int, op: str = "rms_norm") -> Config:
-    """The config op picks for many rows of n elements of element_size bytes (the C++
-    ladder itself, so sweeps compare against exactly what runs; ValueError for a width or
-    element size no kernel takes)."""
+    """The config op picks for many rows of n elements of element_size bytes, laid out as
+    a contiguous, 16-byte aligned tensor has them (the C++ ladder itself, so sweeps compare
+    against exactly what runs; ValueError for a width or element size no kernel takes)."""
     rt, vpt, ranks, variant = _table_fn(op, 1, "default_config")(n, element_size)
     return Config(rt, vpt, ranks, variant)
 

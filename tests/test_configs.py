@@ -228,7 +228,7 @@ def test_cuda_config_table():
     assert C.sweep_build() == (len(shipped) < len(table))
     assert any(c.cluster and c.row_threads == 1024 and c.vpt == 8 for c in table)
     # kernel variants: each shipped bit taken by some default plan
-    for bit in (C.VARIANT_PLAIN_LOADS, C.VARIANT_LEAN_REGS):
+    for bit in (C.VARIANT_PLAIN_LOADS, C.VARIANT_LEAN_REGS, C.VARIANT_ROW_CHUNKS):
         assert any(c.variant & bit and c.shipped for c in table), bit
     # the two halves of the read-only load: on no ladder
     for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):

@@ -144,7 +144,8 @@ def test_bypass_only_where_nothing_is_skipped():
 def test_fast_path_skips_nothing(name):
     """Each backend's eager calls, fast path or not, give the reference's result with
     gradients flowing, and are seen by dispatch modes, torch function modes and
-    torch.jit.trace; negative views and zero tensors are normalised as their values."""
+    torch.jit.trace; negative views are normalised as their values, and zero tensors as
+    theirs or refused by name."""
     impl = impl_or_skip(name)
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -188,8 +189,14 @@ def test_fast_path_skips_nothing(name):
     torch.testing.assert_close(impl.fn(neg, w, 1e-6), rms_norm_ref(-x, w, 1e-6), **tol)
     neg_w = torch._neg_view(w)
     torch.testing.assert_close(impl.fn(x, neg_w, 1e-6), rms_norm_ref(x, -w, 1e-6), **tol)
+    # a zero tensor (no storage, stride 0): its value, or the stride check's error
     zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
-    assert torch.equal(impl.fn(zero, w, 1e-6), torch.zeros_like(x))
+    try:
+        got = impl.fn(zero, w, 1e-6)
+    except ValueError as e:
+        assert "x has stride 0" in str(e), e
+    else:
+        assert torch.equal(got, torch.zeros_like(x))
     # torch.jit.trace records the op (a bypass would leave it out of the graph)
     traced = torch.jit.trace(lambda t: impl.fn(t, w, 1e-6), (x,), check_trace=False)
     assert f"{ns}::rms_norm" in str(traced.graph)

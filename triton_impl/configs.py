@@ -189,13 +189,16 @@ SHARDED = {
     2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
     4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
 }
-#: Rows wider than FUSED_MAX_N per width (and, unpadded only, widths where the sweep
-#: measured these ahead of the fused kernel): the chunked kernel where it still leads (16-bit
-#: 32768, fp32 16384), the sharded one from 65536; rows wider than the table's take SHARDED.
+#: Rows wider than FUSED_MAX_N per width (and widths up to it where the sweep measured these
+#: ahead of the fused kernel): the chunked kernel where it still leads (16-bit 32768, fp32
+#: 16384), with short chunks cut as torch.compile's looped reduction at fp32 2048 and 4096,
+#: the sharded one from 65536; rows wider than the table's take SHARDED.
 WIDE_TUNED = {
     Width(2, 32768): Config("chunked", 8192, 16),
     Width(2, 65536): SHARDED[2],
     Width(2, 131072): SHARDED[2],
+    Width(4, 2048): Config("chunked", 1024, 8),
+    Width(4, 4096): Config("chunked", 2048, 16),
     Width(4, 16384): Config("chunked", 4096, 32),
     Width(4, 65536): SHARDED[4],
     Width(4, 131072): SHARDED[4],
@@ -286,11 +289,18 @@ def default_config(
 ) -> Config:
     """The config rms_norm launches for rows of n elements of element_size bytes: the
     throughput rule, and for `rows` fewer programs than `sms` (both given: a real GPU) the
-    latency rule. split_ok: x's and y's rows share their 16-byte alignment."""
+    latency rule (rows the fused kernel holds start from its tile there, the chunked
+    kernel's widths up to FUSED_MAX_N included). split_ok: x's and y's rows share their
+    16-byte alignment."""
     cfg = throughput_config(n, element_size, split_ok)
-    if rows is not None and sms and cfg.kernel not in ("chunked", "sharded"):
-        if triton.cdiv(rows, cfg.block_m) < sms:
-            cfg = latency_config(cfg, element_size)
+    if rows is None or not sms or triton.cdiv(rows, cfg.block_m) >= sms:
+        return cfg
+    block_n = triton.next_power_of_2(n)
+    if cfg.kernel == "chunked" and block_n <= FUSED_MAX_N[element_size]:
+        key = Width(element_size, block_n, n < block_n)
+        cfg = FUSED_TUNED.get(key) or formula_tile(block_n, element_size)
+    if cfg.kernel not in ("chunked", "sharded"):
+        cfg = latency_config(cfg, element_size)
     return cfg
 
 

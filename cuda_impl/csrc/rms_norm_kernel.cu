@@ -10,6 +10,9 @@
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
 // from HBM exactly once. Variants of the same kernel change how x is loaded and how long
 // its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
+// 16-bit rows of 4096-12288 elements whose every access is a whole aligned vector take the
+// row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
+// head or tail), many rows or few.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -64,6 +67,7 @@ __device__ __forceinline__ uint4& lane_raw(Wide<T>& p, int q) { return p.raw[q];
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
+inline bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 constexpr int kMaxClusterRanks = 8;  // portable cluster size
 
@@ -654,7 +658,10 @@ enum class Ladder {
   kFew,        // fewer row groups than SMs (decode-sized calls): 1-2 vectors a thread
   kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
   kCluster32,  // ... (fp32)
+  kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
 };
+// kRows16 takes rows of at least this many vectors (the widths the sweep measured).
+constexpr int kRowChunkMinVecs = 512;
 struct Rung {
   Ladder ladder;
   int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at 8 CTAs
@@ -701,6 +708,9 @@ struct PlainTable {
       {Ladder::kCluster16, 8 * 8192, {1024, 8, true}},
       {Ladder::kCluster32, 8 * 4096, {512, 8, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
+      // row chunks: each thread its vectors and nothing else, throughput and decode alike
+      {Ladder::kRows16, 512, {256, 2, false, kRowChunks}},
+      {Ladder::kRows16, 1536, {256, 4, false, kRowChunks}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   static constexpr Config kSweepOnly[] = {
@@ -717,10 +727,8 @@ struct PlainTable {
       // half of the read-only, non-allocating load each
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
-      // one CTA a row in chunks: decode rows' exact vectors a thread, looped wider rows
-      {128, 4, false, kRowChunks}, {128, 8, false, kRowChunks}, {256, 2, false, kRowChunks},
-      {256, 4, false, kRowChunks}, {512, 1, false, kRowChunks}, {512, 2, false, kRowChunks},
-      {1024, 1, false, kRowChunks}};
+      // row chunks: two chunks of a 16384-wide 16-bit row
+      {512, 2, false, kRowChunks}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -854,7 +862,8 @@ constexpr bool valid_table() {
   for (int i = 0; i < kNumRungs<Tb>; ++i) {
     const Rung& r = Tb::kRungs[i];
     const int ranks = r.config.cluster ? kMaxClusterRanks : 1;
-    if (r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;  // holds it
+    const bool any_row = (r.config.variant & kRowChunks) != 0;
+    if (!any_row && r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;
     for (int j = 0; j < i; ++j)  // a ladder's rungs grow
       if (Tb::kRungs[j].ladder == r.ladder && Tb::kRungs[j].max_vecs >= r.max_vecs) return false;
   }
@@ -894,9 +903,14 @@ int climb(Ladder ladder, int vecs) {
 }
 
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
-// GPU of `sms` SMs (rows = 0: many).
+// GPU of `sms` SMs (rows = 0: many); `vectors`: every access of every row a whole aligned
+// 16-byte vector (row_vectors).
 template <typename Tb>
-Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0) {
+Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0, bool vectors = true) {
+  if (vectors && elem == 2 && vecs >= kRowChunkMinVecs) {
+    const int c = climb<Tb>(Ladder::kRows16, vecs);
+    if (c >= 0) return {c, 1};
+  }
   int config = climb<Tb>(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
   if (config >= 0 && rows > 0) {
     const Config c = kConfigs<Tb>[config];
@@ -995,15 +1009,31 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kern
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Whether every row of t (2-D, stride 1 along a row) starts 16-byte aligned.
+template <typename T>
+bool rows_aligned(const at::Tensor& t) {
+  return aligned16_host(t.const_data_ptr()) && (t.size(0) == 1 || t.stride(0) % kVec<T> == 0);
+}
+
+// Whether every access of a launch is a whole aligned 16-byte vector: N a multiple of a
+// vector, x's and y's rows and the weight (when there is one) 16-byte aligned.
+template <typename T>
+bool row_vectors(const at::Tensor& x2, const at::Tensor& y2, const at::Tensor& w) {
+  return x2.size(1) % kVec<T> == 0 && rows_aligned<T>(x2) && rows_aligned<T>(y2) &&
+         (!w.defined() || aligned16_host(w.const_data_ptr()));
+}
+
 // What an op launches for x2's dtype and width: the forced plan or the default one; a
-// cluster plan only on a GPU that has clusters.
+// cluster plan only on a GPU that has clusters. vectors: row_vectors of the launch.
 template <typename T, typename Tb>
-Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>& forced) {
+Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>& forced,
+              bool vectors) {
   const int N = static_cast<int>(x2.size(1));
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
   const int sms = sm_count(x2.device().index());
-  const Plan plan =
-      forced.has_value() ? *forced : default_plan<Tb>(vecs, sizeof(T), x2.size(0), sms);
+  const Plan plan = forced.has_value()
+                        ? *forced
+                        : default_plan<Tb>(vecs, sizeof(T), x2.size(0), sms, vectors);
   const Config& c = kConfigs<Tb>[plan.config];
   TORCH_CHECK_VALUE(vecs <= capacity<Tb>(plan), impl, ": config (", num(c.row_threads), ", ",
                     num(c.vpt), ", cluster ", num(plan.ranks), ") holds ",
@@ -1029,7 +1059,7 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced);
+  const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, row_vectors<T>(x2, y2, weight));
   check_clusters<PlainTable>(kImpl, plan, N);
   launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M,
                 kernel_at<T, W, void>(plan.config),
@@ -1045,7 +1075,7 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced);
+  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, false);
   check_clusters<FusedTable>(kImpl, plan, N);
   const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
   // only a forced config can be one the default build leaves out for this dtype
@@ -1084,10 +1114,12 @@ struct LaunchFused {
 
 struct Describe {
   // out: row_threads, vpt, ranks, variant, registers, local bytes, static shared bytes,
-  // max threads
+  // max threads; of the launch into a new (contiguous, aligned) y
   template <typename T, typename W>
-  static void apply(const at::Tensor& x2, std::vector<int64_t>& out) {
-    const Plan plan = plan_for<T, PlainTable>("cuda_impl.rms_norm", x2, std::nullopt);
+  static void apply(const at::Tensor& x2, const at::Tensor& w, std::vector<int64_t>& out) {
+    const bool vectors = x2.size(1) % kVec<T> == 0 && rows_aligned<T>(x2) &&
+                         (!w.defined() || aligned16_host(w.const_data_ptr()));
+    const Plan plan = plan_for<T, PlainTable>("cuda_impl.rms_norm", x2, std::nullopt, vectors);
     cudaFuncAttributes attr = {};
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_at<T, W, void>(plan.config)));
     const Config& c = kConfigs<PlainTable>[plan.config];
@@ -1230,9 +1262,9 @@ std::vector<int64_t> rms_norm_kernel_info(const at::Tensor& x,
                                           const std::optional<at::Tensor>& weight) {
   check_inputs(x, weight, 1e-6);
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
   std::vector<int64_t> out;
-  dispatch<Describe>(x.scalar_type(), w, x.reshape({-1, x.size(-1)}), out);
+  dispatch<Describe>(x.scalar_type(), w, x.reshape({-1, x.size(-1)}), w, out);
   return out;
 }
 
@@ -1270,8 +1302,9 @@ std::vector<int64_t> default_config_of(const char* fn, int64_t n, int64_t elemen
                     num(element_size), "; expected 2 or 4");
   TORCH_CHECK_VALUE(n >= 1 && n <= kMaxN, fn, ": n is ", num(n), "; expected an int in [1, ",
                     num(kMaxN), "]");
-  const Plan p =
-      default_plan<Tb>(static_cast<int>(n * element_size / 16), static_cast<int>(element_size));
+  // rows as a contiguous, aligned tensor has them: whole vectors where n allows
+  const Plan p = default_plan<Tb>(static_cast<int>(n * element_size / 16),
+                                  static_cast<int>(element_size), 0, 0, n * element_size % 16 == 0);
   const Config& c = kConfigs<Tb>[p.config];
   return {c.row_threads, c.vpt, p.ranks, c.variant};
 }
