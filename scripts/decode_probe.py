@@ -48,7 +48,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shapes", default=DECODE)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--cuda", default="", help="RTxVPT[xVARIANT]/...: CUDA configs beside its default")
+    p.add_argument("--cuda", default="", help="RTxVPT[xVARIANT]/...: CUDA configs beside today")
     args = p.parse_args()
     if args.cuda:
         return cuda_main(args)
