@@ -145,10 +145,10 @@ def test_latency_rule_weight_first_where_measured():
     """The latency rule loads the weight first, on at most 8 warps, only for the fused
     kernel's rows up to 16 KiB (the widths the decode probe measured); wider rows and the
     split kernel keep the rule's 32 bytes a thread up to 16 warps, the weight after the sum."""
-    from triton_impl.configs import latency_config, throughput_config
+    from triton_impl.configs import default_config
 
-    def rule(n, elem, split_ok=True):
-        return latency_config(throughput_config(n, elem, split_ok), elem)
+    def rule(n, elem, split_ok=True):  # a decode-sized call: 8 rows on 132 SMs
+        return default_config(n, elem, split_ok=split_ok, rows=8, sms=132)
 
     for n, elem in ((4096, 2), (8192, 2), (1000, 2), (4096, 4)):
         c = rule(n, elem, split_ok=False)
@@ -246,6 +246,11 @@ def test_cuda_config_table():
         assert C.default_config(2 * 8192 * 16 // elem, elem).cluster >= 2
     # what the throughput ladders pick is shipped
     assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
+    # row chunks: 16-bit rows of a whole number of 512 vectors, nothing else
+    for n, elem, want in ((4096, 2, True), (8192, 2, True), (12288, 2, True), (5120, 2, False),
+                          (4097, 2, False), (2048, 2, False), (4096, 4, False)):  # fmt: skip
+        got = bool(C.default_config(n, elem).variant & C.VARIANT_ROW_CHUNKS)
+        assert got == want, (n, elem)
 
 
 def test_cuda_sweep_only_configs():

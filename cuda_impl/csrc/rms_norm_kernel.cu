@@ -10,8 +10,8 @@
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
 // from HBM exactly once. Variants of the same kernel change how x is loaded and how long
 // its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
-// 16-bit rows of 4096-12288 elements whose every access is a whole aligned vector take the
-// row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
+// 16-bit rows of 4096, 8192 or 12288 elements whose every access is a whole aligned vector
+// take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
 // head or tail), many rows or few.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
@@ -660,8 +660,10 @@ enum class Ladder {
   kCluster32,  // ... (fp32)
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
 };
-// kRows16 takes rows of at least this many vectors (the widths the sweep measured).
-constexpr int kRowChunkMinVecs = 512;
+// kRows16 takes rows of a whole number of this many vectors, so that every thread of a
+// 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
+// vectors, lost 6 points of copy to the many-row ladder).
+constexpr int kRowChunkVecs = 512;
 struct Rung {
   Ladder ladder;
   int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at 8 CTAs
@@ -907,7 +909,7 @@ int climb(Ladder ladder, int vecs) {
 // 16-byte vector (row_vectors).
 template <typename Tb>
 Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0, bool vectors = true) {
-  if (vectors && elem == 2 && vecs >= kRowChunkMinVecs) {
+  if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
   }
