@@ -434,24 +434,34 @@ _C = torch._C
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def _plain_cuda(t: torch.Tensor) -> bool:
+    """A dense, strided CUDA tensor with neither a negative nor a zero-tensor bit."""
+    return (
+        t.is_cuda
+        and t.layout is torch.strided
+        and not (t.is_nested or t.is_neg() or t._is_zerotensor())
+    )
+
+
 def bypass_ok(x, *others) -> bool:
     """Whether an eager call may go straight to a backend's kernel, past the dispatcher's
     keys above it (both backends' fast paths: CUDA redispatches below Autograd, Triton
     launches its cached plan), with nothing those keys would do left undone: plain CUDA
-    tensors (no subclass, such as FakeTensor; no negative or zero-tensor bit, which those
-    keys resolve: the raw data of a negative view has the other sign, a zero tensor has no
-    storage), none of them needing a gradient, outside tracing (torch.compile,
+    tensors (dense and strided, not nested; no subclass, such as FakeTensor; no negative
+    or zero-tensor bit, which those keys resolve: the raw data of a negative view has the
+    other sign, a zero tensor has no storage), none of them needing a gradient, outside
+    tracing (torch.compile,
     torch.jit.trace), functorch transforms and torch function or dispatch modes (each of
     which would not see the call). others: the call's other tensors, None where absent.
     Compiling is asked first: dynamo folds it to True and so never traces the rest."""
     if torch.compiler.is_compiling():
         return False
-    if type(x) is not torch.Tensor or not x.is_cuda or x.is_neg() or x._is_zerotensor():
+    if type(x) is not torch.Tensor or not _plain_cuda(x):
         return False
     needs = x.requires_grad
     for t in others:
         if t is not None:
-            if type(t) not in _TENSOR_TYPES or not t.is_cuda or t.is_neg() or t._is_zerotensor():
+            if type(t) not in _TENSOR_TYPES or not _plain_cuda(t):
                 return False
             needs = needs or t.requires_grad
     return not (

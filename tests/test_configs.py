@@ -248,7 +248,8 @@ def test_cuda_config_table():
     assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
     # row chunks: 16-bit rows of a whole number of 512 vectors, nothing else
     for n, elem, want in ((4096, 2, True), (8192, 2, True), (12288, 2, True), (5120, 2, False),
-                          (4097, 2, False), (2048, 2, False), (4096, 4, False)):  # fmt: skip
+                          (4097, 2, False), (2048, 2, False), (16384, 2, False),
+                          (4096, 4, False)):  # fmt: skip
         got = bool(C.default_config(n, elem).variant & C.VARIANT_ROW_CHUNKS)
         assert got == want, (n, elem)
 
@@ -294,6 +295,36 @@ def test_every_cuda_config_matches_reference(cfg, n, dtype):
     x, w = inputs(7, n, dtype)
     got = rms_norm_with_config(x, w, 1e-6, cfg)
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
+ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ROW_LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_cuda_row_chunks_any_row(layout, dtype):
+    """Every row-chunk config (its vector path: an fp32 weight beside x, no weight, rows of
+    a padded stride; its scalar path: rows off x's 16-byte alignment) at one chunk and at
+    three, the last partial."""
+    impl_or_skip("cuda")
+    from cuda_impl import Config, compiled_configs, rms_norm_with_config
+    from cuda_impl.configs import VARIANT_ROW_CHUNKS
+
+    vec = 16 // torch.empty(0, dtype=dtype).element_size()
+    chunked = [c for c in compiled_configs() if c.variant & VARIANT_ROW_CHUNKS]
+    assert chunked
+    for c in chunked:
+        cfg = Config(c.row_threads, c.vpt, 1, c.variant)
+        cap = c.row_threads * c.vpt * vec
+        for n in (cap, 2 * cap + 5 * vec):
+            pad = {"offset": 1, "strided": 3 * vec}.get(layout, 0)
+            x = torch.randn(5, n + pad, device=DEVICE).to(dtype)
+            x = x[:, 1 : n + 1] if layout == "offset" else x[:, :n]
+            w = 1 + 0.5 * torch.randn(n, device=DEVICE)
+            w = None if layout == "no-weight" else w if layout == "fp32-weight" else w.to(dtype)
+            got = rms_norm_with_config(x, w, 1e-6, cfg)
+            torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
 @pytest.mark.gpu

@@ -4,6 +4,8 @@ import importlib
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import DEVICE, HAS_GPU, impl_or_skip
 from harness.reference import TOL, rms_norm_ref
@@ -105,6 +107,31 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         assert all(all(p.compiled.values()) for p in plans) == eager.DIRECT
 
 
+class Seen(TorchDispatchMode):
+    """A dispatch mode that records the name of every op it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Passing(TorchFunctionMode):
+    """A torch function mode that records every call it sees and runs it (the base class
+    refuses every call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.gpu
 def test_bypass_only_where_nothing_is_skipped():
     """The eager fast paths' predicate (rmsnorm_api.bypass_ok, which CUDA's redispatch below
@@ -126,6 +153,12 @@ def test_bypass_only_where_nothing_is_skipped():
     assert not bypass_ok(torch._neg_view(x), w) and not bypass_ok(x, torch._neg_view(w))
     zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
     assert not bypass_ok(zero, w)
+    nested = torch.nested.nested_tensor([x[0], x[1]])
+    assert not bypass_ok(nested, w) and not bypass_ok(x.to_sparse(), w)
+    with Seen():
+        assert not bypass_ok(x, w)
+    with Passing():
+        assert not bypass_ok(x, w)
     flags = []
 
     def f(t):
@@ -147,9 +180,6 @@ def test_fast_path_skips_nothing(name):
     torch.jit.trace; negative views are normalised as their values, and zero tensors as
     theirs or refused by name."""
     impl = impl_or_skip(name)
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     ns = OPS[name]
     fused = importlib.import_module(ns).fused_add_rms_norm
     x, w = inputs(torch.bfloat16, n=4096, m=8)
@@ -166,24 +196,13 @@ def test_fast_path_skips_nothing(name):
     y2, ro = fused(x, r, wg)
     assert y2.grad_fn is not None and ro.grad_fn is not None
 
-    seen = []
-
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
+    with Seen() as mode:
         impl.fn(x, w, 1e-6)
         fused(x, r, w)
-    assert {f"{ns}.rms_norm.default", f"{ns}.fused_add_rms_norm.default"} <= set(seen)
-
-    class Passing(TorchFunctionMode):  # the base class refuses every call
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    with Passing():
+    assert {f"{ns}.rms_norm.default", f"{ns}.fused_add_rms_norm.default"} <= set(mode.seen)
+    with Passing() as mode:
         torch.testing.assert_close(impl.fn(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **tol)
+    assert any(f"{ns}.rms_norm" in s for s in mode.seen), mode.seen
     # bits the keys above the kernel resolve: a negative view, a zero tensor (no storage)
     neg = torch._neg_view(x)
     torch.testing.assert_close(impl.fn(neg, w, 1e-6), rms_norm_ref(-x, w, 1e-6), **tol)

@@ -293,14 +293,15 @@ def default_config(
     kernel's widths up to FUSED_MAX_N included). split_ok: x's and y's rows share their
     16-byte alignment."""
     cfg = throughput_config(n, element_size, split_ok)
-    if rows is None or not sms or triton.cdiv(rows, cfg.block_m) >= sms:
+    if rows is None or not sms:
         return cfg
+    base = cfg
     block_n = triton.next_power_of_2(n)
     if cfg.kernel == "chunked" and block_n <= FUSED_MAX_N[element_size]:
         key = Width(element_size, block_n, n < block_n)
-        cfg = FUSED_TUNED.get(key) or formula_tile(block_n, element_size)
-    if cfg.kernel not in ("chunked", "sharded"):
-        cfg = latency_config(cfg, element_size)
+        base = FUSED_TUNED.get(key) or formula_tile(block_n, element_size)
+    if base.kernel not in ("chunked", "sharded") and triton.cdiv(rows, base.block_m) < sms:
+        return latency_config(base, element_size)
     return cfg
 
 

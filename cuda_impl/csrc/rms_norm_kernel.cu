@@ -908,7 +908,7 @@ int climb(Ladder ladder, int vecs) {
 // GPU of `sms` SMs (rows = 0: many); `vectors`: every access of every row a whole aligned
 // 16-byte vector (row_vectors).
 template <typename Tb>
-Plan default_plan(int vecs, int elem, int64_t rows = 0, int sms = 0, bool vectors = true) {
+Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
   if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
