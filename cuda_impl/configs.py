@@ -114,6 +114,7 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     out = []
     for c in compiled_configs(op):
         per_cta = c.row_threads * c.vpt
+        one = Config(c.row_threads, c.vpt, 1, c.variant)
         if c.cluster:
             ranks = 2
             while ranks * per_cta < vecs and ranks < 8:
@@ -121,8 +122,6 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
             for r in sorted({ranks, min(8, 2 * ranks)}):
                 if r * per_cta >= vecs:
                     out.append(Config(c.row_threads, c.vpt, r, c.variant))
-        elif vecs <= per_cta <= 4 * max(vecs, 8) or (
-            c.variant & VARIANT_ROW_CHUNKS and per_cta <= 4 * max(vecs, 8)
-        ):
-            out.append(Config(c.row_threads, c.vpt, 1, c.variant))
+        elif one.holds(n, element_size) and per_cta <= 4 * max(vecs, 8):
+            out.append(one)
     return out

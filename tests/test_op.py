@@ -107,29 +107,26 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         assert all(all(p.compiled.values()) for p in plans) == eager.DIRECT
 
 
-class Seen(TorchDispatchMode):
-    """A dispatch mode that records the name of every op it sees."""
+class _Recording:
+    """A mode that records the name of every call it sees, then runs it."""
 
     def __init__(self):
         super().__init__()
         self.seen = []
 
+    def _run(self, func, args, kwargs):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Seen(_Recording, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+        return self._run(func, args, kwargs)
 
 
-class Passing(TorchFunctionMode):
-    """A torch function mode that records every call it sees and runs it (the base class
-    refuses every call)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
+class Passing(_Recording, TorchFunctionMode):  # the base class refuses every call
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+        return self._run(func, args, kwargs)
 
 
 @pytest.mark.gpu

@@ -259,10 +259,17 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
         warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
         return Config("split", body, warps)
     key = Width(elem, block_n, n < block_n)
-    for table in (WIDE_TUNED, PERSISTENT_TUNED, FUSED_TUNED):
+    for table in (WIDE_TUNED, PERSISTENT_TUNED):
         if key in table:
             return table[key]
-    return formula_tile(block_n, elem)
+    return fused_tile(n, elem)
+
+
+def fused_tile(n: int, element_size: int) -> Config:
+    """The fused kernel's tile for rows of n elements: FUSED_TUNED's, else formula_tile."""
+    block_n = triton.next_power_of_2(n)
+    key = Width(element_size, block_n, n < block_n)
+    return FUSED_TUNED.get(key) or formula_tile(block_n, element_size)
 
 
 def latency_config(cfg: Config, element_size: int) -> Config:
@@ -296,10 +303,8 @@ def default_config(
     if rows is None or not sms:
         return cfg
     base = cfg
-    block_n = triton.next_power_of_2(n)
-    if cfg.kernel == "chunked" and block_n <= FUSED_MAX_N[element_size]:
-        key = Width(element_size, block_n, n < block_n)
-        base = FUSED_TUNED.get(key) or formula_tile(block_n, element_size)
+    if cfg.kernel == "chunked" and triton.next_power_of_2(n) <= FUSED_MAX_N[element_size]:
+        base = fused_tile(n, element_size)
     if base.kernel not in ("chunked", "sharded") and triton.cdiv(rows, base.block_m) < sms:
         return latency_config(base, element_size)
     return cfg
