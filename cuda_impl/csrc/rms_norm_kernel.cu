@@ -906,7 +906,7 @@ int climb(Ladder ladder, int vecs) {
 
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
 // GPU of `sms` SMs (rows = 0: many); `vectors`: every access of every row a whole aligned
-// 16-byte vector (row_vectors).
+// 16-byte vector (row_vectors, and y's rows aligned).
 template <typename Tb>
 Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
   if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
@@ -1017,16 +1017,18 @@ bool rows_aligned(const at::Tensor& t) {
   return aligned16_host(t.const_data_ptr()) && (t.size(0) == 1 || t.stride(0) % kVec<T> == 0);
 }
 
-// Whether every access of a launch is a whole aligned 16-byte vector: N a multiple of a
-// vector, x's and y's rows and the weight (when there is one) 16-byte aligned.
+// Whether every access to x and the weight is a whole aligned 16-byte vector: N a multiple
+// of a vector, x's rows and the weight (when there is one) 16-byte aligned. A launch's
+// accesses all are when y's rows are aligned too (a new, contiguous y's are).
 template <typename T>
-bool row_vectors(const at::Tensor& x2, const at::Tensor& y2, const at::Tensor& w) {
-  return x2.size(1) % kVec<T> == 0 && rows_aligned<T>(x2) && rows_aligned<T>(y2) &&
+bool row_vectors(const at::Tensor& x2, const at::Tensor& w) {
+  return x2.size(1) % kVec<T> == 0 && rows_aligned<T>(x2) &&
          (!w.defined() || aligned16_host(w.const_data_ptr()));
 }
 
 // What an op launches for x2's dtype and width: the forced plan or the default one; a
-// cluster plan only on a GPU that has clusters. vectors: row_vectors of the launch.
+// cluster plan only on a GPU that has clusters. vectors: every access of the launch a
+// whole aligned vector (row_vectors, and y's rows aligned).
 template <typename T, typename Tb>
 Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>& forced,
               bool vectors) {
@@ -1061,7 +1063,8 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, row_vectors<T>(x2, y2, weight));
+  const bool vectors = row_vectors<T>(x2, weight) && rows_aligned<T>(y2);
+  const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, vectors);
   check_clusters<PlainTable>(kImpl, plan, N);
   launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M,
                 kernel_at<T, W, void>(plan.config),
@@ -1119,9 +1122,8 @@ struct Describe {
   // max threads; of the launch into a new (contiguous, aligned) y
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& w, std::vector<int64_t>& out) {
-    const bool vectors = x2.size(1) % kVec<T> == 0 && rows_aligned<T>(x2) &&
-                         (!w.defined() || aligned16_host(w.const_data_ptr()));
-    const Plan plan = plan_for<T, PlainTable>("cuda_impl.rms_norm", x2, std::nullopt, vectors);
+    const Plan plan =
+        plan_for<T, PlainTable>("cuda_impl.rms_norm", x2, std::nullopt, row_vectors<T>(x2, w));
     cudaFuncAttributes attr = {};
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_at<T, W, void>(plan.config)));
     const Config& c = kConfigs<PlainTable>[plan.config];
