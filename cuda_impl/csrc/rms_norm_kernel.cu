@@ -101,6 +101,10 @@ constexpr int kLateWeight = 16;
 //   as they arrive and read again for the scale; every access a whole 16-byte vector, no
 //   scalar head or tail (row_chunks).
 constexpr int kRowChunks = 32;
+// - kWholeVectors (sweep-only, rms_norm clusters): a row whose every access is a whole
+//   aligned 16-byte vector takes cluster_vectors: each CTA a contiguous slice, no scalar
+//   head or tail, no per-access alignment test; other rows take the general body.
+constexpr int kWholeVectors = 64;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
 #define RMS_NORM_LD_V4(OP) \
@@ -257,6 +261,56 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 #else
   return part;
 #endif
+}
+
+// kWholeVectors: a cluster's row of whole aligned 16-byte vectors (x, y and the weight
+// 16-byte aligned, N a multiple of a vector), CTA `rank` of `ranks` taking the contiguous
+// slice of BLOCK x VPT vectors from rank x BLOCK x VPT; the weight read after the sum, as
+// in the general body. Every thread of every CTA of the cluster must call it.
+template <typename T, typename W, int BLOCK, int VPT, int VARIANT>
+__device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
+                                                const W* __restrict__ w, T* __restrict__ yr,
+                                                int N, float eps, int rank, int ranks,
+                                                float* parts, uint64_t* bar) {
+  constexpr int VEC = kVec<T>;
+  const int nvec = N / VEC;
+  const int base = rank * BLOCK * VPT + static_cast<int>(threadIdx.x);
+  const uint4* xp = reinterpret_cast<const uint4*>(xr);
+  uint4* yp = reinterpret_cast<uint4*>(yr);
+  Pack<T> v[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = base + k * BLOCK;
+    v[k].raw = j < nvec ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
+  const float rstd =
+      rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
+  if constexpr ((VARIANT & kLeanRegs) != 0) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)  // as the general body: convert again, hold raw bits only
+      asm volatile("" : "+r"(v[k].raw.x), "+r"(v[k].raw.y), "+r"(v[k].raw.z), "+r"(v[k].raw.w));
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = base + k * BLOCK;
+    if (j >= nvec) break;
+    float wf[VEC];
+    if (w != nullptr) {
+      load_weight<W, VEC>(w + j * VEC, true, wf);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+    }
+    Pack<T> o;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
+    yp[j] = o.raw;
+  }
 }
 
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
@@ -585,6 +639,15 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS))
     }
     cluster_arrive_relaxed();
   }
+  if constexpr ((VARIANT & kWholeVectors) != 0) {
+    static_assert(CLUSTER && !kFused, "whole vectors: rms_norm, a cluster a row");
+    // one row a cluster, so every CTA of it takes the same branch (both end in cluster_sum)
+    if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w))) {
+      cluster_vectors<T, W, BLOCK, VPT, VARIANT>(xr, w, yr, N, eps, rank, ranks, cluster_parts,
+                                                 &cluster_bar);
+      return;
+    }
+  }
 
   // load: every vector of this thread's slice is in flight before the first use
   Lanes<T, H> v[VPT];
@@ -730,7 +793,12 @@ struct PlainTable {
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
-      {512, 2, false, kRowChunks}};
+      {512, 2, false, kRowChunks},
+      // clusters over rows of whole vectors (16-bit lean; fp32)
+      {512, 8, true, kLean | kWholeVectors}, {512, 8, true, kPlainLean | kWholeVectors},
+      {256, 8, true, kLean | kWholeVectors}, {1024, 8, true, kWholeVectors},
+      {512, 8, true, kWholeVectors}, {512, 8, true, kPlain | kWholeVectors},
+      {256, 16, true, kWholeVectors}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
