@@ -35,6 +35,11 @@ constexpr int kStaged = 1;      // x's vectors by cp.async into shared memory, r
 constexpr int kEarlyW = 2;      // the weight's vectors loaded into registers beside x's
 constexpr int kInterleave = 4;  // vector k of thread t at (rank*BLOCK + t) + k*ranks*BLOCK
 constexpr int kPrefetchW = 8;   // the weight's lines asked into L1 beside x's loads
+constexpr int k2D = 16;         // grid (rows, ranks), clusters (1, ranks, 1), as QuACK launches
+constexpr int kCa = 32;         // staged: cp.async.ca (L1-allocating) instead of .cg
+constexpr int kPlainW = 64;     // the weight by a plain ld.global.v4 instead of ld.global.nc
+constexpr int kBurst = 128;     // every output vector computed before the first store
+constexpr int kPlainX = 256;    // registers: x by a plain ld.global.v4
 constexpr int kMaxRanks = 16;
 
 template <typename T>
@@ -87,6 +92,13 @@ __device__ __forceinline__ uint4 scale<__nv_bfloat16>(uint4 x, uint4 w, float rs
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint4 ld_plain(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
@@ -151,7 +163,7 @@ __global__ void __launch_bounds__(BLOCK)
   uint32_t rank, ranks;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ranks));
-  const int64_t row = blockIdx.x / ranks;
+  const int64_t row = (MODE & k2D) ? blockIdx.x : blockIdx.x / ranks;
   const uint4* xr = x + row * nvec;
   uint4* yr = y + row * nvec;
   const int t = threadIdx.x;
@@ -169,17 +181,22 @@ __global__ void __launch_bounds__(BLOCK)
   if constexpr (kSt) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(&stage[k * BLOCK + t])),
-                   "l"(xr + at(k))
-                   : "memory");
+      if constexpr ((MODE & kCa) != 0)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(&stage[k * BLOCK + t])),
+                     "l"(xr + at(k))
+                     : "memory");
+      else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(&stage[k * BLOCK + t])),
+                     "l"(xr + at(k))
+                     : "memory");
     asm volatile("cp.async.commit_group;" ::: "memory");
   } else {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) v[k] = ld_stream(xr + at(k));
+    for (int k = 0; k < VPT; ++k) v[k] = (MODE & kPlainX) ? ld_plain(xr + at(k)) : ld_stream(xr + at(k));
   }
   if constexpr (kEw) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) wv[k] = __ldg(w + at(k));
+    for (int k = 0; k < VPT; ++k) wv[k] = (MODE & kPlainW) ? ld_plain(w + at(k)) : __ldg(w + at(k));
   }
   if constexpr (kPf) {
 #pragma unroll
@@ -195,11 +212,23 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
     for (int k = 0; k < VPT; ++k) asm volatile("" : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w));
   }
+  if constexpr ((MODE & kBurst) != 0) {
+    uint4 o[VPT];
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const uint4 xv = kSt ? stage[k * BLOCK + t] : v[k];
-    const uint4 wk = kEw ? wv[k] : __ldg(w + at(k));
-    yr[at(k)] = scale<T>(xv, wk, rstd);
+    for (int k = 0; k < VPT; ++k) {
+      const uint4 xv = kSt ? stage[k * BLOCK + t] : v[k];
+      const uint4 wk = kEw ? wv[k] : __ldg(w + at(k));
+      o[k] = scale<T>(xv, wk, rstd);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) yr[at(k)] = o[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const uint4 xv = kSt ? stage[k * BLOCK + t] : v[k];
+      const uint4 wk = kEw ? wv[k] : __ldg(w + at(k));
+      yr[at(k)] = scale<T>(xv, wk, rstd);
+    }
   }
 }
 
@@ -283,8 +312,25 @@ void add_modes(std::vector<Cand>& c, const char* dt) {
     add<T, BLOCK, VPT, kStaged | kEarlyW>(c, dt);
   }
 }
+// QuACK's differences, one at a time and together
+template <typename T, int BLOCK, int VPT>
+void add_quack(std::vector<Cand>& c, const char* dt) {
+  if constexpr (VPT <= 16) {
+    add<T, BLOCK, VPT, kPlainX>(c, dt);
+    add<T, BLOCK, VPT, kPlainX | k2D>(c, dt);
+    add<T, BLOCK, VPT, kPlainX | kBurst>(c, dt);
+  }
+  add<T, BLOCK, VPT, kStaged | kEarlyW | k2D>(c, dt);
+  add<T, BLOCK, VPT, kStaged | kEarlyW | kCa>(c, dt);
+  add<T, BLOCK, VPT, kStaged | kEarlyW | kPlainW>(c, dt);
+  add<T, BLOCK, VPT, kStaged | kEarlyW | kBurst>(c, dt);
+  add<T, BLOCK, VPT, kStaged | kEarlyW | k2D | kCa | kPlainW | kBurst>(c, dt);
+}
 template <typename T>
 void add_all(std::vector<Cand>& c, const char* dt) {
+  add_quack<T, 256, 8>(c, dt);
+  add_quack<T, 512, 8>(c, dt);
+  add_quack<T, 256, 32>(c, dt);
   add_modes<T, 128, 8>(c, dt);
   add_modes<T, 128, 16>(c, dt);
   add_modes<T, 128, 32>(c, dt);
@@ -303,6 +349,11 @@ std::string mode_name(int m) {
   if (m & kEarlyW) s += "+earlyw";
   if (m & kInterleave) s += "+interleave";
   if (m & kPrefetchW) s += "+prefetchw";
+  if (m & k2D) s += "+2d";
+  if (m & kCa) s += "+ca";
+  if (m & kPlainW) s += "+plainw";
+  if (m & kBurst) s += "+burst";
+  if (m & kPlainX) s += "+plainx";
   return s;
 }
 
@@ -324,13 +375,14 @@ bool launch(const Cand& c, int nvec, int64_t M, const uint4* x, const uint4* w, 
     CK(cudaFuncSetAttribute(c.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(M * ranks));
+  const bool two_d = (c.mode & k2D) != 0;
+  cfg.gridDim = two_d ? dim3(static_cast<unsigned>(M), ranks) : dim3(static_cast<unsigned>(M * ranks));
   cfg.blockDim = dim3(c.block);
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ranks;
-  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.x = two_d ? 1 : ranks;
+  attr[0].val.clusterDim.y = two_d ? ranks : 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -372,6 +424,8 @@ int main(int argc, char** argv) {
   add_all<__nv_bfloat16>(cands, "bf16");
   add_all<float>(cands, "fp32");
   const bool one = argc > 1 && std::strcmp(argv[1], "one") == 0;
+  // quick: bf16 65536 / 131072 and fp32 131072, blocks of 256 and 512 x 8 and 256 x 32 only
+  const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
 
   // the copy ceiling, as the harness takes it: a 1 GiB device-to-device copy
   double copy_gbps = 0;
@@ -419,6 +473,7 @@ int main(int argc, char** argv) {
     const int elem = b16 ? 2 : 4;
     for (int N : Ns) {
       if (one && (std::strcmp(argv[2], dt) != 0 || std::atoi(argv[3]) != N)) continue;
+      if (quick && !((b16 && (N == 65536 || N == 131072)) || (!b16 && N == 131072))) continue;
       const int64_t M = total / N;
       const int nvec = N * elem / 16;
       const float inv_n = 1.f / N;
@@ -436,6 +491,9 @@ int main(int argc, char** argv) {
         if (one && (c.block != std::atoi(argv[4]) || c.vpt != std::atoi(argv[5]) ||
                     c.mode != std::atoi(argv[6])))
           continue;
+        if (quick && !((c.block == 256 && (c.vpt == 8 || c.vpt == 32)) || (c.block == 512 && c.vpt == 8)))
+          continue;
+        if (quick && !(c.mode == 0 || c.mode == 3 || c.mode >= k2D)) continue;
         CK(cudaMemset(y, 0xff, total * elem));  // poison: NaN in both dtypes
         int ranks = 0;
         if (!launch(c, nvec, M, (const uint4*)x, (const uint4*)w, (uint4*)y, inv_n, &ranks)) continue;

@@ -228,7 +228,12 @@ def test_cuda_config_table():
     assert C.sweep_build() == (len(shipped) < len(table))
     assert any(c.cluster and c.row_threads == 1024 and c.vpt == 8 for c in table)
     # kernel variants: each shipped bit taken by some default plan
-    for bit in (C.VARIANT_PLAIN_LOADS, C.VARIANT_LEAN_REGS, C.VARIANT_ROW_CHUNKS):
+    for bit in (
+        C.VARIANT_PLAIN_LOADS,
+        C.VARIANT_LEAN_REGS,
+        C.VARIANT_ROW_CHUNKS,
+        C.VARIANT_WHOLE_VECTORS,
+    ):
         assert any(c.variant & bit and c.shipped for c in table), bit
     # the two halves of the read-only load: on no ladder
     for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):
@@ -242,8 +247,15 @@ def test_cuda_config_table():
             caps.append(c.row_threads * c.vpt * c.cluster)
             picked.add((c.row_threads, c.vpt, c.cluster > 1, c.variant))
         assert caps == sorted(caps), (elem, caps)
-        assert C.default_config(8192 * 16 // elem, elem).cluster == 1
-        assert C.default_config(2 * 8192 * 16 // elem, elem).cluster >= 2
+        vec = 16 // elem
+        # one CTA holds 8192 vectors; rows of whole vectors past 4096 take whole-vector
+        # clusters, other rows one CTA until it cannot hold them
+        assert C.default_config(8192 * vec - 1, elem).cluster == 1
+        assert C.default_config(2 * 8192 * vec, elem).cluster >= 2
+        assert not C.default_config(4096 * vec, elem).variant & C.VARIANT_WHOLE_VECTORS
+        for n in (4097 * vec, 8192 * vec, 32768 * vec):
+            c = C.default_config(n, elem)
+            assert c.variant & C.VARIANT_WHOLE_VECTORS and c.cluster >= 2, (n, elem, c)
     # what the throughput ladders pick is shipped
     assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
     # row chunks: 16-bit rows of a whole number of 512 vectors, nothing else
@@ -303,21 +315,27 @@ ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided")
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ROW_LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_cuda_row_chunks_any_row(layout, dtype):
-    """Every row-chunk config (its vector path: an fp32 weight beside x, no weight, rows of
-    a padded stride; its scalar path: rows off x's 16-byte alignment) at one chunk and at
-    three, the last partial."""
+@pytest.mark.parametrize("bit", ["row_chunks", "whole_vectors"])
+def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
+    """Every config of the bodies for rows of whole vectors (row chunks, whole-vector
+    clusters), over their vector path (an fp32 weight beside x, no weight, rows of a padded
+    stride) and the one rows off x's 16-byte alignment take: row chunks at one chunk and at
+    three, the last partial; clusters at their full width and at one whose slices are
+    uneven, the last shortest."""
     impl_or_skip("cuda")
     from cuda_impl import Config, compiled_configs, rms_norm_with_config
-    from cuda_impl.configs import VARIANT_ROW_CHUNKS
+    from cuda_impl import configs as C
 
     vec = 16 // torch.empty(0, dtype=dtype).element_size()
-    chunked = [c for c in compiled_configs() if c.variant & VARIANT_ROW_CHUNKS]
-    assert chunked
-    for c in chunked:
-        cfg = Config(c.row_threads, c.vpt, 1, c.variant)
-        cap = c.row_threads * c.vpt * vec
-        for n in (cap, 2 * cap + 5 * vec):
+    mask = C.VARIANT_ROW_CHUNKS if bit == "row_chunks" else C.VARIANT_WHOLE_VECTORS
+    picked = [c for c in compiled_configs() if c.variant & mask]
+    assert picked
+    for c in picked:
+        ranks = 2 if c.cluster else 1
+        cfg = Config(c.row_threads, c.vpt, ranks, c.variant)
+        cap = c.row_threads * c.vpt * ranks * vec
+        more = cap - 3 * c.row_threads * vec - vec if c.cluster else 2 * cap + 5 * vec
+        for n in (cap, more):
             pad = {"offset": 1, "strided": 3 * vec}.get(layout, 0)
             x = torch.randn(5, n + pad, device=DEVICE).to(dtype)
             x = x[:, 1 : n + 1] if layout == "offset" else x[:, :n]

@@ -12,7 +12,8 @@
 // its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
 // 16-bit rows of 4096, 8192 or 12288 elements whose every access is a whole aligned vector
 // take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
-// head or tail), many rows or few.
+// head or tail), many rows or few; rows of whole aligned vectors wider than 4096 vectors take
+// clusters whose CTAs each hold a contiguous slice (kWholeVectors), no head or tail either.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -101,9 +102,9 @@ constexpr int kLateWeight = 16;
 //   as they arrive and read again for the scale; every access a whole 16-byte vector, no
 //   scalar head or tail (row_chunks).
 constexpr int kRowChunks = 32;
-// - kWholeVectors (sweep-only, rms_norm clusters): a row whose every access is a whole
-//   aligned 16-byte vector takes cluster_vectors: each CTA a contiguous slice, no scalar
-//   head or tail, no per-access alignment test; other rows take the general body.
+// - kWholeVectors (rms_norm clusters): a row whose every access is a whole aligned 16-byte
+//   vector takes cluster_vectors: each CTA a contiguous slice, no scalar head or tail, no
+//   per-access alignment test; other rows take the general body.
 constexpr int kWholeVectors = 64;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
@@ -264,9 +265,10 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 }
 
 // kWholeVectors: a cluster's row of whole aligned 16-byte vectors (x, y and the weight
-// 16-byte aligned, N a multiple of a vector), CTA `rank` of `ranks` taking the contiguous
-// slice of BLOCK x VPT vectors from rank x BLOCK x VPT; the weight read after the sum, as
-// in the general body. Every thread of every CTA of the cluster must call it.
+// 16-byte aligned, N a multiple of a vector). CTA `rank` of `ranks` takes a contiguous
+// slice, an equal share of the row (the last one shorter), each thread every BLOCK-th
+// vector of it; the weight is read after the sum, as in the general body. Every thread of
+// every CTA of the cluster must call it.
 template <typename T, typename W, int BLOCK, int VPT, int VARIANT>
 __device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
                                                 const W* __restrict__ w, T* __restrict__ yr,
@@ -274,14 +276,16 @@ __device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
                                                 float* parts, uint64_t* bar) {
   constexpr int VEC = kVec<T>;
   const int nvec = N / VEC;
-  const int base = rank * BLOCK * VPT + static_cast<int>(threadIdx.x);
+  const int share = (nvec + ranks - 1) / ranks;
+  const int lo = rank * share + static_cast<int>(threadIdx.x);
+  const int hi = min(nvec, (rank + 1) * share);
   const uint4* xp = reinterpret_cast<const uint4*>(xr);
   uint4* yp = reinterpret_cast<uint4*>(yr);
   Pack<T> v[VPT];
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int j = base + k * BLOCK;
-    v[k].raw = j < nvec ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
+    const int j = lo + k * BLOCK;
+    v[k].raw = j < hi ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
   }
   float ss = 0.f;
 #pragma unroll
@@ -297,8 +301,8 @@ __device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int j = base + k * BLOCK;
-    if (j >= nvec) break;
+    const int j = lo + k * BLOCK;
+    if (j >= hi) break;
     float wf[VEC];
     if (w != nullptr) {
       load_weight<W, VEC>(w + j * VEC, true, wf);
@@ -722,7 +726,10 @@ enum class Ladder {
   kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
   kCluster32,  // ... (fp32)
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
+  kWhole,      // rows of whole aligned 16-byte vectors wider than one 512 x 8 CTA holds
 };
+// kWhole takes rows wider than this many vectors (16-bit N > 32768, fp32 N > 16384).
+constexpr int kWholeMinVecs = 4096;
 // kRows16 takes rows of a whole number of this many vectors, so that every thread of a
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
 // vectors, lost 6 points of copy to the many-row ladder).
@@ -776,6 +783,8 @@ struct PlainTable {
       // row chunks: each thread its vectors and nothing else, throughput and decode alike
       {Ladder::kRows16, 512, {256, 2, false, kRowChunks}},
       {Ladder::kRows16, 1536, {256, 4, false, kRowChunks}},
+      // wide rows of whole vectors: clusters of 512 x 8 CTAs, both element sizes
+      {Ladder::kWhole, 8 * 4096, {512, 8, true, kPlainLean | kWholeVectors}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   static constexpr Config kSweepOnly[] = {
@@ -793,12 +802,7 @@ struct PlainTable {
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
-      {512, 2, false, kRowChunks},
-      // clusters over rows of whole vectors (16-bit lean; fp32)
-      {512, 8, true, kLean | kWholeVectors}, {512, 8, true, kPlainLean | kWholeVectors},
-      {256, 8, true, kLean | kWholeVectors}, {1024, 8, true, kWholeVectors},
-      {512, 8, true, kWholeVectors}, {512, 8, true, kPlain | kWholeVectors},
-      {256, 16, true, kWholeVectors}};
+      {512, 2, false, kRowChunks}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -972,6 +976,13 @@ int climb(Ladder ladder, int vecs) {
   return -1;
 }
 
+// The fewest CTAs (2, 4 or 8) of cluster config c that hold a row of `vecs` vectors.
+inline int fewest_ranks(const Config& c, int vecs) {
+  int ranks = 2;
+  while (ranks * c.row_threads * c.vpt < vecs) ranks *= 2;
+  return ranks;
+}
+
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
 // GPU of `sms` SMs (rows = 0: many); `vectors`: every access of every row a whole aligned
 // 16-byte vector (row_vectors, and y's rows aligned).
@@ -980,6 +991,10 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
   if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
+  }
+  if (vectors && vecs > kWholeMinVecs) {
+    const int c = climb<Tb>(Ladder::kWhole, vecs);
+    if (c >= 0) return {c, fewest_ranks(kConfigs<Tb>[c], vecs)};
   }
   int config = climb<Tb>(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
   if (config >= 0 && rows > 0) {
@@ -990,12 +1005,8 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
-  // the fewest CTAs (2, 4 or 8) of the cluster rung's config that hold the row
   const int cluster = climb<Tb>(elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16, vecs);
-  const int per_cta = kConfigs<Tb>[cluster].row_threads * kConfigs<Tb>[cluster].vpt;
-  int ranks = 2;
-  while (ranks * per_cta < vecs) ranks *= 2;
-  return {cluster, ranks};
+  return {cluster, fewest_ranks(kConfigs<Tb>[cluster], vecs)};
 }
 
 // ---- dispatch: one table of kernels a dtype combination, indexed like the op's configs ----
