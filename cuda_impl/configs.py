@@ -37,6 +37,9 @@ VARIANT_ROW_CHUNKS = 32
 #: rms_norm clusters: rows of whole aligned 16-byte vectors take a body with no scalar head
 #: or tail, each CTA a contiguous slice of the row; other rows the general one.
 VARIANT_WHOLE_VECTORS = 64
+#: with VARIANT_WHOLE_VECTORS: each CTA's slice staged in shared memory by cp.async.ca, the
+#: weight loaded into registers while it lands.
+VARIANT_STAGED_ROW = 128
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,7 @@ def test_cuda_config_table():
         C.VARIANT_LEAN_REGS,
         C.VARIANT_ROW_CHUNKS,
         C.VARIANT_WHOLE_VECTORS,
+        C.VARIANT_STAGED_ROW,
     ):
         assert any(c.variant & bit and c.shipped for c in table), bit
     # the two halves of the read-only load: on no ladder

@@ -106,6 +106,12 @@ constexpr int kRowChunks = 32;
 //   vector takes cluster_vectors: each CTA a contiguous slice, no scalar head or tail, no
 //   per-access alignment test; other rows take the general body.
 constexpr int kWholeVectors = 64;
+// - kStagedRow (with kWholeVectors): the CTA's slice copied into shared memory by
+//   cp.async.ca (an L1-allocating copy: the non-allocating .cg lost 6-7 points of copy at
+//   every shape, the same kernel otherwise) and read from there twice, the weight (of x's
+//   dtype) loaded into registers while the copies fly: no row values held in registers
+//   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes.
+constexpr int kStagedRow = 128;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
 #define RMS_NORM_LD_V4(OP) \
@@ -147,6 +153,12 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
 }
 
 constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
+// CTAs an SM the compiler must fit in registers: a staged row's at 64 registers a thread
+// (its slices live in shared memory; the general body it keeps for rows off the 16-byte
+// grid would take 74 at 256 x 8, one CTA an SM fewer), any other's as many as it needs.
+constexpr int min_blocks(int row_threads, int variant) {
+  return (variant & kStagedRow) != 0 ? 65536 / (block_threads(row_threads) * 64) : 1;
+}
 
 // A row split at x's 16-byte boundaries: `head` scalars, `nvec` 16-byte vectors from
 // element head, `tail` scalars from element tail0.
@@ -264,6 +276,75 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 #endif
 }
 
+// kStagedRow: this thread's vectors lo, lo + BLOCK, ... (below hi) of a cluster's row of
+// whole vectors, copied into its own slots of shared memory (slot k of thread t at
+// k x BLOCK + t: a warp's reads are 512 contiguous bytes), summed and scaled from there.
+// The weight, when it has x's dtype, is loaded beside the copies; an fp32 weight beside
+// 16-bit x (twice the registers) is read after the sum.
+template <typename T, typename W, int BLOCK, int VPT>
+__device__ __forceinline__ void staged_slice(const uint4* __restrict__ xp,
+                                             const W* __restrict__ w, uint4* __restrict__ yp,
+                                             int N, float eps, int lo, int hi, int rank,
+                                             int ranks, float* parts, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int VEC = kVec<T>;
+  constexpr bool kEarlyW = sizeof(W) == sizeof(T);
+  extern __shared__ uint4 stage[];
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = lo + k * BLOCK;
+    if (j < hi)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(
+                       smem_u32(&stage[k * BLOCK + t])),
+                   "l"(xp + j)
+                   : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  Pack<W> wv[kEarlyW ? VPT : 1];
+  if constexpr (kEarlyW) {
+    const uint4* wp = reinterpret_cast<const uint4*>(w);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = lo + k * BLOCK;
+      wv[k].raw = j < hi && w != nullptr ? __ldg(wp + j) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (lo + k * BLOCK >= hi) break;
+    Pack<T> v;
+    v.raw = stage[k * BLOCK + t];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v.e[i]), to_float(v.e[i]), ss);
+  }
+  const float rstd =
+      rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = lo + k * BLOCK;
+    if (j >= hi) break;
+    float wf[VEC];
+    if (w == nullptr) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+    } else if constexpr (kEarlyW) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
+    } else {
+      load_weight<W, VEC>(w + j * VEC, true, wf);
+    }
+    Pack<T> v, o;
+    v.raw = stage[k * BLOCK + t];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v.e[i]) * rstd * wf[i]);
+    yp[j] = o.raw;
+  }
+#endif
+}
+
 // kWholeVectors: a cluster's row of whole aligned 16-byte vectors (x, y and the weight
 // 16-byte aligned, N a multiple of a vector). CTA `rank` of `ranks` takes a contiguous
 // slice, an equal share of the row (the last one shorter), each thread every BLOCK-th
@@ -281,6 +362,10 @@ __device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
   const int hi = min(nvec, (rank + 1) * share);
   const uint4* xp = reinterpret_cast<const uint4*>(xr);
   uint4* yp = reinterpret_cast<uint4*>(yr);
+  if constexpr ((VARIANT & kStagedRow) != 0) {
+    staged_slice<T, W, BLOCK, VPT>(xp, w, yp, N, eps, lo, hi, rank, ranks, parts, bar);
+    return;
+  }
   Pack<T> v[VPT];
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
@@ -586,7 +671,7 @@ __device__ __forceinline__ float edge_value(const T* xr, const R* rr, R* ro, int
 // config. The fused add's in-place form passes y = x and residual_out = residual: each
 // element is read whole before the same thread writes it, and no thread touches another's.
 template <typename T, typename W, typename R, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
-__global__ void __launch_bounds__(block_threads(ROW_THREADS))
+__global__ void __launch_bounds__(block_threads(ROW_THREADS), min_blocks(ROW_THREADS, VARIANT))
     rms_norm_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
                     T* __restrict__ y, R* __restrict__ res_out,
                     int64_t stride_x,   // elements between rows of x
@@ -743,6 +828,8 @@ constexpr int kPlain = kPlainLoads;
 constexpr int kLean = kLeanRegs;
 constexpr int kPlainLean = kPlainLoads | kLeanRegs;
 constexpr int kPlainLate = kPlainLoads | kLateWeight;
+// rows off the 16-byte grid in a staged whole-vector kernel take the general body, as lean
+constexpr int kStagedWhole = kPlainLean | kWholeVectors | kStagedRow;
 
 // rms_norm. Plain loads wherever CTAs share an SM, read-only ones for a 1024-thread CTA
 // alone on its SM; lean registers for the 16-bit rungs of 8 vectors a thread; CTAs of at
@@ -783,8 +870,10 @@ struct PlainTable {
       // row chunks: each thread its vectors and nothing else, throughput and decode alike
       {Ladder::kRows16, 512, {256, 2, false, kRowChunks}},
       {Ladder::kRows16, 1536, {256, 4, false, kRowChunks}},
-      // wide rows of whole vectors: clusters of 512 x 8 CTAs, both element sizes
-      {Ladder::kWhole, 8 * 4096, {512, 8, true, kPlainLean | kWholeVectors}},
+      // wide rows of whole vectors: clusters staged through shared memory, both element
+      // sizes; 256 x 8 CTAs (four an SM) while 8 of them hold the row, then 512 x 8
+      {Ladder::kWhole, 8 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 8 * 4096, {512, 8, true, kStagedWhole}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   static constexpr Config kSweepOnly[] = {
@@ -1071,10 +1160,17 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kern
   TORCH_CHECK_VALUE(blocks <= INT32_MAX, impl, ": x has ", num(M),
                     " rows, more than one launch can cover");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // a staged row's slice: past the 48 KB a kernel gets without asking (set per launch: the
+  // attribute belongs to the current device's context, and a wide row's launch is long)
+  const int smem = (c.variant & kStagedRow) != 0 ? block * c.vpt * 16 : 0;
+  if (smem > 0)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   if (c.cluster) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(blocks));
     cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1085,7 +1181,7 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kern
     cfg.numAttrs = 1;
     C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   } else {
-    kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(args...);
+    kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(args...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
