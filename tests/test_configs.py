@@ -249,12 +249,12 @@ def test_cuda_config_table():
             picked.add((c.row_threads, c.vpt, c.cluster > 1, c.variant))
         assert caps == sorted(caps), (elem, caps)
         vec = 16 // elem
-        # one CTA holds 8192 vectors; rows of whole vectors past 4096 take whole-vector
-        # clusters, other rows one CTA until it cannot hold them
+        # one CTA holds 8192 vectors; rows of whole vectors from 32768 elements take
+        # whole-vector clusters, other rows one CTA until it cannot hold them
         assert C.default_config(8192 * vec - 1, elem).cluster == 1
         assert C.default_config(2 * 8192 * vec, elem).cluster >= 2
-        assert not C.default_config(4096 * vec, elem).variant & C.VARIANT_WHOLE_VECTORS
-        for n in (4097 * vec, 8192 * vec, 32768 * vec):
+        assert not C.default_config(32768 - vec, elem).variant & C.VARIANT_WHOLE_VECTORS
+        for n in (32768, 32768 + vec, 32768 * vec):
             c = C.default_config(n, elem)
             assert c.variant & C.VARIANT_WHOLE_VECTORS and c.cluster >= 2, (n, elem, c)
     # what the throughput ladders pick is shipped

@@ -12,8 +12,9 @@
 // its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
 // 16-bit rows of 4096, 8192 or 12288 elements whose every access is a whole aligned vector
 // take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
-// head or tail), many rows or few; rows of whole aligned vectors wider than 4096 vectors take
-// clusters whose CTAs each hold a contiguous slice (kWholeVectors), no head or tail either.
+// head or tail), many rows or few; rows of whole aligned vectors from 32768 elements take
+// clusters whose CTAs each stage a contiguous slice in shared memory (kWholeVectors,
+// kStagedRow), no head or tail either.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -155,9 +156,11 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
 constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
 // CTAs an SM the compiler must fit in registers: a staged row's at 64 registers a thread
 // (its slices live in shared memory; the general body it keeps for rows off the 16-byte
-// grid would take 74 at 256 x 8, one CTA an SM fewer), any other's as many as it needs.
+// grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which leaves the
+// choice to the compiler as the one-argument form does (a 1 there took 512 x 8 from 64 to
+// 72 registers, one CTA an SM, and bf16 32768 from 86% to 79% of copy).
 constexpr int min_blocks(int row_threads, int variant) {
-  return (variant & kStagedRow) != 0 ? 65536 / (block_threads(row_threads) * 64) : 1;
+  return (variant & kStagedRow) != 0 ? 65536 / (block_threads(row_threads) * 64) : 0;
 }
 
 // A row split at x's 16-byte boundaries: `head` scalars, `nvec` 16-byte vectors from
@@ -811,10 +814,11 @@ enum class Ladder {
   kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
   kCluster32,  // ... (fp32)
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
-  kWhole,      // rows of whole aligned 16-byte vectors wider than one 512 x 8 CTA holds
+  kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider
 };
-// kWhole takes rows wider than this many vectors (16-bit N > 32768, fp32 N > 16384).
-constexpr int kWholeMinVecs = 4096;
+// kWhole takes rows of at least this many elements (both element sizes: the widths its
+// sweep measured).
+constexpr int kWholeMinN = 32768;
 // kRows16 takes rows of a whole number of this many vectors, so that every thread of a
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
 // vectors, lost 6 points of copy to the many-row ladder).
@@ -1081,7 +1085,7 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
   }
-  if (vectors && vecs > kWholeMinVecs) {
+  if (vectors && vecs * (16 / elem) >= kWholeMinN) {
     const int c = climb<Tb>(Ladder::kWhole, vecs);
     if (c >= 0) return {c, fewest_ranks(kConfigs<Tb>[c], vecs)};
   }
