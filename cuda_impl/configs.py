@@ -34,11 +34,11 @@ VARIANT_LATE_WEIGHT = 16
 #: rms_norm, one CTA a row: the row in CTA-wide chunks of row_threads x vpt vectors (the
 #: first held, the rest read twice), every access a whole 16-byte vector; holds any row.
 VARIANT_ROW_CHUNKS = 32
-#: rms_norm clusters: rows of whole aligned 16-byte vectors take a body with no scalar head
-#: or tail, each CTA a contiguous slice of the row; other rows the general one.
+#: rms_norm clusters, the two bits together: rows of whole aligned 16-byte vectors take a
+#: body with no scalar head or tail, each CTA's contiguous slice of the row staged in shared
+#: memory by cp.async.ca, the weight loaded into registers while it lands; other rows the
+#: general one.
 VARIANT_WHOLE_VECTORS = 64
-#: with VARIANT_WHOLE_VECTORS: each CTA's slice staged in shared memory by cp.async.ca, the
-#: weight loaded into registers while it lands.
 VARIANT_STAGED_ROW = 128
 
 

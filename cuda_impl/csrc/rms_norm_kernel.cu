@@ -103,15 +103,15 @@ constexpr int kLateWeight = 16;
 //   as they arrive and read again for the scale; every access a whole 16-byte vector, no
 //   scalar head or tail (row_chunks).
 constexpr int kRowChunks = 32;
-// - kWholeVectors (rms_norm clusters): a row whose every access is a whole aligned 16-byte
-//   vector takes cluster_vectors: each CTA a contiguous slice, no scalar head or tail, no
-//   per-access alignment test; other rows take the general body.
+// - kWholeVectors | kStagedRow (rms_norm clusters, the two together): a row whose every
+//   access is a whole aligned 16-byte vector takes staged_slice: each CTA a contiguous
+//   slice, no scalar head or tail, no per-access alignment test, copied into shared memory
+//   by cp.async.ca (an L1-allocating copy: the non-allocating .cg lost 6-7 points of copy
+//   at every shape, the same kernel otherwise) and read from there twice, the weight (of
+//   x's dtype) loaded into registers while the copies fly: no row values held in registers
+//   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes. Other
+//   rows take the general body (kPlainLoads and kLeanRegs apply to it).
 constexpr int kWholeVectors = 64;
-// - kStagedRow (with kWholeVectors): the CTA's slice copied into shared memory by
-//   cp.async.ca (an L1-allocating copy: the non-allocating .cg lost 6-7 points of copy at
-//   every shape, the same kernel otherwise) and read from there twice, the weight (of x's
-//   dtype) loaded into registers while the copies fly: no row values held in registers
-//   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes.
 constexpr int kStagedRow = 128;
 
 // x's 16-byte vectors, loaded as VARIANT's bits say (default: read-only, no L1 allocation).
@@ -279,21 +279,29 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 #endif
 }
 
-// kStagedRow: this thread's vectors lo, lo + BLOCK, ... (below hi) of a cluster's row of
-// whole vectors, copied into its own slots of shared memory (slot k of thread t at
-// k x BLOCK + t: a warp's reads are 512 contiguous bytes), summed and scaled from there.
-// The weight, when it has x's dtype, is loaded beside the copies; an fp32 weight beside
-// 16-bit x (twice the registers) is read after the sum.
+// kWholeVectors | kStagedRow: a cluster's row of whole aligned 16-byte vectors (x, y and the
+// weight 16-byte aligned, N a multiple of a vector). CTA `rank` of `ranks` takes a
+// contiguous slice, an equal share of the row (the last one shorter); each thread copies
+// its vectors of it (every BLOCK-th) into its own slots of shared memory (slot k of thread
+// t at k x BLOCK + t: a warp's reads are 512 contiguous bytes), and sums and scales them
+// from there. The weight, when it has x's dtype, is loaded beside the copies; an fp32
+// weight beside 16-bit x (twice the registers) is read after the sum. Every thread of
+// every CTA of the cluster must call it.
 template <typename T, typename W, int BLOCK, int VPT>
-__device__ __forceinline__ void staged_slice(const uint4* __restrict__ xp,
-                                             const W* __restrict__ w, uint4* __restrict__ yp,
-                                             int N, float eps, int lo, int hi, int rank,
+__device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const W* __restrict__ w,
+                                             T* __restrict__ yr, int N, float eps, int rank,
                                              int ranks, float* parts, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int VEC = kVec<T>;
   constexpr bool kEarlyW = sizeof(W) == sizeof(T);
   extern __shared__ uint4 stage[];
   const int t = threadIdx.x;
+  const int nvec = N / VEC;
+  const int share = (nvec + ranks - 1) / ranks;
+  const int lo = rank * share + t;
+  const int hi = min(nvec, (rank + 1) * share);
+  const uint4* xp = reinterpret_cast<const uint4*>(xr);
+  uint4* yp = reinterpret_cast<uint4*>(yr);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = lo + k * BLOCK;
@@ -346,63 +354,6 @@ __device__ __forceinline__ void staged_slice(const uint4* __restrict__ xp,
     yp[j] = o.raw;
   }
 #endif
-}
-
-// kWholeVectors: a cluster's row of whole aligned 16-byte vectors (x, y and the weight
-// 16-byte aligned, N a multiple of a vector). CTA `rank` of `ranks` takes a contiguous
-// slice, an equal share of the row (the last one shorter), each thread every BLOCK-th
-// vector of it; the weight is read after the sum, as in the general body. Every thread of
-// every CTA of the cluster must call it.
-template <typename T, typename W, int BLOCK, int VPT, int VARIANT>
-__device__ __forceinline__ void cluster_vectors(const T* __restrict__ xr,
-                                                const W* __restrict__ w, T* __restrict__ yr,
-                                                int N, float eps, int rank, int ranks,
-                                                float* parts, uint64_t* bar) {
-  constexpr int VEC = kVec<T>;
-  const int nvec = N / VEC;
-  const int share = (nvec + ranks - 1) / ranks;
-  const int lo = rank * share + static_cast<int>(threadIdx.x);
-  const int hi = min(nvec, (rank + 1) * share);
-  const uint4* xp = reinterpret_cast<const uint4*>(xr);
-  uint4* yp = reinterpret_cast<uint4*>(yr);
-  if constexpr ((VARIANT & kStagedRow) != 0) {
-    staged_slice<T, W, BLOCK, VPT>(xp, w, yp, N, eps, lo, hi, rank, ranks, parts, bar);
-    return;
-  }
-  Pack<T> v[VPT];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = lo + k * BLOCK;
-    v[k].raw = j < hi ? load_stream<VARIANT>(xp + j) : make_uint4(0, 0, 0, 0);
-  }
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k)
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
-  const float rstd =
-      rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
-  if constexpr ((VARIANT & kLeanRegs) != 0) {
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)  // as the general body: convert again, hold raw bits only
-      asm volatile("" : "+r"(v[k].raw.x), "+r"(v[k].raw.y), "+r"(v[k].raw.z), "+r"(v[k].raw.w));
-  }
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = lo + k * BLOCK;
-    if (j >= hi) break;
-    float wf[VEC];
-    if (w != nullptr) {
-      load_weight<W, VEC>(w + j * VEC, true, wf);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
-    }
-    Pack<T> o;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
-    yp[j] = o.raw;
-  }
 }
 
 // 16-bit x with a 16-bit weight, CTAs under 1024 threads, at most 4 vectors a thread:
@@ -732,11 +683,11 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS), min_blocks(ROW_THR
     cluster_arrive_relaxed();
   }
   if constexpr ((VARIANT & kWholeVectors) != 0) {
-    static_assert(CLUSTER && !kFused, "whole vectors: rms_norm, a cluster a row");
+    static_assert(CLUSTER && !kFused && (VARIANT & kStagedRow) != 0,
+                  "whole vectors: rms_norm, a cluster a row, staged");
     // one row a cluster, so every CTA of it takes the same branch (both end in cluster_sum)
     if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w))) {
-      cluster_vectors<T, W, BLOCK, VPT, VARIANT>(xr, w, yr, N, eps, rank, ranks, cluster_parts,
-                                                 &cluster_bar);
+      staged_slice<T, W, BLOCK, VPT>(xr, w, yr, N, eps, rank, ranks, cluster_parts, &cluster_bar);
       return;
     }
   }
