@@ -310,7 +310,21 @@ def test_every_cuda_config_matches_reference(cfg, n, dtype):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
-ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided")
+#: how a case's rows lie: an fp32 weight beside x, no weight, every row one element off
+#: x's 16-byte alignment, rows of a padded (aligned) stride, and rows of an odd stride (one
+#: launch whose rows are aligned, 1 in every 16-byte vector's elements, and not, the others)
+ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided", "odd-stride")
+
+
+def layout_rows(layout: str, n: int, dtype: torch.dtype, vec: int):
+    """x (5 rows; 2 * vec + 1 for odd-stride) and the weight of one ROW_LAYOUTS case."""
+    rows = 2 * vec + 1 if layout == "odd-stride" else 5
+    pad = {"offset": 1, "strided": 3 * vec, "odd-stride": 1}.get(layout, 0)
+    x = torch.randn(rows, n + pad, device=DEVICE).to(dtype)
+    x = x[:, 1 : n + 1] if layout == "offset" else x[:, :n]
+    w = 1 + 0.5 * torch.randn(n, device=DEVICE)
+    w = None if layout == "no-weight" else w if layout == "fp32-weight" else w.to(dtype)
+    return x, w
 
 
 @pytest.mark.gpu
@@ -319,10 +333,10 @@ ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided")
 @pytest.mark.parametrize("bit", ["row_chunks", "whole_vectors"])
 def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
     """Every config of the bodies for rows of whole vectors (row chunks, whole-vector
-    clusters), over their vector path (an fp32 weight beside x, no weight, rows of a padded
-    stride) and the one rows off x's 16-byte alignment take: row chunks at one chunk and at
-    three, the last partial; clusters at their full width and at one whose slices are
-    uneven, the last shortest."""
+    clusters), over their vector path and the one rows off x's 16-byte alignment take:
+    row chunks at one chunk and at three, the last partial; clusters of 2 and of 8 CTAs at
+    their full width, at one whose slices are uneven (the last shortest) and, on 8 CTAs, at
+    9 vectors (three CTAs with an empty slice)."""
     impl_or_skip("cuda")
     from cuda_impl import Config, compiled_configs, rms_norm_with_config
     from cuda_impl import configs as C
@@ -332,18 +346,47 @@ def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
     picked = [c for c in compiled_configs() if c.variant & mask]
     assert picked
     for c in picked:
-        ranks = 2 if c.cluster else 1
-        cfg = Config(c.row_threads, c.vpt, ranks, c.variant)
-        cap = c.row_threads * c.vpt * ranks * vec
-        more = cap - 3 * c.row_threads * vec - vec if c.cluster else 2 * cap + 5 * vec
-        for n in (cap, more):
-            pad = {"offset": 1, "strided": 3 * vec}.get(layout, 0)
-            x = torch.randn(5, n + pad, device=DEVICE).to(dtype)
-            x = x[:, 1 : n + 1] if layout == "offset" else x[:, :n]
-            w = 1 + 0.5 * torch.randn(n, device=DEVICE)
-            w = None if layout == "no-weight" else w if layout == "fp32-weight" else w.to(dtype)
-            got = rms_norm_with_config(x, w, 1e-6, cfg)
-            torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+        for ranks in (2, 8) if c.cluster else (1,):
+            cfg = Config(c.row_threads, c.vpt, ranks, c.variant)
+            cap = c.row_threads * c.vpt * ranks * vec
+            if c.cluster:
+                widths = (cap, cap - 3 * c.row_threads * vec - vec) + (
+                    (9 * vec,) if ranks == 8 else ()
+                )
+            else:
+                widths = (cap, 2 * cap + 5 * vec)
+            for n in widths:
+                x, w = layout_rows(layout, n, dtype, vec)
+                got = rms_norm_with_config(x, w, 1e-6, cfg)
+                torch.testing.assert_close(
+                    got, rms_norm_ref(x, w, 1e-6), **TOL[dtype], msg=f"{cfg} N={n}"
+                )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_cuda_staged_default_widths(dtype):
+    """The default plan's staged clusters at widths whose slices are uneven (one vector past
+    a power of two) or fill fewer CTAs than the cluster's (40960, 98304); beside them a
+    misaligned weight and a misaligned output (the plan takes the general clusters)."""
+    impl_or_skip("cuda")
+    from cuda_impl import configs as C
+    from cuda_impl import rms_norm
+
+    elem = torch.empty(0, dtype=dtype).element_size()
+    vec = 16 // elem
+    for n in (32768 + vec, 40960, 98304, 131072 - vec):
+        assert C.default_config(n, elem).variant & C.VARIANT_STAGED_ROW, n
+        x = torch.randn(3, n, device=DEVICE).to(dtype)
+        w = (1 + 0.5 * torch.randn(n + 1, device=DEVICE)).to(dtype)
+        ref = rms_norm_ref(x, w[:n], 1e-6)
+        torch.testing.assert_close(rms_norm(x, w[:n], 1e-6), ref, **TOL[dtype], msg=f"N={n}")
+        torch.testing.assert_close(
+            rms_norm(x, w[1:], 1e-6), rms_norm_ref(x, w[1:], 1e-6), **TOL[dtype]
+        )
+        out = torch.full((3 * n + 1,), float("nan"), device=DEVICE, dtype=dtype)[1:].view(3, n)
+        rms_norm(x, w[:n], 1e-6, out=out)
+        torch.testing.assert_close(out, ref, **TOL[dtype], msg=f"N={n}, offset out")
 
 
 @pytest.mark.gpu
