@@ -311,8 +311,8 @@ def test_every_cuda_config_matches_reference(cfg, n, dtype):
 
 
 #: how a case's rows lie: an fp32 weight beside x, no weight, every row one element off
-#: x's 16-byte alignment, rows of a padded (aligned) stride, and rows of an odd stride (one
-#: launch whose rows are aligned, 1 in every 16-byte vector's elements, and not, the others)
+#: x's 16-byte alignment, rows of a padded (aligned) stride, and rows of an odd stride (in
+#: one launch, every vec-th row aligned and the others not)
 ROW_LAYOUTS = ("fp32-weight", "no-weight", "offset", "strided", "odd-stride")
 
 
