@@ -618,6 +618,42 @@ def test_cuda_fused_configs_listed():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["aligned", "fp32-residual", "fp32-weight", "offset-residual"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_cuda_fused_staged_any_row(dtype, layout):
+    """The fused add's staged whole-vector clusters (a sweep build's): on 2 and 8 CTAs, at
+    their full width, at uneven slices and (8 CTAs) at 9 vectors, with the residual of x's
+    dtype or fp32, a weight of x's dtype or fp32, and a residual one element off its 16-byte
+    alignment (the general body); both outputs against the reference."""
+    impl_or_skip("cuda")
+    import cuda_impl
+    from cuda_impl import configs as C
+
+    staged = [
+        c for c in C.compiled_configs("fused_add_rms_norm") if c.variant & C.VARIANT_WHOLE_VECTORS
+    ]
+    if not staged:
+        pytest.skip("sweep-only configs not built (build with RMSNORM_SWEEP_CONFIGS=1)")
+    vec = 16 // torch.empty(0, dtype=dtype).element_size()
+    rdtype = torch.float32 if layout == "fp32-residual" else dtype
+    for c in staged:
+        for ranks in (2, 8):
+            cfg = C.Config(c.row_threads, c.vpt, ranks, c.variant)
+            cap = c.row_threads * c.vpt * ranks * vec
+            widths = [cap, cap - 3 * c.row_threads * vec - vec] + ([9 * vec] if ranks == 8 else [])
+            for n in widths:
+                x, r, w = inputs(3, n, dtype, rdtype)
+                if layout == "fp32-weight":
+                    w = w.float()
+                if layout == "offset-residual":
+                    r = torch.randn(3, n + 1, device=DEVICE).to(rdtype)[:, 1:]
+                y, ro = cuda_impl.fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
+                want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+                torch.testing.assert_close(y, want_y, **TOL[dtype], msg=f"{cfg} N={n}")
+                torch.testing.assert_close(ro, want_r, **TOL[rdtype], msg=f"{cfg} N={n}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_fused_every_config_matches_reference(dtype):
     """Every compiled fused config, forced, at an odd width it holds: both outputs against

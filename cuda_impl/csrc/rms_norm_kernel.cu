@@ -154,13 +154,15 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
 }
 
 constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
-// CTAs an SM the compiler must fit in registers: a staged row's at 64 registers a thread
-// (its slices live in shared memory; the general body it keeps for rows off the 16-byte
-// grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which leaves the
-// choice to the compiler as the one-argument form does (a 1 there took 512 x 8 from 64 to
-// 72 registers, one CTA an SM, and bf16 32768 from 86% to 79% of copy).
-constexpr int min_blocks(int row_threads, int variant) {
-  return (variant & kStagedRow) != 0 ? 65536 / (block_threads(row_threads) * 64) : 0;
+// CTAs an SM the compiler must fit in registers: rms_norm's staged row's at 64 registers a
+// thread (its slices live in shared memory; the general body it keeps for rows off the
+// 16-byte grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which
+// leaves the choice to the compiler as the one-argument form does (a 1 there took 512 x 8
+// from 64 to 72 registers, one CTA an SM, and bf16 32768 from 86% to 79% of copy). The
+// fused add's staged configs (sweep-only) hold twice the shared memory, and its general
+// body spilled 76-588 bytes under 64 registers.
+constexpr int min_blocks(int row_threads, int variant, bool fused) {
+  return (variant & kStagedRow) != 0 && !fused ? 65536 / (block_threads(row_threads) * 64) : 0;
 }
 
 // A row split at x's 16-byte boundaries: `head` scalars, `nvec` 16-byte vectors from
@@ -279,78 +281,138 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 #endif
 }
 
-// kWholeVectors | kStagedRow: a cluster's row of whole aligned 16-byte vectors (x, y and the
-// weight 16-byte aligned, N a multiple of a vector). CTA `rank` of `ranks` takes a
-// contiguous slice, an equal share of the row (the last one shorter); each thread copies
-// its vectors of it (every BLOCK-th) into its own slots of shared memory (slot k of thread
-// t at k x BLOCK + t: a warp's reads are 512 contiguous bytes), and sums and scales them
-// from there. The weight, when it has x's dtype, is loaded beside the copies; an fp32
-// weight beside 16-bit x (twice the registers) is read after the sum. Every thread of
-// every CTA of the cluster must call it.
+// A cluster CTA's contiguous share of a row of nvec vectors (the last one shorter): this
+// thread's first vector lo, and the share's end hi (lo >= hi: nothing for this thread).
+struct Slice {
+  int lo, hi;
+};
+__device__ __forceinline__ Slice slice_of(int nvec, int rank, int ranks) {
+  const int share = (nvec + ranks - 1) / ranks;
+  return {rank * share + static_cast<int>(threadIdx.x), min(nvec, (rank + 1) * share)};
+}
+
+// One 16-byte vector copied into shared memory, L1-allocating (see kStagedRow).
+__device__ __forceinline__ void copy_async_ca(uint4* dst, const uint4* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
+               : "memory");
+}
+
+// Whether a staged slice's weight vectors are loaded beside its copies (x's dtype), or
+// read after the sum (an fp32 weight beside 16-bit x: twice the registers).
+template <typename T, typename W>
+constexpr bool kWeightBeside = sizeof(W) == sizeof(T);
+template <typename T, typename W, int VPT>
+using SliceWeight = Pack<W>[kWeightBeside<T, W> ? VPT : 1];
+
+// Issued after a staged slice's copies: its weight vectors, where they are loaded beside.
 template <typename T, typename W, int BLOCK, int VPT>
-__device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const W* __restrict__ w,
+__device__ __forceinline__ void load_slice_weight(const W* __restrict__ w, const Slice& sl,
+                                                  SliceWeight<T, W, VPT>& wv) {
+  if constexpr (kWeightBeside<T, W>) {
+    const uint4* wp = reinterpret_cast<const uint4*>(w);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = sl.lo + k * BLOCK;
+      wv[k].raw = j < sl.hi && w != nullptr ? __ldg(wp + j) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// The weight's floats for vector j (the k-th of this thread's) of a staged slice.
+template <typename T, typename W, int VPT>
+__device__ __forceinline__ void slice_weight(const W* __restrict__ w,
+                                             const SliceWeight<T, W, VPT>& wv, int k, int j,
+                                             float (&wf)[kVec<T>]) {
+  constexpr int VEC = kVec<T>;
+  if (w == nullptr) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+  } else if constexpr (kWeightBeside<T, W>) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
+  } else {
+    load_weight<W, VEC>(w + j * VEC, true, wf);
+  }
+}
+
+// kWholeVectors | kStagedRow: a cluster's row of whole aligned 16-byte vectors (x, y, the
+// weight and, for the fused add, the residual and residual_out 16-byte aligned, N a
+// multiple of a vector). CTA `rank` of `ranks` takes a contiguous slice, an equal share of
+// the row (the last one shorter); each thread copies its vectors of it (every BLOCK-th)
+// into its own slots of shared memory (slot k of thread t at k x BLOCK + t: a warp's
+// reads are 512 contiguous bytes), and sums and scales them from there. The fused add
+// (R: the residual's type) copies the residual's vectors too, into NH slots a vector of x
+// after x's (an fp32 residual beside 16-bit x takes two), and writes residual_out = x +
+// residual, rounded once to R, out and over them before the sum. Dynamic shared memory:
+// ROW_THREADS x VPT x 16 bytes, x (1 + NH) for the fused add. Every thread of every CTA
+// of the cluster must call it.
+template <typename T, typename W, typename R, int BLOCK, int VPT>
+__device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* __restrict__ rr,
+                                             R* __restrict__ ro, const W* __restrict__ w,
                                              T* __restrict__ yr, int N, float eps, int rank,
                                              int ranks, float* parts, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kFused = !std::is_void_v<R>;
+  using H = std::conditional_t<kFused, R, T>;  // what the sum and the scale read
   constexpr int VEC = kVec<T>;
-  constexpr bool kEarlyW = sizeof(W) == sizeof(T);
+  constexpr int NH = sizeof(H) / sizeof(T);
   extern __shared__ uint4 stage[];
+  uint4* sh = kFused ? stage + BLOCK * VPT : stage;  // slot q of vector k: (k NH + q) BLOCK + t
   const int t = threadIdx.x;
-  const int nvec = N / VEC;
-  const int share = (nvec + ranks - 1) / ranks;
-  const int lo = rank * share + t;
-  const int hi = min(nvec, (rank + 1) * share);
+  const Slice sl = slice_of(N / VEC, rank, ranks);
   const uint4* xp = reinterpret_cast<const uint4*>(xr);
   uint4* yp = reinterpret_cast<uint4*>(yr);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int j = lo + k * BLOCK;
-    if (j < hi)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(
-                       smem_u32(&stage[k * BLOCK + t])),
-                   "l"(xp + j)
-                   : "memory");
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  Pack<W> wv[kEarlyW ? VPT : 1];
-  if constexpr (kEarlyW) {
-    const uint4* wp = reinterpret_cast<const uint4*>(w);
+    const int j = sl.lo + k * BLOCK;
+    if (j >= sl.hi) continue;
+    copy_async_ca(&stage[k * BLOCK + t], xp + j);
+    if constexpr (kFused) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = lo + k * BLOCK;
-      wv[k].raw = j < hi && w != nullptr ? __ldg(wp + j) : make_uint4(0, 0, 0, 0);
+      for (int q = 0; q < NH; ++q)
+        copy_async_ca(&sh[(k * NH + q) * BLOCK + t], reinterpret_cast<const uint4*>(rr) + j * NH + q);
     }
   }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  SliceWeight<T, W, VPT> wv;
+  load_slice_weight<T, W, BLOCK, VPT>(w, sl, wv);
   asm volatile("cp.async.wait_all;" ::: "memory");
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    if (lo + k * BLOCK >= hi) break;
-    Pack<T> v;
-    v.raw = stage[k * BLOCK + t];
+    const int j = sl.lo + k * BLOCK;
+    if (j >= sl.hi) break;
+    Lanes<T, H> h;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v.e[i]), to_float(v.e[i]), ss);
+    for (int q = 0; q < NH; ++q) lane_raw<T>(h, q) = sh[(k * NH + q) * BLOCK + t];
+    if constexpr (kFused) {
+      Pack<T> xv;
+      xv.raw = stage[k * BLOCK + t];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) h.e[i] = from_float<R>(to_float(xv.e[i]) + to_float(h.e[i]));
+#pragma unroll
+      for (int q = 0; q < NH; ++q) {
+        reinterpret_cast<uint4*>(ro)[j * NH + q] = lane_raw<T>(h, q);
+        sh[(k * NH + q) * BLOCK + t] = lane_raw<T>(h, q);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(h.e[i]), to_float(h.e[i]), ss);
   }
   const float rstd =
       rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int j = lo + k * BLOCK;
-    if (j >= hi) break;
+    const int j = sl.lo + k * BLOCK;
+    if (j >= sl.hi) break;
     float wf[VEC];
-    if (w == nullptr) {
+    slice_weight<T, W, VPT>(w, wv, k, j, wf);
+    Lanes<T, H> h;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
-    } else if constexpr (kEarlyW) {
+    for (int q = 0; q < NH; ++q) lane_raw<T>(h, q) = sh[(k * NH + q) * BLOCK + t];
+    Pack<T> o;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
-    } else {
-      load_weight<W, VEC>(w + j * VEC, true, wf);
-    }
-    Pack<T> v, o;
-    v.raw = stage[k * BLOCK + t];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v.e[i]) * rstd * wf[i]);
+    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(h.e[i]) * rstd * wf[i]);
     yp[j] = o.raw;
   }
 #endif
@@ -625,7 +687,8 @@ __device__ __forceinline__ float edge_value(const T* xr, const R* rr, R* ro, int
 // config. The fused add's in-place form passes y = x and residual_out = residual: each
 // element is read whole before the same thread writes it, and no thread touches another's.
 template <typename T, typename W, typename R, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
-__global__ void __launch_bounds__(block_threads(ROW_THREADS), min_blocks(ROW_THREADS, VARIANT))
+__global__ void __launch_bounds__(block_threads(ROW_THREADS),
+                                  min_blocks(ROW_THREADS, VARIANT, !std::is_void_v<R>))
     rms_norm_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
                     T* __restrict__ y, R* __restrict__ res_out,
                     int64_t stride_x,   // elements between rows of x
@@ -683,11 +746,18 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS), min_blocks(ROW_THR
     cluster_arrive_relaxed();
   }
   if constexpr ((VARIANT & kWholeVectors) != 0) {
-    static_assert(CLUSTER && !kFused && (VARIANT & kStagedRow) != 0,
-                  "whole vectors: rms_norm, a cluster a row, staged");
+    static_assert(CLUSTER && (VARIANT & kStagedRow) != 0, "whole vectors: a cluster a row, staged");
     // one row a cluster, so every CTA of it takes the same branch (both end in cluster_sum)
-    if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w))) {
-      staged_slice<T, W, BLOCK, VPT>(xr, w, yr, N, eps, rank, ranks, cluster_parts, &cluster_bar);
+    const R* rr = nullptr;
+    R* ro = nullptr;
+    if constexpr (kFused) {
+      rr = res + r0 * stride_r;
+      ro = res_out + r0 * stride_ro;
+    }
+    if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w)) &&
+        (!kFused || (aligned16(rr) && aligned16(ro)))) {
+      staged_slice<T, W, R, BLOCK, VPT>(xr, rr, ro, w, yr, N, eps, rank, ranks, cluster_parts,
+                                        &cluster_bar);
       return;
     }
   }
@@ -902,11 +972,16 @@ struct FusedTable {
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   // Candidates the fused sweep keeps timing beside the rungs: lean registers or the late
-  // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now).
+  // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now); the
+  // staged whole-vector clusters of rms_norm (not yet measured for the fused add).
   static constexpr Config kSweepOnly[] = {{512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
                                           {1024, 4, false},
                                           {128, 4, false, kPlainLate},
-                                          {512, 4, false, kPlainLate}};
+                                          {512, 4, false, kPlainLate},
+                                          // wide rows of whole vectors staged, as rms_norm's
+                                          {256, 4, true, kStagedWhole},
+                                          {256, 8, true, kStagedWhole},
+                                          {512, 8, true, kStagedWhole}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -1106,10 +1181,11 @@ KernelFn<T, W, R> kernel_at(int i) {
   return table[i];
 }
 
-// Launch `kernel` (a kernel of config c) over M rows, as a cluster launch when c is one.
+// Launch `kernel` (a kernel of config c) over M rows, as a cluster launch when c is one;
+// stage_bytes: the shared memory a staged config takes for each of a slice's x vectors.
 template <typename Kernel, typename... Args>
-void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kernel kernel,
-                   Args... args) {
+void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, int stage_bytes,
+                   Kernel kernel, Args... args) {
   const int block = block_threads(c.row_threads), rows = block / c.row_threads;
   const int64_t blocks = c.cluster ? M * ranks : (M + rows - 1) / rows;
   TORCH_CHECK_VALUE(blocks <= INT32_MAX, impl, ": x has ", num(M),
@@ -1117,7 +1193,7 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, Kern
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // a staged row's slice: past the 48 KB a kernel gets without asking (set per launch: the
   // attribute belongs to the current device's context, and a wide row's launch is long)
-  const int smem = (c.variant & kStagedRow) != 0 ? block * c.vpt * 16 : 0;
+  const int smem = (c.variant & kStagedRow) != 0 ? block * c.vpt * stage_bytes : 0;
   if (smem > 0)
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1196,7 +1272,7 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   const bool vectors = row_vectors<T>(x2, weight) && rows_aligned<T>(y2);
   const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, vectors);
   check_clusters<PlainTable>(kImpl, plan, N);
-  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M,
+  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16,
                 kernel_at<T, W, void>(plan.config),
                 reinterpret_cast<const T*>(x2.const_data_ptr()), nullptr, w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), nullptr, x2.stride(0), int64_t{0},
@@ -1219,7 +1295,8 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
                     num(kConfigs<FusedTable>[plan.config].vpt),
                     ") is compiled only for the dtypes whose ladders name it, not for x's; see "
                     "cuda_impl.compiled_configs('fused_add_rms_norm')");
-  launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M, kernel,
+  launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M,
+                static_cast<int>(16 * (1 + sizeof(R) / sizeof(T))), kernel,
                 reinterpret_cast<const T*>(x2.const_data_ptr()),
                 reinterpret_cast<const R*>(r2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()),
