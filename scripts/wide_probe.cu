@@ -1,15 +1,19 @@
 // Wide-row design probe (issue 15): one cluster kernel, its row shard either held in
 // registers or staged in shared memory by cp.async, the weight read before or after the
 // row's sum, slices contiguous a CTA or interleaved over the cluster. A standalone program
-// (no torch), so the design can be timed and profiled on the GPU without building the
-// extension:
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -o build/wide_probe scripts/wide_probe.cu
+// (torch's headers only, for the shared device header; no library), so the design can be
+// timed and profiled on the GPU without building the extension:
+//   TORCH=$(python -c "import torch, os; print(os.path.dirname(torch.__file__))")
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I$TORCH/include \
+//     -o build/wide_probe scripts/wide_probe.cu
 //   build/wide_probe                       every candidate at N = 32768-262144, bf16 and fp32
 //   build/wide_probe one DTYPE N BLOCK VPT MODE   one candidate, a few launches (for ncu)
 // Output: one line a candidate, time, GB/s and % of a 1 GiB device copy, the largest error
 // against a one-CTA-a-row fp32 reference, registers and the clusters that fit the GPU at once.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "../cuda_impl/csrc/rms_norm_device.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -42,113 +46,46 @@ constexpr int kBurst = 128;     // every output vector computed before the first
 constexpr int kPlainX = 256;    // registers: x by a plain ld.global.v4
 constexpr int kMaxRanks = 16;
 
+using cuda_impl::cluster_sum;  // the shipped kernel's, so the probe times its reduction
+using cuda_impl::kVec;
+using cuda_impl::Pack;
+using cuda_impl::smem_u32;
+using cuda_impl::to_float;
+
+// a 16-byte vector of T: the sum of its squares; x * rstd * w, rounded to T
 template <typename T>
-__device__ __forceinline__ float sq(uint4 u);
-template <>
-__device__ __forceinline__ float sq<float>(uint4 u) {
-  const float a = __uint_as_float(u.x), b = __uint_as_float(u.y), c = __uint_as_float(u.z),
-              d = __uint_as_float(u.w);
-  return a * a + b * b + c * c + d * d;
-}
-__device__ __forceinline__ float2 bf2(uint32_t r) {
-  __nv_bfloat162 h;
-  std::memcpy(&h, &r, 4);
-  return __bfloat1622float2(h);
-}
-template <>
-__device__ __forceinline__ float sq<__nv_bfloat16>(uint4 u) {
+__device__ __forceinline__ float sq(uint4 u) {
+  Pack<T> p;
+  p.raw = u;
   float s = 0.f;
-  const uint32_t r[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = bf2(r[i]);
-    s += f.x * f.x + f.y * f.y;
-  }
+  for (int i = 0; i < kVec<T>; ++i) s += to_float(p.e[i]) * to_float(p.e[i]);
   return s;
 }
 template <typename T>
-__device__ __forceinline__ uint4 scale(uint4 x, uint4 w, float rstd);
-template <>
-__device__ __forceinline__ uint4 scale<float>(uint4 x, uint4 w, float rstd) {
-  uint4 o;
-  o.x = __float_as_uint(__uint_as_float(x.x) * rstd * __uint_as_float(w.x));
-  o.y = __float_as_uint(__uint_as_float(x.y) * rstd * __uint_as_float(w.y));
-  o.z = __float_as_uint(__uint_as_float(x.z) * rstd * __uint_as_float(w.z));
-  o.w = __float_as_uint(__uint_as_float(x.w) * rstd * __uint_as_float(w.w));
-  return o;
-}
-__device__ __forceinline__ uint32_t bscale(uint32_t x, uint32_t w, float rstd) {
-  const float2 a = bf2(x), b = bf2(w);
-  __nv_bfloat162 h = __floats2bfloat162_rn(a.x * rstd * b.x, a.y * rstd * b.y);
-  uint32_t r;
-  std::memcpy(&r, &h, 4);
-  return r;
-}
-template <>
-__device__ __forceinline__ uint4 scale<__nv_bfloat16>(uint4 x, uint4 w, float rstd) {
-  return make_uint4(bscale(x.x, w.x, rstd), bscale(x.y, w.y, rstd), bscale(x.z, w.z, rstd),
-                    bscale(x.w, w.w, rstd));
+__device__ __forceinline__ uint4 scale(uint4 x, uint4 w, float rstd) {
+  Pack<T> a, b, o;
+  a.raw = x;
+  b.raw = w;
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i)
+    o.e[i] = cuda_impl::from_float<T>(to_float(a.e[i]) * rstd * to_float(b.e[i]));
+  return o.raw;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint4 ld_plain(const uint4* p) {
+// x's 16-byte vector by a plain load, or the read-only non-allocating one (the default)
+template <bool PLAIN>
+__device__ __forceinline__ uint4 ld_v4(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (PLAIN)
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
   return v;
-}
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// the sum of every thread's part over the cluster, as the shipped kernel's cluster_sum
-template <int BLOCK>
-__device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t* bar,
-                                             uint32_t rank, uint32_t ranks) {
-  constexpr int kWarps = BLOCK / 32;
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(static_cast<uint32_t>(kWarps * ranks * sizeof(float)))
-                 : "memory");
-  }
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  if (lane < static_cast<int>(ranks)) {
-    uint32_t slot, peer_bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(slot)
-                 : "r"(smem_u32(&parts[rank * kWarps + warp])), "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(peer_bar)
-                 : "r"(smem_u32(bar)), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
-                     slot),
-                 "f"(part), "r"(peer_bar)
-                 : "memory");
-  }
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar))
-        : "memory");
-  } while (!done);
-  float s = 0.f;
-  for (int i = lane; i < kWarps * static_cast<int>(ranks); i += 32) s += parts[i];
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
 }
 
 template <typename T, int BLOCK, int VPT, int MODE>
@@ -175,7 +112,7 @@ __global__ void __launch_bounds__(BLOCK)
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  cuda_impl::cluster_arrive_relaxed();
   uint4 v[kSt ? 1 : VPT];
   uint4 wv[kEw ? VPT : 1];
   if constexpr (kSt) {
@@ -192,11 +129,11 @@ __global__ void __launch_bounds__(BLOCK)
     asm volatile("cp.async.commit_group;" ::: "memory");
   } else {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) v[k] = (MODE & kPlainX) ? ld_plain(xr + at(k)) : ld_stream(xr + at(k));
+    for (int k = 0; k < VPT; ++k) v[k] = ld_v4<(MODE & kPlainX) != 0>(xr + at(k));
   }
   if constexpr (kEw) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) wv[k] = (MODE & kPlainW) ? ld_plain(w + at(k)) : __ldg(w + at(k));
+    for (int k = 0; k < VPT; ++k) wv[k] = (MODE & kPlainW) ? ld_v4<true>(w + at(k)) : __ldg(w + at(k));
   }
   if constexpr (kPf) {
 #pragma unroll
@@ -206,7 +143,7 @@ __global__ void __launch_bounds__(BLOCK)
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) ss += sq<T>(kSt ? stage[k * BLOCK + t] : v[k]);
-  ss = cluster_sum<BLOCK>(ss, parts, &bar, rank, ranks);
+  ss = cluster_sum<BLOCK>(ss, parts, &bar, static_cast<int>(rank), static_cast<int>(ranks));
   const float rstd = rsqrtf(ss * inv_n + eps);
   if constexpr (!kSt) {
 #pragma unroll

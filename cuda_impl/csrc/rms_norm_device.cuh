@@ -1,10 +1,12 @@
-// Device helpers shared by the forward (rms_norm_kernel.cu) and the backward
-// (rms_norm_backward.cu): 16-byte vectors of elements, element conversions to and from fp32,
-// thread-block cluster barriers; cached device attributes.
+// Device helpers shared by the forward (rms_norm_kernel.cu), the backward
+// (rms_norm_backward.cu) and the wide-row probe (scripts/wide_probe.cu): 16-byte vectors of
+// elements, element conversions to and from fp32, thread-block cluster barriers and the
+// cluster's sum through distributed shared memory; cached device attributes.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
 #include <cooperative_groups.h>
+#include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -74,6 +76,69 @@ __device__ __forceinline__ void cluster_position(int& rank, int& ranks) {
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   rank = static_cast<int>(cluster.block_rank());
   ranks = static_cast<int>(cluster.num_blocks());
+#endif
+}
+
+// a shared-memory address as the 32-bit form PTX's shared-state instructions take
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The sum over the CTAs of a cluster as one transaction barrier (as QuACK's rmsnorm does
+// it), not a CTA barrier and then a cluster barrier: each warp's partial goes straight to
+// slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
+// receiving CTA's mbarrier); a CTA waits on its own mbarrier alone, for all of them, and
+// every warp sums the same slots in the same order. No cluster-wide arrival a row, which
+// the sweep measured faster at every cluster config (PERF_NOTES v23). A CTA cannot leave
+// while a peer still writes into it: its own wait completes only when every peer's bytes
+// have landed.
+//
+// The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
+// cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
+// which thread 0 initialised (count 1) before the CTA's cluster arrive. Every
+// thread of every CTA must call it, once.
+template <int BLOCK>
+__device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t* bar, int rank,
+                                             int ranks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kWarps = BLOCK / 32;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(static_cast<uint32_t>(kWarps * ranks * sizeof(float)))
+                 : "memory");
+  }
+  cluster_wait();  // every peer runs, its mbarrier initialised
+  if (lane < ranks) {
+    uint32_t slot, peer_bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(slot)
+                 : "r"(smem_u32(&parts[rank * kWarps + warp])), "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer_bar) : "r"(smem_u32(bar)), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                     slot),
+                 "f"(part), "r"(peer_bar)
+                 : "memory");
+  }
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar))
+        : "memory");
+  } while (!done);
+  // the same slots in the same order in every warp of every CTA: one result
+  float s = 0.f;
+  for (int i = lane; i < kWarps * ranks; i += 32) s += parts[i];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+#else
+  return part;
 #endif
 }
 

@@ -218,69 +218,6 @@ __device__ __forceinline__ float group_sum(float ss, float* warp_sums) {
   return ss;
 }
 
-// a shared-memory address as the 32-bit form PTX's shared-state instructions take
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The sum over the CTAs of a cluster as one transaction barrier (as QuACK's rmsnorm does
-// it), not a CTA barrier and then a cluster barrier: each warp's partial goes straight to
-// slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
-// receiving CTA's mbarrier); a CTA waits on its own mbarrier alone, for all of them, and
-// every warp sums the same slots in the same order. No cluster-wide arrival a row, which
-// the sweep measured faster at every cluster config (PERF_NOTES v23). A CTA cannot leave
-// while a peer still writes into it: its own wait completes only when every peer's bytes
-// have landed.
-//
-// The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
-// cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
-// which thread 0 initialised (count 1) before the CTA's cluster arrive. Every
-// thread of every CTA must call it, once.
-template <int BLOCK>
-__device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t* bar, int rank,
-                                             int ranks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kWarps = BLOCK / 32;
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(static_cast<uint32_t>(kWarps * ranks * sizeof(float)))
-                 : "memory");
-  }
-  cluster_wait();  // every peer runs, its mbarrier initialised
-  if (lane < ranks) {
-    uint32_t slot, peer_bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(slot)
-                 : "r"(smem_u32(&parts[rank * kWarps + warp])), "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer_bar) : "r"(smem_u32(bar)), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
-                     slot),
-                 "f"(part), "r"(peer_bar)
-                 : "memory");
-  }
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar))
-        : "memory");
-  } while (!done);
-  // the same slots in the same order in every warp of every CTA: one result
-  float s = 0.f;
-  for (int i = lane; i < kWarps * ranks; i += 32) s += parts[i];
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
-#else
-  return part;
-#endif
-}
-
 // A cluster CTA's contiguous share of a row of nvec vectors (the last one shorter): this
 // thread's first vector lo, and the share's end hi (lo >= hi: nothing for this thread).
 struct Slice {
@@ -1191,10 +1128,11 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, int 
   TORCH_CHECK_VALUE(blocks <= INT32_MAX, impl, ": x has ", num(M),
                     " rows, more than one launch can cover");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // a staged row's slice: past the 48 KB a kernel gets without asking (set per launch: the
-  // attribute belongs to the current device's context, and a wide row's launch is long)
+  // a staged row's slice; past the 48 KB a kernel gets without asking, asked for (set per
+  // launch: the attribute belongs to the current device's context, and such a launch, a
+  // row of 128 KB or more, is long)
   const int smem = (c.variant & kStagedRow) != 0 ? block * c.vpt * stage_bytes : 0;
-  if (smem > 0)
+  if (smem > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   if (c.cluster) {
