@@ -390,6 +390,32 @@ def test_cuda_staged_default_widths(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cuda_staged_rows_in_a_graph(dtype):
+    """Staged clusters past the 48 KB of shared memory a kernel has without asking (the
+    launch asks for it) captured in a CUDA graph, first call inside the capture, and
+    replayed on new data into a poisoned output."""
+    impl_or_skip("cuda")
+    from cuda_impl import configs as C
+    from cuda_impl import rms_norm
+
+    elem = torch.empty(0, dtype=dtype).element_size()
+    for n in (131072, 262144):
+        cfg = C.default_config(n, elem)
+        x, w = inputs(4, n, dtype)
+        out = torch.empty_like(x)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            rms_norm(x, w, 1e-6, out=out)
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6), **TOL[dtype], msg=f"{cfg}")
+
+
+@pytest.mark.gpu
 def test_forced_cuda_config_errors():
     impl_or_skip("cuda")
     from cuda_impl import Config, rms_norm_with_config

@@ -853,7 +853,10 @@ struct PlainTable {
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
-      {512, 2, false, kRowChunks}};
+      {512, 2, false, kRowChunks},
+      // staged whole-vector clusters of 128 KB a CTA: an fp32 row of 262144 on 8 CTAs (512 x
+      // 16, the same slice, spilled 260-572 bytes in its general body under 64 registers)
+      {1024, 8, true, kStagedWhole}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -918,7 +921,9 @@ struct FusedTable {
                                           // wide rows of whole vectors staged, as rms_norm's
                                           {256, 4, true, kStagedWhole},
                                           {256, 8, true, kStagedWhole},
-                                          {512, 8, true, kStagedWhole}};
+                                          {512, 8, true, kStagedWhole},
+                                          {512, 4, true, kStagedWhole},
+                                          {1024, 4, true, kStagedWhole}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
