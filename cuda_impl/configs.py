@@ -34,12 +34,20 @@ VARIANT_LATE_WEIGHT = 16
 #: rms_norm, one CTA a row: the row in CTA-wide chunks of row_threads x vpt vectors (the
 #: first held, the rest read twice), every access a whole 16-byte vector; holds any row.
 VARIANT_ROW_CHUNKS = 32
-#: rms_norm clusters, the two bits together: rows of whole aligned 16-byte vectors take a
-#: body with no scalar head or tail, each CTA's contiguous slice of the row staged in shared
-#: memory by cp.async.ca, the weight loaded into registers while it lands; other rows the
-#: general one.
+#: Clusters (both ops), the two bits together: rows of whole aligned 16-byte vectors take a
+#: body with no scalar head or tail, each CTA's contiguous slice of the row (and of the
+#: residual) staged in shared memory by cp.async.ca, the weight loaded into registers while
+#: it lands; other rows the general one. Such clusters may hold up to 16 CTAs.
 VARIANT_WHOLE_VECTORS = 64
 VARIANT_STAGED_ROW = 128
+#: CTAs a cluster may hold: the portable 8, and the non-portable 16 of a staged row's.
+MAX_CLUSTER = 8
+MAX_STAGED_CLUSTER = 16
+
+
+def max_cluster(variant: int) -> int:
+    """The most CTAs a cluster of a config with this variant may have."""
+    return MAX_STAGED_CLUSTER if variant & VARIANT_STAGED_ROW else MAX_CLUSTER
 
 
 @dataclass(frozen=True)
@@ -122,10 +130,11 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
         per_cta = c.row_threads * c.vpt
         one = Config(c.row_threads, c.vpt, 1, c.variant)
         if c.cluster:
+            most = max_cluster(c.variant)
             ranks = 2
-            while ranks * per_cta < vecs and ranks < 8:
+            while ranks * per_cta < vecs and ranks < most:
                 ranks *= 2
-            for r in sorted({ranks, min(8, 2 * ranks)}):
+            for r in sorted({ranks, min(most, 2 * ranks)}):
                 if r * per_cta >= vecs:
                     out.append(Config(c.row_threads, c.vpt, r, c.variant))
         elif one.holds(n, element_size) and per_cta <= 4 * max(vecs, 8):

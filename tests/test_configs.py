@@ -12,6 +12,7 @@ import torch
 
 from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip, sharded_to_stress
 from harness.reference import TOL, rms_norm_ref
+from rmsnorm_api import MAX_N
 
 VEC = {torch.float32: 4, torch.bfloat16: 8}
 
@@ -334,9 +335,9 @@ def layout_rows(layout: str, n: int, dtype: torch.dtype, vec: int):
 def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
     """Every config of the bodies for rows of whole vectors (row chunks, whole-vector
     clusters), over their vector path and the one rows off x's 16-byte alignment take:
-    row chunks at one chunk and at three, the last partial; clusters of 2 and of 8 CTAs at
-    their full width, at one whose slices are uneven (the last shortest) and, on 8 CTAs, at
-    9 vectors (three CTAs with an empty slice)."""
+    row chunks at one chunk and at three, the last partial; clusters of 2 and of their most
+    CTAs (8, staged 16) at their full width (at most MAX_N), at one whose slices are uneven
+    (the last shortest) and, on the most CTAs, at 9 vectors (CTAs with an empty slice)."""
     impl_or_skip("cuda")
     from cuda_impl import Config, compiled_configs, rms_norm_with_config
     from cuda_impl import configs as C
@@ -346,12 +347,13 @@ def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
     picked = [c for c in compiled_configs() if c.variant & mask]
     assert picked
     for c in picked:
-        for ranks in (2, 8) if c.cluster else (1,):
+        most = C.max_cluster(c.variant)
+        for ranks in (2, most) if c.cluster else (1,):
             cfg = Config(c.row_threads, c.vpt, ranks, c.variant)
-            cap = c.row_threads * c.vpt * ranks * vec
+            cap = min(c.row_threads * c.vpt * ranks * vec, MAX_N)
             if c.cluster:
                 widths = (cap, cap - 3 * c.row_threads * vec - vec) + (
-                    (9 * vec,) if ranks == 8 else ()
+                    (9 * vec,) if ranks == most else ()
                 )
             else:
                 widths = (cap, 2 * cap + 5 * vec)
@@ -419,6 +421,7 @@ def test_cuda_staged_rows_in_a_graph(dtype):
 def test_forced_cuda_config_errors():
     impl_or_skip("cuda")
     from cuda_impl import Config, rms_norm_with_config
+    from cuda_impl import configs as C
     from cuda_impl.configs import VARIANT_LEAN_REGS, VARIANT_PLAIN_LOADS
 
     x, w = inputs(4, 4096, torch.bfloat16)
@@ -430,8 +433,13 @@ def test_forced_cuda_config_errors():
         rms_norm_with_config(x, w, 1e-6, Config(2**32 + 8, 1, 1, VARIANT_PLAIN_LOADS))
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
         rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_PLAIN_LOADS))
-    with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
+    with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):
         rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 3))
+    with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):  # 16: staged rows only
+        rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 16))
+    staged = Config(256, 8, 32, C.VARIANT_STAGED_ROW | C.VARIANT_WHOLE_VECTORS | 3)
+    with pytest.raises(ValueError, match="expected 1, 2, 4 or 8 or 16"):
+        rms_norm_with_config(x, w, 1e-6, staged)
     with pytest.raises(ValueError, match="cfg must be a cuda_impl.configs.Config"):
         rms_norm_with_config(x, w, 1e-6, (128, 4, 1, 1))
 

@@ -24,7 +24,7 @@ from harness.reference import (
     rms_norm_ref,
 )
 from harness.validate import run_case
-from rmsnorm_api import check_fused_inputs, check_in_place
+from rmsnorm_api import MAX_N, check_fused_inputs, check_in_place
 
 IMPLS = OP.registry()
 BACKENDS = ["triton", "cuda"]
@@ -621,8 +621,8 @@ def test_cuda_fused_configs_listed():
 @pytest.mark.parametrize("layout", ["aligned", "fp32-residual", "fp32-weight", "offset-residual"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_cuda_fused_staged_any_row(dtype, layout):
-    """The fused add's staged whole-vector clusters (a sweep build's): on 2 and 8 CTAs, at
-    their full width, at uneven slices and (8 CTAs) at 9 vectors, with the residual of x's
+    """The fused add's staged whole-vector clusters: on 2 and 16 CTAs, at their full width
+    (at most MAX_N), at uneven slices and (16 CTAs) at 9 vectors, with the residual of x's
     dtype or fp32, a weight of x's dtype or fp32, and a residual one element off its 16-byte
     alignment (the general body); both outputs against the reference."""
     impl_or_skip("cuda")
@@ -632,15 +632,15 @@ def test_cuda_fused_staged_any_row(dtype, layout):
     staged = [
         c for c in C.compiled_configs("fused_add_rms_norm") if c.variant & C.VARIANT_WHOLE_VECTORS
     ]
-    if not staged:
-        pytest.skip("sweep-only configs not built (build with RMSNORM_SWEEP_CONFIGS=1)")
+    assert staged
     vec = 16 // torch.empty(0, dtype=dtype).element_size()
     rdtype = torch.float32 if layout == "fp32-residual" else dtype
     for c in staged:
-        for ranks in (2, 8):
+        for ranks in (2, C.MAX_STAGED_CLUSTER):
             cfg = C.Config(c.row_threads, c.vpt, ranks, c.variant)
-            cap = c.row_threads * c.vpt * ranks * vec
-            widths = [cap, cap - 3 * c.row_threads * vec - vec] + ([9 * vec] if ranks == 8 else [])
+            cap = min(c.row_threads * c.vpt * ranks * vec, MAX_N)
+            widths = [cap, cap - 3 * c.row_threads * vec - vec]
+            widths += [9 * vec] if ranks == C.MAX_STAGED_CLUSTER else []
             for n in widths:
                 x, r, w = inputs(3, n, dtype, rdtype)
                 if layout == "fp32-weight":

@@ -94,7 +94,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // have landed.
 //
 // The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
-// cluster), through `parts` (BLOCK / 32 * kMaxClusterRanks floats) and the mbarrier `bar`,
+// cluster), through `parts` (BLOCK / 32 floats a CTA of the cluster) and the mbarrier `bar`,
 // which thread 0 initialised (count 1) before the CTA's cluster arrive. Every
 // thread of every CTA must call it, once.
 template <int BLOCK>

@@ -72,6 +72,10 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 inline bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 constexpr int kMaxClusterRanks = 8;  // portable cluster size
+// A staged row's clusters (kStagedRow) may take up to 16 CTAs, the H100/H200's non-portable
+// size (asked for at launch): a slice of 256 x 8 vectors a CTA, the fastest, holds a 16-bit
+// row of 262144 only on 16 CTAs.
+constexpr int kMaxStagedRanks = 16;
 
 // Ask for the line holding p to be brought into L1 (no register, no wait).
 template <typename W>
@@ -154,6 +158,10 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
 }
 
 constexpr int block_threads(int row_threads) { return row_threads < 128 ? 128 : row_threads; }
+// The most CTAs a cluster of a config with this variant may have.
+constexpr int max_ranks(int variant) {
+  return (variant & kStagedRow) != 0 ? kMaxStagedRanks : kMaxClusterRanks;
+}
 // CTAs an SM the compiler must fit in registers: rms_norm's staged row's at 64 registers a
 // thread (its slices live in shared memory; the general body it keeps for rows off the
 // 16-byte grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which
@@ -642,7 +650,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   static_assert(!CLUSTER || ROWS == 1, "a cluster shares exactly one row");
   __shared__ float warp_sums[BLOCK / 32];
   // a cluster's row sum: every warp's partial of every CTA, and the mbarrier they land on
-  __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * kMaxClusterRanks : 1];
+  __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * max_ranks(VARIANT) : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
   if constexpr ((VARIANT & kRowChunks) != 0) {
     static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
@@ -783,7 +791,7 @@ constexpr int kWholeMinN = 32768;
 constexpr int kRowChunkVecs = 512;
 struct Rung {
   Ladder ladder;
-  int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at 8 CTAs
+  int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at its most CTAs
   Config config;
 };
 constexpr int kPlain = kPlainLoads;
@@ -853,10 +861,7 @@ struct PlainTable {
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
-      {512, 2, false, kRowChunks},
-      // staged whole-vector clusters of 128 KB a CTA: an fp32 row of 262144 on 8 CTAs (512 x
-      // 16, the same slice, spilled 260-572 bytes in its general body under 64 registers)
-      {1024, 8, true, kStagedWhole}};
+      {512, 2, false, kRowChunks}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -909,19 +914,20 @@ struct FusedTable {
       {Ladder::kCluster32, 8 * 2048, {512, 4, true}},
       {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
+      // wide rows of whole vectors, the residual of x's dtype: rms_norm's staged clusters
+      {Ladder::kWhole, 8 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 8 * 4096, {512, 8, true, kStagedWhole}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   // Candidates the fused sweep keeps timing beside the rungs: lean registers or the late
   // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now); the
-  // staged whole-vector clusters of rms_norm (not yet measured for the fused add).
+  // staged whole-vector clusters at other shapes.
   static constexpr Config kSweepOnly[] = {{512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
                                           {1024, 4, false},
                                           {128, 4, false, kPlainLate},
                                           {512, 4, false, kPlainLate},
-                                          // wide rows of whole vectors staged, as rms_norm's
+                                          // wide rows of whole vectors staged
                                           {256, 4, true, kStagedWhole},
-                                          {256, 8, true, kStagedWhole},
-                                          {512, 8, true, kStagedWhole},
                                           {512, 4, true, kStagedWhole},
                                           {1024, 4, true, kStagedWhole}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
@@ -996,7 +1002,7 @@ constexpr bool valid_table() {
       if (same(kConfigs<Tb>[i], kConfigs<Tb>[j])) return false;
   for (int i = 0; i < kNumRungs<Tb>; ++i) {
     const Rung& r = Tb::kRungs[i];
-    const int ranks = r.config.cluster ? kMaxClusterRanks : 1;
+    const int ranks = r.config.cluster ? max_ranks(r.config.variant) : 1;
     const bool any_row = (r.config.variant & kRowChunks) != 0;
     if (!any_row && r.config.row_threads * r.config.vpt * ranks < r.max_vecs) return false;
     for (int j = 0; j < i; ++j)  // a ladder's rungs grow
@@ -1037,7 +1043,8 @@ int climb(Ladder ladder, int vecs) {
   return -1;
 }
 
-// The fewest CTAs (2, 4 or 8) of cluster config c that hold a row of `vecs` vectors.
+// The fewest CTAs (2, 4, 8 or, staged, 16) of cluster config c that hold a row of `vecs`
+// vectors.
 inline int fewest_ranks(const Config& c, int vecs) {
   int ranks = 2;
   while (ranks * c.row_threads * c.vpt < vecs) ranks *= 2;
@@ -1086,7 +1093,7 @@ constexpr bool used_by(int i, int elem) {
   const Ladder cluster = elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16;
   for (int r = 0; r < kNumRungs<Tb>; ++r) {
     const Ladder l = Tb::kRungs[r].ladder;
-    if ((l == many || l == cluster || l == Ladder::kFew) &&
+    if ((l == many || l == cluster || l == Ladder::kFew || l == Ladder::kWhole) &&
         same(Tb::kRungs[r].config, kConfigs<Tb>[i]))
       return true;
   }
@@ -1140,6 +1147,10 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, int 
   if (smem > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // so, too, a cluster past the portable 8 CTAs (staged rows only)
+  if (ranks > kMaxClusterRanks)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (c.cluster) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -1229,7 +1240,11 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
-  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, false);
+  // whole vectors: as rms_norm's, and the residual's rows and residual_out's aligned too; a
+  // residual of x's dtype only (an fp32 residual beside 16-bit x keeps the general clusters)
+  const bool vectors = sizeof(R) == sizeof(T) && row_vectors<T>(x2, weight) &&
+                       rows_aligned<T>(y2) && rows_aligned<R>(r2) && rows_aligned<R>(ro2);
+  const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, vectors);
   check_clusters<FusedTable>(kImpl, plan, N);
   const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
   // only a forced config can be one the default build leaves out for this dtype
@@ -1382,8 +1397,10 @@ Plan forced_plan(const char* fn, int64_t row_threads, int64_t vpt, int64_t clust
   TORCH_CHECK_VALUE(found >= 0, fn, ": no compiled config (", num(row_threads), ", ", num(vpt),
                     ", cluster ", num(ranks), ", variant ", num(variant),
                     "); see cuda_impl.compiled_configs()");
-  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= kMaxClusterRanks && (ranks & (ranks - 1)) == 0), fn,
-                    ": cluster is ", num(ranks), "; expected 1, 2, 4 or 8");
+  const int most = max_ranks(static_cast<int>(variant));
+  TORCH_CHECK_VALUE(ranks == 1 || (ranks <= most && (ranks & (ranks - 1)) == 0), fn,
+                    ": cluster is ", num(ranks), "; expected 1, 2, 4 or 8",
+                    most > kMaxClusterRanks ? " or 16" : "");
   return Plan{found, ranks};
 }
 }  // namespace
