@@ -435,7 +435,8 @@ def test_forced_cuda_config_errors():
         rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_PLAIN_LOADS))
     with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):
         rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 3))
-    with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):  # 16: staged rows only
+    # 16: staged rows only
+    with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):
         rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 16))
     staged = Config(256, 8, 32, C.VARIANT_STAGED_ROW | C.VARIANT_WHOLE_VECTORS | 3)
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8 or 16"):
