@@ -841,9 +841,12 @@ struct PlainTable {
       {Ladder::kRows16, 512, {256, 2, false, kRowChunks}},
       {Ladder::kRows16, 1536, {256, 4, false, kRowChunks}},
       // wide rows of whole vectors: clusters staged through shared memory, both element
-      // sizes; 256 x 8 CTAs (four an SM) while 8 of them hold the row, then 512 x 8
-      {Ladder::kWhole, 8 * 2048, {256, 8, true, kStagedWhole}},
-      {Ladder::kWhole, 8 * 4096, {512, 8, true, kStagedWhole}},
+      // sizes. Whichever of 256 x 8 and 512 x 8 fills its slices on the fewest CTAs: 512 x 8
+      // on 2-4 where 256 x 8 would take 4-8, 256 x 8 on 16 rather than 512 x 8 on 8
+      {Ladder::kWhole, 2 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 4 * 4096, {512, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 16 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 16 * 4096, {512, 8, true, kStagedWhole}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   static constexpr Config kSweepOnly[] = {
@@ -914,22 +917,19 @@ struct FusedTable {
       {Ladder::kCluster32, 8 * 2048, {512, 4, true}},
       {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
-      // wide rows of whole vectors, the residual of x's dtype: rms_norm's staged clusters
-      {Ladder::kWhole, 8 * 2048, {256, 8, true, kStagedWhole}},
-      {Ladder::kWhole, 8 * 4096, {512, 8, true, kStagedWhole}},
+      // wide rows of whole vectors, the residual of x's dtype: rms_norm's staged clusters,
+      // 512 x 8 on 2 CTAs only (on 4, 3-4 points under 256 x 8 on 8)
+      {Ladder::kWhole, 2 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 2 * 4096, {512, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 16 * 2048, {256, 8, true, kStagedWhole}},
+      {Ladder::kWhole, 16 * 4096, {512, 8, true, kStagedWhole}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   // Candidates the fused sweep keeps timing beside the rungs: lean registers or the late
-  // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now); the
-  // staged whole-vector clusters at other shapes.
+  // weight at other shapes, one 1024-thread CTA a row (256 x 4 lean is a rung's now).
   static constexpr Config kSweepOnly[] = {{512, 4, false, kPlainLean}, {1024, 4, false, kPlain},
-                                          {1024, 4, false},
-                                          {128, 4, false, kPlainLate},
-                                          {512, 4, false, kPlainLate},
-                                          // wide rows of whole vectors staged
-                                          {256, 4, true, kStagedWhole},
-                                          {512, 4, true, kStagedWhole},
-                                          {1024, 4, true, kStagedWhole}};
+                                          {1024, 4, false}, {128, 4, false, kPlainLate},
+                                          {512, 4, false, kPlainLate}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
