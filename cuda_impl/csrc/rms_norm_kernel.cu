@@ -13,8 +13,8 @@
 // 16-bit rows of 4096, 8192 or 12288 elements whose every access is a whole aligned vector
 // take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
 // head or tail), many rows or few; rows of whole aligned vectors from 32768 elements take
-// clusters whose CTAs each stage a contiguous slice in shared memory (kWholeVectors,
-// kStagedRow), no head or tail either.
+// clusters of up to 16 CTAs that each stage a contiguous slice in shared memory
+// (kWholeVectors, kStagedRow; both ops), no head or tail either.
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -107,14 +107,15 @@ constexpr int kLateWeight = 16;
 //   as they arrive and read again for the scale; every access a whole 16-byte vector, no
 //   scalar head or tail (row_chunks).
 constexpr int kRowChunks = 32;
-// - kWholeVectors | kStagedRow (rms_norm clusters, the two together): a row whose every
+// - kWholeVectors | kStagedRow (clusters of both ops, the two together): a row whose every
 //   access is a whole aligned 16-byte vector takes staged_slice: each CTA a contiguous
 //   slice, no scalar head or tail, no per-access alignment test, copied into shared memory
 //   by cp.async.ca (an L1-allocating copy: the non-allocating .cg lost 6-7 points of copy
 //   at every shape, the same kernel otherwise) and read from there twice, the weight (of
 //   x's dtype) loaded into registers while the copies fly: no row values held in registers
-//   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes. Other
-//   rows take the general body (kPlainLoads and kLeanRegs apply to it).
+//   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes (the
+//   fused add: and the residual's). Other rows take the general body (kPlainLoads and
+//   kLeanRegs apply to it).
 constexpr int kWholeVectors = 64;
 constexpr int kStagedRow = 128;
 
@@ -167,8 +168,8 @@ constexpr int max_ranks(int variant) {
 // 16-byte grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which
 // leaves the choice to the compiler as the one-argument form does (a 1 there took 512 x 8
 // from 64 to 72 registers, one CTA an SM, and bf16 32768 from 86% to 79% of copy). The
-// fused add's staged configs (sweep-only) hold twice the shared memory, and its general
-// body spilled 76-588 bytes under 64 registers.
+// fused add's staged configs hold twice the shared memory (two 256 x 8 CTAs an SM either
+// way), and its general body spilled 76-588 bytes under 64 registers.
 constexpr int min_blocks(int row_threads, int variant, bool fused) {
   return (variant & kStagedRow) != 0 && !fused ? 65536 / (block_threads(row_threads) * 64) : 0;
 }
