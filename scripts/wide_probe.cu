@@ -311,18 +311,11 @@ bool launch(const Cand& c, int nvec, int64_t M, const uint4* x, const uint4* w, 
     CK(cudaFuncSetAttribute(c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     CK(cudaFuncSetAttribute(c.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  cudaLaunchConfig_t cfg = {};
   const bool two_d = (c.mode & k2D) != 0;
-  cfg.gridDim = two_d ? dim3(static_cast<unsigned>(M), ranks) : dim3(static_cast<unsigned>(M * ranks));
-  cfg.blockDim = dim3(c.block);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = two_d ? 1 : ranks;
-  attr[0].val.clusterDim.y = two_d ? ranks : 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cuda_impl::cluster_launch_config(
+      two_d ? dim3(static_cast<unsigned>(M), ranks) : dim3(static_cast<unsigned>(M * ranks)),
+      c.block, smem, nullptr, two_d ? dim3(1, ranks) : dim3(ranks), &attr);
   CK(cudaLaunchKernelEx(&cfg, c.fn, x, w, y, nvec, inv_n, 1e-6f));
   if (ranks_out) {
     *ranks_out = ranks;
@@ -332,17 +325,9 @@ bool launch(const Cand& c, int nvec, int64_t M, const uint4* x, const uint4* w, 
 
 int active_clusters(const Cand& c, int ranks) {
   const size_t smem = (c.mode & kStaged) ? static_cast<size_t>(c.block) * c.vpt * 16 : 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ranks * 1024);
-  cfg.blockDim = dim3(c.block);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ranks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cuda_impl::cluster_launch_config(dim3(ranks * 1024), c.block, smem, nullptr, dim3(ranks), &attr);
   int n = -1;
   if (cudaOccupancyMaxActiveClusters(&n, c.fn, &cfg) != cudaSuccess) {
     cudaGetLastError();

@@ -598,18 +598,8 @@ struct Launch {
 // The cluster launch of a staged kernel (ranks > 1), over `walkers` clusters.
 cudaLaunchConfig_t cluster_config(const Launch& l, int walkers, cudaStream_t stream,
                                   cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(walkers * l.ranks));
-  cfg.blockDim = dim3(l.threads);
-  cfg.dynamicSmemBytes = l.smem;
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = l.ranks;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
+  return cluster_launch_config(dim3(static_cast<unsigned>(walkers * l.ranks)), l.threads,
+                               static_cast<size_t>(l.smem), stream, dim3(l.ranks), attr);
 }
 
 // The row walkers (CTAs, or clusters of l.ranks CTAs) that fit the GPU at once for this

@@ -1,7 +1,8 @@
 // Device helpers shared by the forward (rms_norm_kernel.cu), the backward
 // (rms_norm_backward.cu) and the wide-row probe (scripts/wide_probe.cu): 16-byte vectors of
 // elements, element conversions to and from fp32, thread-block cluster barriers and the
-// cluster's sum through distributed shared memory; cached device attributes.
+// cluster's sum through distributed shared memory; cached device attributes, a cluster
+// launch's config.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -24,6 +25,26 @@ int device_attribute(int device) {
     cache[device] = n;
   }
   return cache[device];
+}
+
+// A cluster launch's config: `grid` CTAs of `threads` threads, `smem` bytes of dynamic shared
+// memory, clusters of `cluster` CTAs; `attr` holds its one attribute (it must outlive the
+// launch).
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, size_t smem,
+                                                cudaStream_t stream, dim3 cluster,
+                                                cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = cluster.x;
+  attr->val.clusterDim.y = cluster.y;
+  attr->val.clusterDim.z = cluster.z;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
 }
 
 // VEC elements of T make one 16-byte vector.

@@ -1153,18 +1153,10 @@ void launch_kernel(const char* impl, const Config& c, int ranks, int64_t M, int 
     C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (c.cluster) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ranks;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        cluster_launch_config(dim3(static_cast<unsigned>(blocks)), block,
+                              static_cast<size_t>(smem), stream, dim3(ranks), &attr);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
   } else {
     kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(args...);
