@@ -57,3 +57,13 @@ def sharded_to_stress(n: int, element_size: int) -> list:
 
     cands = sharded_candidates(n, element_size)
     return [c for c in cands if c.wait] + [Config("sharded", 8192, 16, stages=2, stream_y=True)]
+
+
+def cluster_widths(row_threads: int, vpt: int, ranks: int, most: int, vec: int) -> list:
+    """Row widths a CUDA cluster config of `ranks` CTAs is checked at: its full width (at
+    most MAX_N), one whose slices are uneven (the last shortest) and, on its most CTAs, 9
+    vectors (CTAs with an empty slice)."""
+    from rmsnorm_api import MAX_N
+
+    cap = min(row_threads * vpt * ranks * vec, MAX_N)
+    return [cap, cap - 3 * row_threads * vec - vec] + ([9 * vec] if ranks == most else [])

@@ -10,9 +10,15 @@ import functools
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU, fn_or_skip, impl_or_skip, sharded_to_stress
+from conftest import (
+    DEVICE,
+    HAS_GPU,
+    cluster_widths,
+    fn_or_skip,
+    impl_or_skip,
+    sharded_to_stress,
+)
 from harness.reference import TOL, rms_norm_ref
-from rmsnorm_api import MAX_N
 
 VEC = {torch.float32: 4, torch.bfloat16: 8}
 
@@ -350,13 +356,11 @@ def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
         most = C.max_cluster(c.variant)
         for ranks in (2, most) if c.cluster else (1,):
             cfg = Config(c.row_threads, c.vpt, ranks, c.variant)
-            cap = min(c.row_threads * c.vpt * ranks * vec, MAX_N)
             if c.cluster:
-                widths = (cap, cap - 3 * c.row_threads * vec - vec) + (
-                    (9 * vec,) if ranks == most else ()
-                )
+                widths = cluster_widths(c.row_threads, c.vpt, ranks, most, vec)
             else:
-                widths = (cap, 2 * cap + 5 * vec)
+                cap = c.row_threads * c.vpt * vec
+                widths = [cap, 2 * cap + 5 * vec]
             for n in widths:
                 x, w = layout_rows(layout, n, dtype, vec)
                 got = rms_norm_with_config(x, w, 1e-6, cfg)

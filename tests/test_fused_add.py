@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU, impl_or_skip, sharded_to_stress
+from conftest import DEVICE, HAS_GPU, cluster_widths, impl_or_skip, sharded_to_stress
 from harness.cases import fused_add_cases
 from harness.ops import FUSED_ADD_RMS_NORM as OP
 from harness.reference import (
@@ -24,7 +24,7 @@ from harness.reference import (
     rms_norm_ref,
 )
 from harness.validate import run_case
-from rmsnorm_api import MAX_N, check_fused_inputs, check_in_place
+from rmsnorm_api import check_fused_inputs, check_in_place
 
 IMPLS = OP.registry()
 BACKENDS = ["triton", "cuda"]
@@ -636,12 +636,10 @@ def test_cuda_fused_staged_any_row(dtype, layout):
     vec = 16 // torch.empty(0, dtype=dtype).element_size()
     rdtype = torch.float32 if layout == "fp32-residual" else dtype
     for c in staged:
-        for ranks in (2, C.MAX_STAGED_CLUSTER):
+        most = C.max_cluster(c.variant)
+        for ranks in (2, most):
             cfg = C.Config(c.row_threads, c.vpt, ranks, c.variant)
-            cap = min(c.row_threads * c.vpt * ranks * vec, MAX_N)
-            widths = [cap, cap - 3 * c.row_threads * vec - vec]
-            widths += [9 * vec] if ranks == C.MAX_STAGED_CLUSTER else []
-            for n in widths:
+            for n in cluster_widths(c.row_threads, c.vpt, ranks, most, vec):
                 x, r, w = inputs(3, n, dtype, rdtype)
                 if layout == "fp32-weight":
                     w = w.float()
