@@ -865,7 +865,12 @@ struct PlainTable {
       {128, 4, false, kHintOnlyLoads}, {128, 4, false, kNcOnlyLoads},
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
-      {512, 2, false, kRowChunks}};
+      {512, 2, false, kRowChunks},
+      // 16-bit rows of up to 512 vectors off the 16-byte grid (4095, 4097): fewer registers
+      // than the 128 x 4 rung's (lean, or no early weight), or its vectors in other shapes
+      {128, 4, false, kPlainLean}, {128, 4, false, kPlainLate},
+      {128, 4, false, kPlainLean | kLateWeight}, {256, 2, false, kPlain},
+      {256, 2, false, kPlainLean}, {64, 8, false, kPlainLean}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
