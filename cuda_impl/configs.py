@@ -28,8 +28,9 @@ VARIANT_LEAN_REGS = 2
 #: non-allocating load.
 VARIANT_HINT_ONLY_LOADS = 4
 VARIANT_NC_ONLY_LOADS = 8
-#: The fused add: the weight read after the reduction even where rms_norm reads it early
-#: (16-bit x and weight, CTAs under 1024 threads, at most 4 vectors a thread).
+#: The weight read after the reduction where the kernel would read it early (16-bit x and
+#: weight, CTAs under 1024 threads, at most 4 vectors a thread): the fused add's rungs, and
+#: rms_norm's 16-bit rows off the 16-byte grid.
 VARIANT_LATE_WEIGHT = 16
 #: rms_norm, one CTA a row: the row in CTA-wide chunks of row_threads x vpt vectors (the
 #: first held, the rest read twice), every access a whole 16-byte vector; holds any row.

@@ -272,6 +272,12 @@ def test_cuda_config_table():
                           (4096, 4, False)):  # fmt: skip
         got = bool(C.default_config(n, elem).variant & C.VARIANT_ROW_CHUNKS)
         assert got == want, (n, elem)
+    # the late weight: 16-bit rows off the 16-byte grid of 257-512 whole vectors, nothing else
+    for n, elem, want in ((4095, 2, True), (4097, 2, True), (2057, 2, True), (4103, 2, True),
+                          (2049, 2, False), (4111, 2, False), (3072, 2, False),
+                          (4097, 4, False)):  # fmt: skip
+        got = bool(C.default_config(n, elem).variant & C.VARIANT_LATE_WEIGHT)
+        assert got == want, (n, elem)
 
 
 def test_cuda_sweep_only_configs():

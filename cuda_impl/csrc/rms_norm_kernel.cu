@@ -14,7 +14,8 @@
 // take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
 // head or tail), many rows or few; rows of whole aligned vectors from 32768 elements take
 // clusters of up to 16 CTAs that each stage a contiguous slice in shared memory
-// (kWholeVectors, kStagedRow; both ops), no head or tail either.
+// (kWholeVectors, kStagedRow; both ops), no head or tail either. Many 16-bit rows off the
+// 16-byte grid (odd N, odd offsets) take a ladder of their own (kOdd16).
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -98,9 +99,9 @@ constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 constexpr int kHintOnlyLoads = 4;
 constexpr int kNcOnlyLoads = 8;
-// - kLateWeight (fused add): no early weight vectors; the weight is read after the
-//   reduction, as for wider rows (its 16 registers a thread beside the residual's vectors
-//   cost occupancy).
+// - kLateWeight: no early weight vectors; the weight is read after the reduction, as for
+//   wider rows (its 16 registers a thread cost occupancy: beside the fused add's residual
+//   vectors, and on rows off the 16-byte grid, where few rows could use them).
 constexpr int kLateWeight = 16;
 // - kRowChunks (rms_norm, one CTA a row): the row in CTA-wide chunks of ROW_THREADS x VPT
 //   vectors, the first held in registers with its weight loaded beside it, the rest summed
@@ -451,6 +452,87 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 // again (from L1 or L2, where they have just been) for the scale, on few registers a
 // thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
 // loop, correct at any alignment and width.
+// A build switch for a probe (-DRMSNORM_ROW_CHUNKS_OUTLINE=1; off in the default build):
+// the row-chunk body's rare paths (any alignment; the chunks after the first) as functions
+// of their own, called, so that a decode-sized row's path through the kernel is one short
+// run of code rather than jumps over kilobytes of it (instruction fetch, cold on an SM).
+#ifndef RMSNORM_ROW_CHUNKS_OUTLINE
+#define RMSNORM_ROW_CHUNKS_OUTLINE 0
+#endif
+#if RMSNORM_ROW_CHUNKS_OUTLINE
+#define ROW_CHUNKS_RARE __device__ __noinline__
+#else
+#define ROW_CHUNKS_RARE __device__ __forceinline__
+#endif
+
+// A row at any alignment, element by element (x read twice): row_chunks' fallback.
+template <typename T, typename W, int ROW_THREADS>
+ROW_CHUNKS_RARE void row_scalar(const T* __restrict__ xr, const W* __restrict__ w,
+                                T* __restrict__ yr, int N, float eps, float* warp_sums) {
+  const int t = threadIdx.x;
+  float ss = 0.f;
+  for (int e = t; e < N; e += ROW_THREADS) {
+    const float f = to_float(xr[e]);
+    ss = fmaf(f, f, ss);
+  }
+  const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+  for (int e = t; e < N; e += ROW_THREADS) {
+    const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
+    yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
+  }
+}
+
+// This thread's sum of squares over the row's chunks after the first, summed as they arrive.
+template <typename T, int ROW_THREADS, int VPT>
+ROW_CHUNKS_RARE float later_chunks_sum(const uint4* __restrict__ xp, int nvec) {
+  constexpr int VEC = kVec<T>;
+  constexpr int CHUNK = ROW_THREADS * VPT;
+  const int t = threadIdx.x;
+  float ss = 0.f;
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+    Pack<T> u[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
+  }
+  return ss;
+}
+
+// The chunks after the first scaled and stored, read again (from L1 or L2).
+template <typename T, typename W, int ROW_THREADS, int VPT>
+ROW_CHUNKS_RARE void later_chunks_store(const uint4* __restrict__ xp, const W* __restrict__ w,
+                                        uint4* __restrict__ yp, int nvec, float rstd) {
+  constexpr int VEC = kVec<T>;
+  constexpr int CHUNK = ROW_THREADS * VPT;
+  const int t = threadIdx.x;
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      if (j >= nvec) break;
+      Pack<T> u;
+      u.raw = load_stream<kPlainLoads>(xp + j);
+      float wf[VEC];
+      if (w != nullptr) {
+        load_weight<W, VEC>(w + j * VEC, true, wf);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+      }
+      Pack<T> o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
+      yp[j] = o.raw;
+    }
+  }
+}
+
 template <typename T, typename W, int ROW_THREADS, int VPT>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,
@@ -467,16 +549,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
   const bool vec_ok =
       N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w));
   if (!vec_ok) {  // any alignment: element by element, x read twice
-    float ss = 0.f;
-    for (int e = t; e < N; e += ROW_THREADS) {
-      const float f = to_float(xr[e]);
-      ss = fmaf(f, f, ss);
-    }
-    const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
-    for (int e = t; e < N; e += ROW_THREADS) {
-      const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
-      yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
-    }
+    row_scalar<T, W, ROW_THREADS>(xr, w, yr, N, eps, warp_sums);
     return;
   }
   const int nvec = N / VEC;
@@ -503,18 +576,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
   }
   // later chunks: summed as they arrive
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
-    Pack<T> u[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
-  }
+  if (nvec > CHUNK) ss += later_chunks_sum<T, ROW_THREADS, VPT>(xp, nvec);
   // reduce over the CTA
   const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
   // scale and store: the held chunk, then the later chunks read again
@@ -535,26 +597,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
     yp[j] = o.raw;
   }
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      if (j >= nvec) break;
-      Pack<T> u;
-      u.raw = load_stream<kPlainLoads>(xp + j);
-      float wf[VEC];
-      if (w != nullptr) {
-        load_weight<W, VEC>(w + j * VEC, true, wf);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
-      }
-      Pack<T> o;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
-      yp[j] = o.raw;
-    }
-  }
+  if (nvec > CHUNK) later_chunks_store<T, W, ROW_THREADS, VPT>(xp, w, yp, nvec, rstd);
 }
 
 // ---- the kernels -----------------------------------------------------------------------
@@ -782,6 +825,7 @@ enum class Ladder {
   kCluster32,  // ... (fp32)
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
   kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider
+  kOdd16,      // 16-bit rows off the 16-byte grid (N, or a row's start, not on it), many rows
 };
 // kWhole takes rows of at least this many elements (both element sizes: the widths its
 // sweep measured).
@@ -790,6 +834,9 @@ constexpr int kWholeMinN = 32768;
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
 // vectors, lost 6 points of copy to the many-row ladder).
 constexpr int kRowChunkVecs = 512;
+// kOdd16 takes rows of more than this many vectors (the many-row rung below its first one;
+// the band its sweep measured: 4095 and 4097 elements).
+constexpr int kOddMinVecs = 256;
 struct Rung {
   Ladder ladder;
   int max_vecs;  // widest row (16-byte vectors) it takes: a cluster rung at its most CTAs
@@ -813,7 +860,7 @@ struct PlainTable {
       {Ladder::kMany16, 64, {32, 2, false, kPlain}},
       {Ladder::kMany16, 128, {32, 4, false, kPlain}},
       {Ladder::kMany16, 256, {64, 4, false, kPlain}},
-      {Ladder::kMany16, 512, {128, 4, false, kPlain}},
+      {Ladder::kMany16, 512, {128, 4, false, kPlainLean}},
       {Ladder::kMany16, 1024, {128, 8, false, kPlainLean}},
       {Ladder::kMany16, 2048, {256, 8, false, kPlainLean}},
       {Ladder::kMany16, 4096, {512, 8, false, kPlainLean}},
@@ -848,6 +895,10 @@ struct PlainTable {
       {Ladder::kWhole, 4 * 4096, {512, 8, true, kStagedWhole}},
       {Ladder::kWhole, 16 * 2048, {256, 8, true, kStagedWhole}},
       {Ladder::kWhole, 16 * 4096, {512, 8, true, kStagedWhole}},
+      // rows off the 16-byte grid: a row's weight vectors line up with x's only where its
+      // head is empty (one row in eight of an odd width), so no early weight, whose
+      // registers cost CTAs an SM (63 -> 48 in bf16: 88% -> 94% of copy at 4095 / 4097)
+      {Ladder::kOdd16, 512, {128, 4, false, kPlainLate}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
   static constexpr Config kSweepOnly[] = {
@@ -866,11 +917,9 @@ struct PlainTable {
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
       {512, 2, false, kRowChunks},
-      // 16-bit rows of up to 512 vectors off the 16-byte grid (4095, 4097): fewer registers
-      // than the 128 x 4 rung's (lean, or no early weight), or its vectors in other shapes
-      {128, 4, false, kPlainLean}, {128, 4, false, kPlainLate},
-      {128, 4, false, kPlainLean | kLateWeight}, {256, 2, false, kPlain},
-      {256, 2, false, kPlainLean}, {64, 8, false, kPlainLean}};
+      // the 128 x 4 rungs' neighbours: the many-row rung before it took lean registers,
+      // and the odd rows' with lean registers too (within a point of it)
+      {128, 4, false, kPlain}, {128, 4, false, kPlainLean | kLateWeight}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
@@ -1071,6 +1120,10 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
     if (c >= 0) return {c, fewest_ranks(kConfigs<Tb>[c], vecs)};
   }
   int config = climb<Tb>(elem == 4 ? Ladder::kMany32 : Ladder::kMany16, vecs);
+  if (!vectors && elem == 2 && vecs > kOddMinVecs) {
+    const int odd = climb<Tb>(Ladder::kOdd16, vecs);
+    if (odd >= 0) config = odd;
+  }
   if (config >= 0 && rows > 0) {
     const Config c = kConfigs<Tb>[config];
     const int per_block = block_threads(c.row_threads) / c.row_threads;
@@ -1099,7 +1152,8 @@ constexpr bool used_by(int i, int elem) {
   const Ladder cluster = elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16;
   for (int r = 0; r < kNumRungs<Tb>; ++r) {
     const Ladder l = Tb::kRungs[r].ladder;
-    if ((l == many || l == cluster || l == Ladder::kFew || l == Ladder::kWhole) &&
+    if ((l == many || l == cluster || l == Ladder::kFew || l == Ladder::kWhole ||
+         (l == Ladder::kOdd16 && elem == 2)) &&
         same(Tb::kRungs[r].config, kConfigs<Tb>[i]))
       return true;
   }
