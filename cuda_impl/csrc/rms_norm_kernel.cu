@@ -443,32 +443,11 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 }
 
 // ---- the row-chunk body ------------------------------------------------------------------
-// kRowChunks: one CTA a row, for rows whose every access is a whole aligned 16-byte vector
-// (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
-// picks it only for such rows). Each thread runs the work of its own vectors and nothing
-// else: no head or tail, no unused vector slots (a decode-sized call is a few CTAs whose
-// instruction count is their time). A row wider than the first chunk is walked as
-// torch.compile's looped reduction walks it: later chunks summed as they arrive, then read
-// again (from L1 or L2, where they have just been) for the scale, on few registers a
-// thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
-// loop, correct at any alignment and width.
-// A build switch for a probe (-DRMSNORM_ROW_CHUNKS_OUTLINE=1; off in the default build):
-// the row-chunk body's rare paths (any alignment; the chunks after the first) as functions
-// of their own, called, so that a decode-sized row's path through the kernel is one short
-// run of code rather than jumps over kilobytes of it (instruction fetch, cold on an SM).
-#ifndef RMSNORM_ROW_CHUNKS_OUTLINE
-#define RMSNORM_ROW_CHUNKS_OUTLINE 0
-#endif
-#if RMSNORM_ROW_CHUNKS_OUTLINE
-#define ROW_CHUNKS_RARE __device__ __noinline__
-#else
-#define ROW_CHUNKS_RARE __device__ __forceinline__
-#endif
-
 // A row at any alignment, element by element (x read twice): row_chunks' fallback.
 template <typename T, typename W, int ROW_THREADS>
-ROW_CHUNKS_RARE void row_scalar(const T* __restrict__ xr, const W* __restrict__ w,
-                                T* __restrict__ yr, int N, float eps, float* warp_sums) {
+__device__ __forceinline__ void row_scalar(const T* __restrict__ xr, const W* __restrict__ w,
+                                           T* __restrict__ yr, int N, float eps,
+                                           float* warp_sums) {
   const int t = threadIdx.x;
   float ss = 0.f;
   for (int e = t; e < N; e += ROW_THREADS) {
@@ -484,7 +463,7 @@ ROW_CHUNKS_RARE void row_scalar(const T* __restrict__ xr, const W* __restrict__ 
 
 // This thread's sum of squares over the row's chunks after the first, summed as they arrive.
 template <typename T, int ROW_THREADS, int VPT>
-ROW_CHUNKS_RARE float later_chunks_sum(const uint4* __restrict__ xp, int nvec) {
+__device__ __forceinline__ float later_chunks_sum(const uint4* __restrict__ xp, int nvec) {
   constexpr int VEC = kVec<T>;
   constexpr int CHUNK = ROW_THREADS * VPT;
   const int t = threadIdx.x;
@@ -506,8 +485,10 @@ ROW_CHUNKS_RARE float later_chunks_sum(const uint4* __restrict__ xp, int nvec) {
 
 // The chunks after the first scaled and stored, read again (from L1 or L2).
 template <typename T, typename W, int ROW_THREADS, int VPT>
-ROW_CHUNKS_RARE void later_chunks_store(const uint4* __restrict__ xp, const W* __restrict__ w,
-                                        uint4* __restrict__ yp, int nvec, float rstd) {
+__device__ __forceinline__ void later_chunks_store(const uint4* __restrict__ xp,
+                                                   const W* __restrict__ w,
+                                                   uint4* __restrict__ yp, int nvec,
+                                                   float rstd) {
   constexpr int VEC = kVec<T>;
   constexpr int CHUNK = ROW_THREADS * VPT;
   const int t = threadIdx.x;
@@ -533,6 +514,15 @@ ROW_CHUNKS_RARE void later_chunks_store(const uint4* __restrict__ xp, const W* _
   }
 }
 
+// kRowChunks: one CTA a row, for rows whose every access is a whole aligned 16-byte vector
+// (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
+// picks it only for such rows). Each thread runs the work of its own vectors and nothing
+// else: no head or tail, no unused vector slots (a decode-sized call is a few CTAs whose
+// instruction count is their time). A row wider than the first chunk is walked as
+// torch.compile's looped reduction walks it: later chunks summed as they arrive, then read
+// again (from L1 or L2, where they have just been) for the scale, on few registers a
+// thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
+// loop, correct at any alignment and width.
 template <typename T, typename W, int ROW_THREADS, int VPT>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,
