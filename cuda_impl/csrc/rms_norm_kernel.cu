@@ -443,77 +443,6 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 }
 
 // ---- the row-chunk body ------------------------------------------------------------------
-// A row at any alignment, element by element (x read twice): row_chunks' fallback.
-template <typename T, typename W, int ROW_THREADS>
-__device__ __forceinline__ void row_scalar(const T* __restrict__ xr, const W* __restrict__ w,
-                                           T* __restrict__ yr, int N, float eps,
-                                           float* warp_sums) {
-  const int t = threadIdx.x;
-  float ss = 0.f;
-  for (int e = t; e < N; e += ROW_THREADS) {
-    const float f = to_float(xr[e]);
-    ss = fmaf(f, f, ss);
-  }
-  const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
-  for (int e = t; e < N; e += ROW_THREADS) {
-    const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
-    yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
-  }
-}
-
-// This thread's sum of squares over the row's chunks after the first, summed as they arrive.
-template <typename T, int ROW_THREADS, int VPT>
-__device__ __forceinline__ float later_chunks_sum(const uint4* __restrict__ xp, int nvec) {
-  constexpr int VEC = kVec<T>;
-  constexpr int CHUNK = ROW_THREADS * VPT;
-  const int t = threadIdx.x;
-  float ss = 0.f;
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
-    Pack<T> u[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
-  }
-  return ss;
-}
-
-// The chunks after the first scaled and stored, read again (from L1 or L2).
-template <typename T, typename W, int ROW_THREADS, int VPT>
-__device__ __forceinline__ void later_chunks_store(const uint4* __restrict__ xp,
-                                                   const W* __restrict__ w,
-                                                   uint4* __restrict__ yp, int nvec,
-                                                   float rstd) {
-  constexpr int VEC = kVec<T>;
-  constexpr int CHUNK = ROW_THREADS * VPT;
-  const int t = threadIdx.x;
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      if (j >= nvec) break;
-      Pack<T> u;
-      u.raw = load_stream<kPlainLoads>(xp + j);
-      float wf[VEC];
-      if (w != nullptr) {
-        load_weight<W, VEC>(w + j * VEC, true, wf);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
-      }
-      Pack<T> o;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
-      yp[j] = o.raw;
-    }
-  }
-}
-
 // kRowChunks: one CTA a row, for rows whose every access is a whole aligned 16-byte vector
 // (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
 // picks it only for such rows). Each thread runs the work of its own vectors and nothing
@@ -539,7 +468,16 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
   const bool vec_ok =
       N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w));
   if (!vec_ok) {  // any alignment: element by element, x read twice
-    row_scalar<T, W, ROW_THREADS>(xr, w, yr, N, eps, warp_sums);
+    float ss = 0.f;
+    for (int e = t; e < N; e += ROW_THREADS) {
+      const float f = to_float(xr[e]);
+      ss = fmaf(f, f, ss);
+    }
+    const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+    for (int e = t; e < N; e += ROW_THREADS) {
+      const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
+      yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
+    }
     return;
   }
   const int nvec = N / VEC;
@@ -566,7 +504,18 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
   }
   // later chunks: summed as they arrive
-  if (nvec > CHUNK) ss += later_chunks_sum<T, ROW_THREADS, VPT>(xp, nvec);
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+    Pack<T> u[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
+  }
   // reduce over the CTA
   const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
   // scale and store: the held chunk, then the later chunks read again
@@ -587,7 +536,26 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
     yp[j] = o.raw;
   }
-  if (nvec > CHUNK) later_chunks_store<T, W, ROW_THREADS, VPT>(xp, w, yp, nvec, rstd);
+  for (int c = CHUNK; c < nvec; c += CHUNK) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      if (j >= nvec) break;
+      Pack<T> u;
+      u.raw = load_stream<kPlainLoads>(xp + j);
+      float wf[VEC];
+      if (w != nullptr) {
+        load_weight<W, VEC>(w + j * VEC, true, wf);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
+      }
+      Pack<T> o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
+      yp[j] = o.raw;
+    }
+  }
 }
 
 // ---- the kernels -----------------------------------------------------------------------
