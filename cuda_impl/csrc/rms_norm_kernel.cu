@@ -855,7 +855,7 @@ struct PlainTable {
       {Ladder::kWhole, 16 * 4096, {512, 8, true, kStagedWhole}},
       // rows off the 16-byte grid: a row's weight vectors line up with x's only where its
       // head is empty (one row in eight of an odd width), so no early weight, whose
-      // registers cost CTAs an SM (63 -> 48 in bf16: 88% -> 94% of copy at 4095 / 4097)
+      // registers would cost CTAs an SM for nothing (docs/PERF_NOTES.md, v34)
       {Ladder::kOdd16, 512, {128, 4, false, kPlainLate}},
   };
 #ifdef RMSNORM_SWEEP_CONFIGS
@@ -876,7 +876,7 @@ struct PlainTable {
       // row chunks: two chunks of a 16384-wide 16-bit row
       {512, 2, false, kRowChunks},
       // the 128 x 4 rungs' neighbours: the many-row rung before it took lean registers,
-      // and the odd rows' with lean registers too (within a point of it)
+      // and the odd rows' runner-up, lean registers too
       {128, 4, false, kPlain}, {128, 4, false, kPlainLean | kLateWeight}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
