@@ -875,9 +875,9 @@ struct PlainTable {
       {256, 8, false, kHintOnlyLoads}, {256, 8, false, kNcOnlyLoads},
       // row chunks: two chunks of a 16384-wide 16-bit row
       {512, 2, false, kRowChunks},
-      // the 128 x 4 rungs' neighbours: the many-row rung before it took lean registers,
-      // and the odd rows' runner-up, lean registers too
-      {128, 4, false, kPlain}, {128, 4, false, kPlainLean | kLateWeight}};
+      // the odd rows' runner-up, lean registers too (the many-row rung's config before it
+      // took lean registers ships on the latency ladder)
+      {128, 4, false, kPlainLean | kLateWeight}};
   static constexpr int kNumSweepOnly = sizeof(kSweepOnly) / sizeof(kSweepOnly[0]);
 #else
   static constexpr Config kSweepOnly[1] = {};
