@@ -931,7 +931,7 @@ struct FusedTable {
       {Ladder::kCluster32, 8 * 4096, {1024, 4, true}},
       {Ladder::kCluster32, 8 * 8192, {1024, 8, true}},
       // wide rows of whole vectors, the residual of x's dtype: rms_norm's staged clusters,
-      // 512 x 8 on 2 CTAs only (on 4, 3-4 points under 256 x 8 on 8)
+      // 512 x 8 on 2 CTAs only (on 4 it lost to 256 x 8 on 8: docs/PERF_NOTES.md, v33)
       {Ladder::kWhole, 2 * 2048, {256, 8, true, kStagedWhole}},
       {Ladder::kWhole, 2 * 4096, {512, 8, true, kStagedWhole}},
       {Ladder::kWhole, 16 * 2048, {256, 8, true, kStagedWhole}},
