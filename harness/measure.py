@@ -10,7 +10,8 @@ For each planned shape (harness.plan), in order:
    as FAIL and never timed; one profiled call per implementation and shape class records
    the kernels that ran;
 3. warm-up, then three cold-timing blocks with the implementations interleaved;
-4. for small shapes also CUDA-graph device time and host time per call.
+4. for small shapes also CUDA-graph device time and host time per call, the
+   implementations interleaved in both.
 Each record is written as soon as it is measured. ``start`` opens a run: the
 environment, the theoretical peak and the measured copy ceiling, written first.
 """
@@ -305,13 +306,18 @@ def cold_fields(b: Bench, blocks: list, base: dict) -> dict:
 def _time_small(b: Bench, ready: dict[str, dict], base: dict) -> None:
     """Small shapes: CUDA-graph device time and host time per call, a record each."""
     notes = {
-        "graph": "CUDA-graph replay of 20 back-to-back calls, L2 warm",
-        "host": "host wall time per call, 100 calls without sync",
+        "graph": "CUDA-graph replay of 20 back-to-back calls, L2 warm, replays interleaved",
+        "host": "host wall time per call, 100 calls without sync, repeats interleaved",
     }
     clk = hardware.clocks()
+    fns = {name: r["call"] for name, r in ready.items()}
+    timed = {}
+    for mode, sampler in (("graph", timing.graph_interleaved), ("host", timing.host_interleaved)):
+        got, err = timing.maybe(functools.partial(sampler, fns))
+        timed[mode] = got if got is not None else dict.fromkeys(fns, (None, err))
     for name, r in ready.items():
-        for mode, sampler in (("graph", timing.graph_samples), ("host", timing.host_samples)):
-            got, err = timing.maybe(functools.partial(sampler, r["call"]))
+        for mode in ("graph", "host"):
+            got, err = timed[mode][name]
             if got is None:
                 b.write(
                     name,

@@ -18,7 +18,9 @@ median; the spread of the block medians is the noise floor of the comparison.
 Small shapes (working set under L2, or a few microseconds): a single call is dominated by
 launch and the flush, so they also get ``graph_samples`` (device time per call under
 CUDA-graph replay of back-to-back calls, L2 warm) and ``host_samples`` (wall time per call
-of a loop of calls without sync: what the CPU pays to launch).
+of a loop of calls without sync: what the CPU pays to launch), each with the
+implementations' replays or repeats interleaved (``graph_interleaved``,
+``host_interleaved``), as the cold blocks are.
 
 The statistics helpers at the top are pure Python and testable without a GPU.
 """
@@ -26,12 +28,15 @@ The statistics helpers at the top are pure Python and testable without a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
+
+_T = TypeVar("_T")
 
 #: Blocks per shape; implementations are interleaved inside each block.
 BLOCKS = 3
@@ -235,6 +240,60 @@ def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) 
     return [s / calls for s in elapsed_s(pairs)]
 
 
+def graph_interleaved(
+    fns: dict[str, Callable[[], object]], calls: int = 20, replays: int = 10
+) -> dict[str, tuple[Optional[list[float]], Optional[str]]]:
+    """graph_samples of several calls at once, their replays interleaved: round r replays
+    every graph once, in rotations' order, so a drift of the GPU's state during the
+    measurement (clocks, a neighbour's load) reaches every implementation alike, where one
+    call's replays after another's would give each its own moment. {name: (seconds per call
+    a replay, None), or (None, the error) where the capture failed}."""
+    out: dict[str, tuple[Optional[list[float]], Optional[str]]] = {}
+    graphs = {}
+    for name, fn in fns.items():
+        graphs[name], err = maybe(functools.partial(capture, fn, calls))
+        if err is not None:
+            del graphs[name]
+            out[name] = (None, err)
+    for g in graphs.values():
+        for _ in range(3):
+            g.replay()
+    pairs = {name: event_pairs(replays) for name in graphs}
+    sleep_ahead(lambda: [g.replay() for g in graphs.values()], replays)
+    for r, order in enumerate(rotations(list(graphs), replays)):
+        for name in order:
+            start, end = pairs[name][r]
+            start.record()
+            graphs[name].replay()
+            end.record()
+    torch.cuda.synchronize()
+    for name in graphs:
+        out[name] = ([s / calls for s in elapsed_s(pairs[name])], None)
+    graphs.clear()
+    return {name: out[name] for name in fns}
+
+
+def host_interleaved(
+    fns: dict[str, Callable[[], object]], calls: int = 100, repeats: int = 7
+) -> dict[str, tuple[Optional[list[float]], Optional[str]]]:
+    """host_samples of several calls, their repeats interleaved (rotations' order), for
+    the reason graph_interleaved gives: the host's speed drifts too, and a ratio of two
+    implementations' host times means something only when both met the same host.
+    {name: (seconds per call a repeat, None), or (None, the error) if a call raised}."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    errors: dict[str, str] = {}
+    for order in rotations(list(fns), repeats):
+        for name in order:
+            if name in errors:
+                continue
+            got, err = maybe(functools.partial(host_samples, fns[name], calls, 1))
+            if err is not None:
+                errors[name] = err
+            else:
+                samples[name] += got
+    return {name: (None, errors[name]) if name in errors else (samples[name], None) for name in fns}
+
+
 def host_samples(fn: Callable[[], object], calls: int = 100, repeats: int = 7) -> list[float]:
     """Host seconds per call: wall time of ``calls`` back-to-back calls with no sync."""
     out = []
@@ -270,8 +329,8 @@ def block_summary(blocks_s: Sequence[Sequence[float]]) -> tuple[list[dict], dict
     return per_block, summarize(all_us), spread([b["median_us"] for b in per_block])
 
 
-def maybe(fn: Callable[[], list[float]]) -> tuple[Optional[list[float]], Optional[str]]:
-    """Run a timing function; (samples, None) or (None, the error) if it raised."""
+def maybe(fn: Callable[[], _T]) -> tuple[Optional[_T], Optional[str]]:
+    """Run a timing function; (its samples, None) or (None, the error) if it raised."""
     try:
         return fn(), None
     except Exception as e:  # a capture failure is reported, never fatal to the run

@@ -317,6 +317,27 @@ def test_host_lead_covers_the_batch():
     assert slow == pytest.approx(reps * timing.HOST_LEAD_MARGIN * 1e-3)
 
 
+def test_host_times_interleave_the_implementations(monkeypatch):
+    """Host repeats go round the implementations in rotation, so each meets the same host;
+    one that raises is reported with its error and the others keep every repeat."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    calls = []
+
+    def fn(name):
+        def call():
+            calls.append(name)
+            if name == "bad":
+                raise RuntimeError("launch failed")
+
+        return call
+
+    got = timing.host_interleaved({n: fn(n) for n in ("a", "b", "bad")}, calls=2, repeats=3)
+    assert len(got["a"][0]) == len(got["b"][0]) == 3 and got["a"][1] is None
+    assert got["bad"] == (None, "RuntimeError: launch failed")
+    assert calls[:5] == ["a", "a", "b", "b", "bad"]  # one repeat each, in turn
+    assert calls[5:9] == ["b", "b", "a", "a"]  # the next round rotated; "bad" dropped
+
+
 def test_hardware_pure_helpers():
     assert hardware.peak_gbps(3201, 6016) == pytest.approx(4814.3, abs=0.1)  # 4814 GB/s
     assert hardware.fallback_memory("NVIDIA H200") == (3201, 6016)

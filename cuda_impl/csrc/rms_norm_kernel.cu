@@ -208,6 +208,20 @@ __device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float 
   return ss;
 }
 
+// 1 / sqrt(ss / N + eps), the row's scale. The approximate divide and reciprocal square
+// root (what Triton's kernels emit, a few ulp) cost no slow path: an IEEE divide checks its
+// operands and branches to a subroutine, rsqrtf corrects denormal inputs, which a mean plus
+// an eps of at least FLT_MIN never is. A decode-sized call's time is its instruction chain.
+__device__ __forceinline__ float row_rstd(float ss, int N, float eps) {
+#if RMSNORM_IEEE_RSTD
+  return rsqrtf(ss / static_cast<float>(N) + eps);
+#else
+  float r;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__fdividef(ss, static_cast<float>(N)) + eps));
+  return r;
+#endif
+}
+
 // The sum over a row group: warp shuffles (xor stays inside aligned groups of ROW_THREADS
 // < 32), then, for groups wider than a warp, shared memory (a block barrier: every thread
 // of the block must call this).
@@ -347,7 +361,7 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
     for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(h.e[i]), to_float(h.e[i]), ss);
   }
   const float rstd =
-      rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
+      row_rstd(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks), N, eps);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = sl.lo + k * BLOCK;
@@ -473,7 +487,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       const float f = to_float(xr[e]);
       ss = fmaf(f, f, ss);
     }
-    const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+    const float rstd = row_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
     for (int e = t; e < N; e += ROW_THREADS) {
       const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
       yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
@@ -517,7 +531,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
   }
   // reduce over the CTA
-  const float rstd = rsqrtf(group_sum<ROW_THREADS>(ss, warp_sums) / static_cast<float>(N) + eps);
+  const float rstd = row_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
   // scale and store: the held chunk, then the later chunks read again
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
@@ -636,13 +650,17 @@ __device__ __forceinline__ float edge_value(const T* xr, const R* rr, R* ro, int
 template <typename T, typename W, typename R, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS),
                                   min_blocks(ROW_THREADS, VARIANT, !std::is_void_v<R>))
-    rms_norm_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
-                    T* __restrict__ y, R* __restrict__ res_out,
-                    int64_t stride_x,   // elements between rows of x
+    // the parameters every rms_norm path reads come first: 48 bytes, which with the 16 the
+    // parameter bank holds before them make one constant-cache line, so a decode-sized
+    // call, whose CTAs each start on a cold constant cache, waits on one miss, not two
+    rms_norm_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                    int64_t stride_x,  // elements between rows of x
+                    int64_t stride_y,  // ... of y
+                    int N, float eps,
+                    const R* __restrict__ res, R* __restrict__ res_out,
                     int64_t stride_r,   // ... of residual (fused add)
-                    int64_t stride_y,   // ... of y
                     int64_t stride_ro,  // ... of residual_out (fused add)
-                    int64_t M, int N, float eps) {
+                    int64_t M) {
   constexpr bool kFused = !std::is_void_v<R>;
   using H = std::conditional_t<kFused, R, T>;  // what a thread holds a row's values as
   constexpr int VEC = kVec<T>;
@@ -755,7 +773,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   } else {
     ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
   }
-  const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
+  const float rstd = row_rstd(ss, N, eps);
   if constexpr ((VARIANT & kLeanRegs) != 0) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)  // opaque to the compiler: the raw bits "change" here
@@ -1096,8 +1114,8 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
 
 // ---- dispatch: one table of kernels a dtype combination, indexed like the op's configs ----
 template <typename T, typename W, typename R>
-using KernelFn = void (*)(const T*, const R*, const W*, T*, R*, int64_t, int64_t, int64_t,
-                          int64_t, int64_t, int, float);
+using KernelFn = void (*)(const T*, const W*, T*, int64_t, int64_t, int, float, const R*, R*,
+                          int64_t, int64_t, int64_t);
 
 template <typename R>
 using TableOf = std::conditional_t<std::is_void_v<R>, PlainTable, FusedTable>;
@@ -1238,9 +1256,9 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   check_clusters<PlainTable>(kImpl, plan, N);
   launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16,
                 kernel_at<T, W, void>(plan.config),
-                reinterpret_cast<const T*>(x2.const_data_ptr()), nullptr, w,
-                reinterpret_cast<T*>(y2.mutable_data_ptr()), nullptr, x2.stride(0), int64_t{0},
-                y2.stride(0), int64_t{0}, M, N, eps);
+                reinterpret_cast<const T*>(x2.const_data_ptr()), w,
+                reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
+                nullptr, nullptr, int64_t{0}, int64_t{0}, M);
 }
 
 template <typename T, typename W, typename R>
@@ -1265,11 +1283,10 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
                     "cuda_impl.compiled_configs('fused_add_rms_norm')");
   launch_kernel(kImpl, kConfigs<FusedTable>[plan.config], plan.ranks, M,
                 static_cast<int>(16 * (1 + sizeof(R) / sizeof(T))), kernel,
-                reinterpret_cast<const T*>(x2.const_data_ptr()),
-                reinterpret_cast<const R*>(r2.const_data_ptr()), w,
-                reinterpret_cast<T*>(y2.mutable_data_ptr()),
-                reinterpret_cast<R*>(ro2.mutable_data_ptr()), x2.stride(0), r2.stride(0),
-                y2.stride(0), ro2.stride(0), M, N, eps);
+                reinterpret_cast<const T*>(x2.const_data_ptr()), w,
+                reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
+                reinterpret_cast<const R*>(r2.const_data_ptr()),
+                reinterpret_cast<R*>(ro2.mutable_data_ptr()), r2.stride(0), ro2.stride(0), M);
 }
 
 // The things done per (x dtype, weight dtype[, residual dtype]): launching either op, and
