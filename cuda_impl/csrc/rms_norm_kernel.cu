@@ -213,13 +213,9 @@ __device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float 
 // operands and branches to a subroutine, rsqrtf corrects denormal inputs, which a mean plus
 // an eps of at least FLT_MIN never is. A decode-sized call's time is its instruction chain.
 __device__ __forceinline__ float row_rstd(float ss, int N, float eps) {
-#if RMSNORM_IEEE_RSTD
-  return rsqrtf(ss / static_cast<float>(N) + eps);
-#else
   float r;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__fdividef(ss, static_cast<float>(N)) + eps));
   return r;
-#endif
 }
 
 // The sum over a row group: warp shuffles (xor stays inside aligned groups of ROW_THREADS
