@@ -268,6 +268,37 @@ def test_triton_eager_plan_cache(case, dtype, weight):
             eager.eager_rms_norm(x, w, eps, "triton_impl.rms_norm")
 
 
+@pytest.mark.parametrize("case", [c for c in PLAN_CASES if c != "3d-transposed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rdtype", ["same", "fp32"])
+@pytest.mark.parametrize("weight", ["same", None])
+def test_triton_eager_fused_add_plan_cache(case, dtype, rdtype, weight):
+    """The functional fused add through the same plan cache: one plan for x's and the
+    residual's layout, reused with fresh tensors, every result the reference's; a cached
+    plan still checks eps, and a residual of another layout is planned (and checked) anew."""
+    impl_or_skip("triton")
+    from harness.reference import fused_add_rms_norm_ref
+    from triton_impl import eager
+
+    eager.PLANS.clear()
+    for _ in range(3):
+        x = PLAN_CASES[case]().to(dtype)
+        r = torch.randn(x.shape, device=DEVICE).to(dtype if rdtype == "same" else torch.float32)
+        n = x.shape[-1]
+        w = None if weight is None else (1 + torch.randn(n, device=DEVICE)).to(dtype)
+        y, ro = eager.eager_fused_add(x, r, w, 1e-6, "triton_impl.fused_add_rms_norm")
+        want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+        torch.testing.assert_close(y, want_y, **TOL[dtype])
+        torch.testing.assert_close(ro, want_r, **TOL[r.dtype])
+    assert len(eager.PLANS) == 1
+    for eps in (float("nan"), 1e-50, 1e39):
+        with pytest.raises(ValueError, match="eps is"):
+            eager.eager_fused_add(x, r, w, eps, "triton_impl.fused_add_rms_norm")
+    with pytest.raises(ValueError, match="residual"):  # another layout: checked, not cached
+        eager.eager_fused_add(x, r[..., :-1], w, 1e-6, "triton_impl.fused_add_rms_norm")
+    eager.PLANS.clear()
+
+
 @pytest.mark.parametrize("why", ["switched off", "unverified triton"])
 def test_triton_eager_fallback_launch(monkeypatch, why):
     """With the direct launch off (RMSNORM_TRITON_FAST_LAUNCH=0, or a Triton version it

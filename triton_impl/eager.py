@@ -1,14 +1,16 @@
-"""The eager fast path of triton_impl.rms_norm: a plan cache and a direct kernel launch.
+"""The eager fast path of triton_impl.rms_norm and of the functional fused add: a plan
+cache and a direct kernel launch.
 
-A decode-sized RMSNorm costs less on the GPU than the host spends launching it through
-torch.library dispatch and Triton's JITFunction.run (which binds and specialises every
-argument on each call). Eager calls therefore go through a plan cache instead: keyed by
-everything the launch depends on besides the data (shape, strides, storage offset mod 16
-bytes, dtypes, devices), a plan holds launch.plan's kernel, grid, integer arguments and
-constexprs, and the compiled kernels for each combination of 16-byte alignment of the three
-pointers (the only specialisation left to the data). A hit skips the argument checks (the
-key implies they passed; eps is checked each time), the planning and Triton's launcher; a
-miss, or a new alignment, goes once through the checked, generic path.
+A decode-sized RMSNorm (or fused add) costs less on the GPU than the host spends launching
+it through torch.library dispatch and Triton's JITFunction.run (which binds and
+specialises every argument on each call). Eager calls therefore go through a plan cache
+instead: keyed by everything the launch depends on besides the data (shape, strides,
+storage offset mod 16 bytes, dtypes, devices), a plan holds the planned launch's kernel,
+grid, integer arguments and constexprs, and the compiled kernels for each combination of
+16-byte alignment of the pointers (the only specialisation left to the data). A hit skips
+the argument checks (the key implies they passed; eps is checked each time), the planning
+and Triton's launcher; a miss, or a new alignment, goes once through the checked, generic
+path.
 
 What the direct launch assumes of Triton's internals (none of it public API):
 - ``kernel[grid](...)`` returns the CompiledKernel it ran (or a future of it, ``.result()``);
@@ -31,9 +33,9 @@ from typing import Optional
 import torch
 import triton
 
-from rmsnorm_api import EPS_MAX, EPS_MIN, bypass_ok, check_inputs
+from rmsnorm_api import EPS_MAX, EPS_MIN, bypass_ok, check_fused_inputs, check_inputs
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import plan
+from triton_impl.launch import plan, plan_fused_add
 
 #: (major, minor) Triton versions whose launcher this module's direct launch matches.
 VERIFIED_TRITON = ((3, 6), (3, 8))
@@ -63,20 +65,27 @@ _MAX_PLANS = 4096
 class _Plan:
     __slots__ = ("kernel", "grid", "ints", "meta", "consts", "direct", "compiled")
 
-    def __init__(self, kernel, grid: tuple, ints: tuple, meta: dict) -> None:
+    def __init__(self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict) -> None:
         self.kernel, self.grid, self.ints, self.meta = kernel, grid, ints, meta
-        # constexprs in signature order, after the runtime arguments x, w, y, ints, eps;
-        # a signature of any other shape is launched generically
+        # constexprs in signature order, after the runtime arguments: the tensors, the
+        # ints, eps; a signature of any other shape is launched generically
         names = list(getattr(kernel, "arg_names", ()))
         self.consts = tuple(meta[a] for a in names if a in meta)
-        self.direct = DIRECT and len(names) == 3 + len(ints) + 1 + len(self.consts)
-        self.compiled: dict = {}  # (x, w, y 16-byte aligned) -> compiled kernel, or False
+        self.direct = DIRECT and len(names) == tensors + len(ints) + 1 + len(self.consts)
+        self.compiled: dict = {}  # (each tensor 16-byte aligned) -> compiled kernel, or False
+
+
+def _tensor_key(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """What a launch depends on of a tensor besides its data: shape, strides, storage
+    offset mod 8 elements (the split kernel's choice; allocations are 16-byte aligned),
+    dtype and device."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.storage_offset() % 8, t.dtype, t.get_device())
 
 
 def _key(x: torch.Tensor, weight: Optional[torch.Tensor]) -> tuple:
-    w = weight
-    wkey = None if w is None else (w.shape, w.stride(), w.dtype, w.get_device())
-    return (x.shape, x.stride(), x.storage_offset() % 8, x.dtype, x.get_device(), wkey)
+    return (_tensor_key(x), _tensor_key(weight))
 
 
 def _run_compiled(compiled, grid: tuple, values: list, device: int) -> None:
@@ -102,37 +111,67 @@ def eager_ok(x, weight, out) -> bool:
     return out is None and bypass_ok(x, weight)
 
 
-def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str) -> torch.Tensor:
-    """rms_norm for real CUDA tensors outside tracing (see eager_ok)."""
-    key = _key(x, weight)
+def _cached_launch(key: tuple, tensors: tuple, eps: float, make_launch) -> None:
+    """Launch through the plan cache: tensors are the kernel's pointer arguments in
+    signature order (a dummy in place of an absent weight), make_launch plans the launch
+    on a miss (launch.plan or plan_fused_add)."""
     p = PLANS.get(key)
-    if p is None or not (type(eps) is float and EPS_MIN <= eps <= EPS_MAX):
-        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
-    eps = float(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return y
     if p is None:
-        launch = plan(x, weight, eps, y)
-        args = launch.args
-        # cache only when x and the weight are used in place (no copy made for the launch)
-        # and the launch has no workspace of its own
-        same = args[0].data_ptr() == x.data_ptr() and (weight is None or args[1] is weight)
-        if same and launch.reusable:
-            if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
-                PLANS.clear()
-            p = PLANS[key] = _Plan(launch.kernel, launch.grid, tuple(args[3:-1]), launch.meta)
-        else:
-            launch.kernel[launch.grid](*args, **launch.meta)
-            return y
-    w = x if weight is None else weight  # a dummy pointer when there is no weight
-    align = (x.data_ptr() % 16 == 0, w.data_ptr() % 16 == 0, y.data_ptr() % 16 == 0)
+        launch = make_launch()
+        k = len(tensors)
+        # cache only when the launch uses the tensors in place (no copy made for it) and
+        # has no workspace of its own
+        pairs = zip(launch.args[:k], tensors, strict=True)
+        same = all(a.data_ptr() == t.data_ptr() for a, t in pairs)
+        if not (same and launch.reusable):
+            launch.kernel[launch.grid](*launch.args, **launch.meta)
+            return
+        if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
+            PLANS.clear()
+        p = PLANS[key] = _Plan(launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta)
+    align = tuple(t.data_ptr() % 16 == 0 for t in tensors)
     compiled = p.compiled.get(align)
     if not compiled:  # compile (or find in Triton's caches) and launch, generically
-        compiled = p.kernel[p.grid](x, w, y, *p.ints, eps, **p.meta)
+        compiled = p.kernel[p.grid](*tensors, *p.ints, eps, **p.meta)
         if align not in p.compiled:
             compiled = compiled.result() if hasattr(compiled, "result") else compiled
             p.compiled[align] = compiled if p.direct and _launchable(compiled) else False
-        return y
-    _run_compiled(compiled, p.grid, [x, w, y, *p.ints, eps, *p.consts], x.get_device())
+        return
+    _run_compiled(compiled, p.grid, [*tensors, *p.ints, eps, *p.consts], tensors[0].get_device())
+
+
+def _eps_ok(eps) -> bool:
+    return type(eps) is float and EPS_MIN <= eps <= EPS_MAX
+
+
+def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str) -> torch.Tensor:
+    """rms_norm for real CUDA tensors outside tracing (see eager_ok)."""
+    key = _key(x, weight)
+    if key not in PLANS or not _eps_ok(eps):
+        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+    eps = float(eps)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() > 0:
+        w = x if weight is None else weight  # a dummy pointer when there is no weight
+        _cached_launch(key, (x, w, y), eps, lambda: plan(x, weight, eps, y))
     return y
+
+
+def eager_fused_add(
+    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The functional fused add for real CUDA tensors outside tracing (bypass_ok of all
+    three): (y, residual_out) through the same plan cache as rms_norm."""
+    key = ("add", _key(x, weight), _tensor_key(residual))
+    if key not in PLANS or not _eps_ok(eps):
+        check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
+    eps = float(eps)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ro = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    if x.numel() > 0:
+        w = x if weight is None else weight
+        _cached_launch(
+            key, (x, residual, w, y, ro), eps,
+            lambda: plan_fused_add(x, residual, weight, eps, y, ro),
+        )  # fmt: skip
+    return y, ro

@@ -24,8 +24,9 @@ from typing import Optional, Union
 import torch
 from torch.library import triton_op
 
-from rmsnorm_api import DEFAULT_EPS, check_fused_inputs, check_in_place
+from rmsnorm_api import DEFAULT_EPS, bypass_ok, check_fused_inputs, check_in_place
 from triton_impl.configs import Config
+from triton_impl.eager import eager_fused_add
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import launch, plan_fused_add
 
@@ -67,6 +68,8 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out) = (RMSNorm(x + residual), x + residual); see the module docstring.
     Raises TypeError/ValueError naming the argument for unsupported input."""
+    if not INTERPRET and bypass_ok(x, residual, weight):
+        return eager_fused_add(x, residual, weight, eps, _IMPL)
     _check(x, residual, weight, eps, _IMPL)
     return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
 

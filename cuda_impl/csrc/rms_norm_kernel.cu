@@ -208,11 +208,14 @@ __device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float 
   return ss;
 }
 
-// 1 / sqrt(ss / N + eps), the row's scale. The approximate divide and reciprocal square
-// root (what Triton's kernels emit, a few ulp) cost no slow path: an IEEE divide checks its
-// operands and branches to a subroutine, rsqrtf corrects denormal inputs, which a mean plus
-// an eps of at least FLT_MIN never is. A decode-sized call's time is its instruction chain.
-__device__ __forceinline__ float row_rstd(float ss, int N, float eps) {
+// 1 / sqrt(ss / N + eps), the row's scale, for the row-chunk body. The approximate divide
+// and reciprocal square root (what Triton's kernels emit, a few ulp) cost no slow path: an
+// IEEE divide checks its operands and branches to a subroutine, rsqrtf corrects denormal
+// inputs, which a mean plus an eps of at least FLT_MIN never is; a decode-sized call's time
+// is its instruction chain. The other bodies keep rsqrtf(ss / N + eps): in them the
+// approximate form let the compiler keep more of the row live across the reduction (more
+// registers, fewer CTAs an SM; docs/PERF_NOTES.md, v35).
+__device__ __forceinline__ float approx_rstd(float ss, int N, float eps) {
   float r;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__fdividef(ss, static_cast<float>(N)) + eps));
   return r;
@@ -357,7 +360,7 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
     for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(h.e[i]), to_float(h.e[i]), ss);
   }
   const float rstd =
-      row_rstd(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks), N, eps);
+      rsqrtf(cluster_sum<BLOCK>(ss, parts, bar, rank, ranks) / static_cast<float>(N) + eps);
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int j = sl.lo + k * BLOCK;
@@ -483,7 +486,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       const float f = to_float(xr[e]);
       ss = fmaf(f, f, ss);
     }
-    const float rstd = row_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
+    const float rstd = approx_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
     for (int e = t; e < N; e += ROW_THREADS) {
       const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
       yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
@@ -527,7 +530,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(u[k].e[i]), to_float(u[k].e[i]), ss);
   }
   // reduce over the CTA
-  const float rstd = row_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
+  const float rstd = approx_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
   // scale and store: the held chunk, then the later chunks read again
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
@@ -769,7 +772,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   } else {
     ss = group_sum<ROW_THREADS>(sum_squares(v, xh, xt), warp_sums);
   }
-  const float rstd = row_rstd(ss, N, eps);
+  const float rstd = rsqrtf(ss / static_cast<float>(N) + eps);
   if constexpr ((VARIANT & kLeanRegs) != 0) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)  // opaque to the compiler: the raw bits "change" here
