@@ -3,13 +3,18 @@ fused kernel with one row a program at each warp count, its weight loaded after 
 reduction (the throughput tiles' order) or beside x (``weight_first``), to tell what the
 latency rule (triton_impl.configs.latency_config) should pick. --cuda RTxVPT/...: the CUDA
 forward's default against those configs of its kernel (cuda_impl.rms_norm_with_config, no
-cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead.
+cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead. --impls a,b,...: the
+named implementations (harness.impls, peers included) instead, device and host time, e.g.
+to compare two builds of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside
+the same peer.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
+    python3 scripts/decode_probe.py --impls cuda,triton,liger,native [--tag new]
 
 Device time per call as the benchmark's small-shape table measures it (harness.timing.
-graph_samples: 20 back-to-back calls a replay, L2 warm), the median of its replays; each
-candidate's output checked against the reference first.
+graph_interleaved: 20 back-to-back calls a replay, L2 warm, the candidates' replays
+interleaved), the median of its replays; host time as harness.timing.host_interleaved;
+each candidate's output checked against the reference first.
 """
 
 import argparse
@@ -19,7 +24,7 @@ import torch
 
 from harness.plan import DTYPES, parse_shapes
 from harness.reference import TOL, rms_norm_ref
-from harness.timing import graph_samples, quantile
+from harness.timing import graph_interleaved, host_interleaved, quantile
 
 DECODE = "1x4096,8x4096,32x4096,128x4096,1x8192,8x8192,32x8192,128x8192"
 
@@ -32,16 +37,45 @@ def shape_inputs(m: int, n: int, dtype: torch.dtype) -> tuple:
 
 
 def median_us(fns: list, want: torch.Tensor, dtype: torch.dtype) -> list[float]:
-    """Each call's median device time under graph replay, checked against want first; a
-    None (a candidate that cannot run the shape) gives NaN."""
-    cells = []
-    for fn in fns:
-        if fn is None:
-            cells.append(float("nan"))
-            continue
-        torch.testing.assert_close(fn(), want, **TOL[dtype])
-        cells.append(quantile([s * 1e6 for s in graph_samples(fn)], 0.5))
-    return cells
+    """Each call's median device time under graph replay (the calls interleaved), checked
+    against want first; a None (a candidate that cannot run the shape) gives NaN."""
+    ready = {}
+    for i, fn in enumerate(fns):
+        if fn is not None:
+            torch.testing.assert_close(fn(), want, **TOL[dtype])
+            ready[i] = fn
+    got = graph_interleaved(ready)
+    return [
+        quantile([s * 1e6 for s in got[i][0]], 0.5) if i in ready else float("nan")
+        for i in range(len(fns))
+    ]
+
+
+def impls_main(args) -> int:
+    """The named implementations' graph device time and host time, interleaved."""
+    from harness.impls import registry
+
+    dtype = DTYPES[args.dtype]
+    impls = registry(baselines=True)
+    names = args.impls.split(",")
+    unknown = [n for n in names if n not in impls]
+    if unknown:
+        sys.exit(f"decode_probe: --impls names unknown implementations {unknown}")
+    cols = " ".join(f"{n:>8}" for n in names)
+    print(f"{args.tag} {'shape':>10} graph (us) {cols} | host (us) {cols}")
+    for m, n in parse_shapes(args.shapes):
+        x, w, want = shape_inputs(m, n, dtype)
+        fns = {}
+        for name in names:
+            fns[name] = lambda fn=impls[name].fn, x=x, w=w: fn(x, w, 1e-6)  # noqa: E731
+            torch.testing.assert_close(fns[name](), want, **TOL[dtype])
+        cells = []
+        for timed in (graph_interleaved(fns), host_interleaved(fns)):
+            cells.append(
+                " ".join(f"{quantile([s * 1e6 for s in timed[k][0]], 0.5):8.2f}" for k in names)
+            )
+        print(f"{args.tag} {m}x{n:>8} graph (us) {cells[0]} | host (us) {cells[1]}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -49,7 +83,11 @@ def main() -> int:
     p.add_argument("--shapes", default=DECODE)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--cuda", default="", help="RTxVPT[xVARIANT]/...: CUDA configs beside today")
+    p.add_argument("--impls", default="", help="a,b,...: these implementations instead")
+    p.add_argument("--tag", default="", help="a label for each line (--impls)")
     args = p.parse_args()
+    if args.impls:
+        return impls_main(args)
     if args.cuda:
         return cuda_main(args)
     import triton_impl
