@@ -12,7 +12,8 @@ For each planned shape (harness.plan), in order:
 3. warm-up, then three cold-timing blocks with the implementations interleaved;
 4. for small shapes also CUDA-graph device time and host time per call, the
    implementations interleaved in both.
-Each record is written as soon as it is measured. ``start`` opens a run: the
+Each record is written as soon as it is measured (a small shape's graph and host records
+once every implementation's interleaved samples are in). ``start`` opens a run: the
 environment, the theoretical peak and the measured copy ceiling, written first.
 """
 

@@ -247,7 +247,8 @@ def graph_interleaved(
     every graph once, in rotations' order, so a drift of the GPU's state during the
     measurement (clocks, a neighbour's load) reaches every implementation alike, where one
     call's replays after another's would give each its own moment. {name: (seconds per call
-    a replay, None), or (None, the error) where the capture failed}."""
+    a replay, None), or (None, the error) where the capture failed}; an error after the
+    captures (a replay, a sticky device fault) raises, for all of them."""
     out: dict[str, tuple[Optional[list[float]], Optional[str]]] = {}
     graphs = {}
     for name, fn in fns.items():

@@ -45,15 +45,20 @@ def median_us(fns: list, want: torch.Tensor, dtype: torch.dtype) -> list[float]:
             torch.testing.assert_close(fn(), want, **TOL[dtype])
             ready[i] = fn
     got = graph_interleaved(ready)
-    return [
-        quantile([s * 1e6 for s in got[i][0]], 0.5) if i in ready else float("nan")
-        for i in range(len(fns))
-    ]
+    return [median_of(got[i]) if i in ready else float("nan") for i in range(len(fns))]
+
+
+def median_of(timed: tuple) -> float:
+    """The median in us of an interleaved timing's (samples, error); its error raised."""
+    samples, err = timed
+    if samples is None:
+        raise RuntimeError(err)
+    return quantile([s * 1e6 for s in samples], 0.5)
 
 
 def impls_main(args) -> int:
     """The named implementations' graph device time and host time, interleaved."""
-    from harness.impls import registry
+    from harness.impls import registry, runnable
 
     dtype = DTYPES[args.dtype]
     impls = registry(baselines=True)
@@ -61,6 +66,10 @@ def impls_main(args) -> int:
     unknown = [n for n in names if n not in impls]
     if unknown:
         sys.exit(f"decode_probe: --impls names unknown implementations {unknown}")
+    for name in names:
+        why = runnable(impls[name], "cuda")
+        if why:
+            sys.exit(f"decode_probe: {name} cannot run: {why}")
     cols = " ".join(f"{n:>8}" for n in names)
     print(f"{args.tag} {'shape':>10} graph (us) {cols} | host (us) {cols}")
     for m, n in parse_shapes(args.shapes):
@@ -71,9 +80,7 @@ def impls_main(args) -> int:
             torch.testing.assert_close(fns[name](), want, **TOL[dtype])
         cells = []
         for timed in (graph_interleaved(fns), host_interleaved(fns)):
-            cells.append(
-                " ".join(f"{quantile([s * 1e6 for s in timed[k][0]], 0.5):8.2f}" for k in names)
-            )
+            cells.append(" ".join(f"{median_of(timed[k]):8.2f}" for k in names))
         print(f"{args.tag} {m}x{n:>8} graph (us) {cells[0]} | host (us) {cells[1]}", flush=True)
     return 0
 
