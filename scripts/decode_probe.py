@@ -3,12 +3,15 @@ fused kernel with one row a program at each warp count, its weight loaded after 
 reduction (the throughput tiles' order) or beside x (``weight_first``), to tell what the
 latency rule (triton_impl.configs.latency_config) should pick. --cuda RTxVPT/...: the CUDA
 forward's default against those configs of its kernel (cuda_impl.rms_norm_with_config, no
-cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead. --impls a,b,...: the
+cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead. --fused-add: the
+Triton fused add's default against its fused kernel with one row a program at each warp
+count (the fused add has no latency rule; this says whether it wants one). --impls a,b,...: the
 named implementations (harness.impls, peers included) instead, device and host time, e.g.
 to compare two builds of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside
 the same peer.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
+    python3 scripts/decode_probe.py --fused-add
     python3 scripts/decode_probe.py --impls cuda,triton,liger,native [--tag new]
 
 Device time per call as the benchmark's small-shape table measures it (harness.timing.
@@ -18,6 +21,7 @@ each candidate's output checked against the reference first.
 """
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -90,6 +94,7 @@ def main() -> int:
     p.add_argument("--shapes", default=DECODE)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--cuda", default="", help="RTxVPT[xVARIANT]/...: CUDA configs beside today")
+    p.add_argument("--fused-add", action="store_true", help="the Triton fused add's warps")
     p.add_argument("--impls", default="", help="a,b,...: these implementations instead")
     p.add_argument("--tag", default="", help="a label for each line (--impls)")
     args = p.parse_args()
@@ -97,6 +102,8 @@ def main() -> int:
         return impls_main(args)
     if args.cuda:
         return cuda_main(args)
+    if args.fused_add:
+        return fused_add_main(args)
     import triton_impl
     from triton_impl import Config, rms_norm_with_config
 
@@ -115,6 +122,37 @@ def main() -> int:
         first = "wfst" if info.get("weight_first") else "late"
         today = f"{cells[0]:.2f} ({info['kernel']} {info['num_warps']}w {first})"
         print(f"{m}x{n:>8} {today:>22} " + " ".join(f"{c:9.2f}" for c in cells[1:]), flush=True)
+    return 0
+
+
+def fused_add_main(args) -> int:
+    """The Triton fused add's default against its fused kernel, one row a program, at each
+    warp count; outputs checked against the reference first."""
+    import triton_impl
+    from harness.reference import fused_add_rms_norm_ref
+    from triton_impl import Config
+
+    dtype = DTYPES[args.dtype]
+    warps = (2, 4, 8, 16, 32)
+    print(f"{'shape':>10} {'today':>22} " + " ".join(f"{w:>8}w" for w in warps) + "  (us)")
+    for m, n in parse_shapes(args.shapes):
+        x, w, _ = shape_inputs(m, n, dtype)
+        r = torch.randn_like(x)
+        want = fused_add_rms_norm_ref(x, r, w, 1e-6)
+        fns = {"today": functools.partial(triton_impl.fused_add_rms_norm, x, r, w, 1e-6)}
+        for nw in warps:
+            cfg = Config("fused", 1 << (n - 1).bit_length(), nw)
+            forced = triton_impl.fused_add_rms_norm_with_config
+            fns[nw] = functools.partial(forced, x, r, w, 1e-6, cfg)
+        for fn in fns.values():
+            y, ro = fn()
+            torch.testing.assert_close(y, want[0], **TOL[dtype])
+            torch.testing.assert_close(ro, want[1], **TOL[dtype])
+        got = graph_interleaved(fns)
+        cfg = triton_impl.configs.fused_add_config(n, x.element_size(), True, args.dtype)
+        today = f"{median_of(got['today']):.2f} ({cfg.kernel} {cfg.num_warps}w)"
+        cells = " ".join(f"{median_of(got[nw]):9.2f}" for nw in warps)
+        print(f"{m}x{n:>8} {today:>22} {cells}", flush=True)
     return 0
 
 
