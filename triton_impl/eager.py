@@ -111,11 +111,10 @@ def eager_ok(x, weight, out) -> bool:
     return out is None and bypass_ok(x, weight)
 
 
-def _cached_launch(key: tuple, tensors: tuple, eps: float, make_launch) -> None:
-    """Launch through the plan cache: tensors are the kernel's pointer arguments in
-    signature order (a dummy in place of an absent weight), make_launch plans the launch
-    on a miss (launch.plan or plan_fused_add)."""
-    p = PLANS.get(key)
+def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, make_launch) -> None:
+    """Launch through the plan cache: p is PLANS' entry for key (None: a miss), tensors the
+    kernel's pointer arguments in signature order (a dummy in place of an absent weight),
+    make_launch plans the launch on a miss (launch.plan or plan_fused_add)."""
     if p is None:
         launch = make_launch()
         k = len(tensors)
@@ -147,13 +146,14 @@ def _eps_ok(eps) -> bool:
 def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str) -> torch.Tensor:
     """rms_norm for real CUDA tensors outside tracing (see eager_ok)."""
     key = _key(x, weight)
-    if key not in PLANS or not _eps_ok(eps):
+    p = PLANS.get(key)
+    if p is None or not _eps_ok(eps):
         check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() > 0:
         w = x if weight is None else weight  # a dummy pointer when there is no weight
-        _cached_launch(key, (x, w, y), eps, lambda: plan(x, weight, eps, y))
+        _cached_launch(p, key, (x, w, y), eps, lambda: plan(x, weight, eps, y))
     return y
 
 
@@ -163,7 +163,8 @@ def eager_fused_add(
     """The functional fused add for real CUDA tensors outside tracing (bypass_ok of all
     three): (y, residual_out) through the same plan cache as rms_norm."""
     key = ("add", _key(x, weight), _tensor_key(residual))
-    if key not in PLANS or not _eps_ok(eps):
+    p = PLANS.get(key)
+    if p is None or not _eps_ok(eps):
         check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -171,7 +172,7 @@ def eager_fused_add(
     if x.numel() > 0:
         w = x if weight is None else weight
         _cached_launch(
-            key, (x, residual, w, y, ro), eps,
+            p, key, (x, residual, w, y, ro), eps,
             lambda: plan_fused_add(x, residual, weight, eps, y, ro),
         )  # fmt: skip
     return y, ro
