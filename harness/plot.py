@@ -70,12 +70,14 @@ def subtitle(env: dict, recs: Sequence[dict] = ()) -> str:
         f"CUDA {env.get('cuda')}",
     ]
     if env.get("git_sha"):
-        git = f"git {env['git_sha'][:8]}{'+dirty' if env.get('git_dirty') else ''}"
+        # short ids as the docs write them: some runs recorded the full id, most 7 characters
+        short = env["git_sha"][:7]
+        git = f"git {short}{'+dirty' if env.get('git_dirty') else ''}"
         older: dict[str, set[str]] = {}
         for r in recs:
-            sha = (r.get("env") or {}).get("git_sha")
-            if sha and sha != env["git_sha"]:
-                older.setdefault(r["impl"], set()).add(sha[:8])
+            sha = ((r.get("env") or {}).get("git_sha") or "")[:7]
+            if sha and sha != short:
+                older.setdefault(r["impl"], set()).add(sha)
         if older:
             git += (
                 " ("
