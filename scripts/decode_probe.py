@@ -8,11 +8,14 @@ Triton fused add's default against its fused kernel with one row a program at ea
 count (the fused add has no latency rule; this says whether it wants one). --impls a,b,...: the
 named implementations (harness.impls, peers included) instead, device and host time, e.g.
 to compare two builds of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside
-the same peer.
+the same peer. --host-parts: host time of each piece of the two eager fast paths (the
+bypass check, the output's allocation, the CUDA op's redispatch, Triton's direct launch)
+beside the whole calls and native F.rms_norm, all interleaved.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
     python3 scripts/decode_probe.py --fused-add
     python3 scripts/decode_probe.py --impls cuda,triton,liger,native [--tag new]
+    python3 scripts/decode_probe.py --host-parts
 
 Device time per call as the benchmark's small-shape table measures it (harness.timing.
 graph_interleaved: 20 back-to-back calls a replay, L2 warm, the candidates' replays
@@ -97,7 +100,10 @@ def main() -> int:
     p.add_argument("--fused-add", action="store_true", help="the Triton fused add's warps")
     p.add_argument("--impls", default="", help="a,b,...: these implementations instead")
     p.add_argument("--tag", default="", help="a label for each line (--impls)")
+    p.add_argument("--host-parts", action="store_true", help="host time of the fast paths' parts")
     args = p.parse_args()
+    if args.host_parts:
+        return host_parts_main(args)
     if args.impls:
         return impls_main(args)
     if args.cuda:
@@ -153,6 +159,45 @@ def fused_add_main(args) -> int:
         today = f"{median_of(got['today']):.2f} ({cfg.kernel} {cfg.num_warps}w)"
         cells = " ".join(f"{median_of(got[nw]):9.2f}" for nw in warps)
         print(f"{m}x{n:>8} {today:>22} {cells}", flush=True)
+    return 0
+
+
+def host_parts_main(args) -> int:
+    """Host time (us a call, median of interleaved repeats) of the eager calls and of each
+    part of their fast paths, to tell where a call's host time goes."""
+    import torch.nn.functional as F
+
+    import cuda_impl
+    import triton_impl
+    from cuda_impl.ops import _CUDA_KEYS, _OP
+    from rmsnorm_api import bypass_ok
+    from triton_impl import eager
+
+    dtype = DTYPES[args.dtype]
+    names = None
+    for m, n in parse_shapes(args.shapes):
+        x, w, _ = shape_inputs(m, n, dtype)
+        y = triton_impl.rms_norm(x, w, 1e-6)  # plans and compiles: the cache's entry exists
+        p = eager.PLANS[eager._key(x, w)]
+        compiled = p.compiled[(True, True, True)]
+        values = [x, w, y, *p.ints, 1e-6, *p.consts]
+        fns = {
+            "native": lambda x=x, w=w, n=n: F.rms_norm(x, (n,), w, 1e-6),
+            "cuda": lambda x=x, w=w: cuda_impl.rms_norm(x, w, 1e-6),
+            "triton": lambda x=x, w=w: triton_impl.rms_norm(x, w, 1e-6),
+            "bypass_ok": lambda x=x, w=w: bypass_ok(x, w),
+            "empty": lambda x=x: torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            "redispatch": lambda x=x, w=w: _OP.redispatch(_CUDA_KEYS, x, w, 1e-6),
+            "cuda_op": lambda x=x, w=w: _OP(x, w, 1e-6),
+            "plan_key": lambda x=x, w=w: eager.PLANS.get(eager._key(x, w)),
+            "tri_launch": lambda c=compiled, g=p.grid, v=values: eager._run_compiled(c, g, v, 0),
+        }
+        got = host_interleaved(fns, calls=200, repeats=9)
+        if names is None:
+            names = list(fns)
+            print(f"{'shape':>10} host (us) " + " ".join(f"{k:>10}" for k in names))
+        cells = " ".join(f"{median_of(got[k]):10.2f}" for k in names)
+        print(f"{m}x{n:>8} host (us) {cells}", flush=True)
     return 0
 
 
