@@ -52,9 +52,27 @@ def _library_path() -> str:
     return found[0]
 
 
+def _fast_entry(path: str):
+    """The library's direct entry points for eager calls (csrc/fast_entry.cpp), where it is
+    also a Python module (setup.py's build, cuda_impl._C); None otherwise (the CMake
+    library), and those calls redispatch to the op's CUDA kernel instead."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader("cuda_impl._C", path)
+    spec = importlib.util.spec_from_file_location("cuda_impl._C", path, loader=loader)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except ImportError:  # no module init: not built as a Python module
+        return None
+    return module
+
+
 LIBRARY = _library_path()
 torch.ops.load_library(LIBRARY)
 _OP = torch.ops.cuda_impl.rms_norm.default
+_FAST = _fast_entry(LIBRARY)
 
 
 # The fakes (tracing, meta tensors) run the checks the CUDA kernel runs, so torch.compile
@@ -150,6 +168,8 @@ def rms_norm(
     """
     if out is None and type(eps) is float:
         if bypass_ok(x, weight):
+            if _FAST is not None:
+                return _FAST.rms_norm(x, weight, eps)
             return _OP.redispatch(_CUDA_KEYS, x, weight, eps)
         if _on_gpu(x, weight):
             return _OP(x, weight, eps)
@@ -167,6 +187,8 @@ def fused_add_rms_norm(
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
     if type(eps) is float and bypass_ok(x, residual, weight):
+        if _FAST is not None:
+            return _FAST.fused_add_rms_norm(x, residual, weight, eps)
         return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
@@ -182,6 +204,9 @@ def fused_add_rms_norm_(
     """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op; captures in
     CUDA graphs with no allocation. Raises TypeError/ValueError naming the argument (x and
     residual must view as rows in place and not overlap)."""
+    if type(eps) is float and _FAST is not None and bypass_ok(x, residual, weight):
+        _FAST.fused_add_rms_norm_(x, residual, weight, eps)
+        return
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
         check_in_place(x, residual, weight, impl=_FUSED_)

@@ -41,6 +41,7 @@ LARGE_NS = (
     32768,
     65536,
     131072,
+    262144,
 )
 MSWEEP_N = 4096
 MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768

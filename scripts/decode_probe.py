@@ -4,12 +4,12 @@ reduction (the throughput tiles' order) or beside x (``weight_first``), to tell 
 latency rule (triton_impl.configs.latency_config) should pick. --cuda RTxVPT/...: the CUDA
 forward's default against those configs of its kernel (cuda_impl.rms_norm_with_config, no
 cluster; plain loads, or RTxVPTxVARIANT: those variant bits) instead. --fused-add: the
-Triton fused add's default against its fused kernel with one row a program at each warp
-count (the fused add has no latency rule; this says whether it wants one). --impls a,b,...: the
-named implementations (harness.impls, peers included) instead, device and host time, e.g.
-to compare two builds of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside
-the same peer. --host-parts: host time of each piece of the two eager fast paths (the
-bypass check, the output's allocation, the CUDA op's redispatch, Triton's direct launch)
+Triton fused add's default (its latency rule's choice) against its fused kernel with one
+row a program at each warp count. --impls a,b,...: the named implementations
+(harness.impls, peers included) instead, device and host time, e.g. to compare two builds
+of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside the same peer.
+--host-parts: host time of each piece of the two eager fast paths (the bypass check, the
+output's allocation, the CUDA op's redispatch and its direct entry, Triton's direct launch)
 beside the whole calls and native F.rms_norm, all interleaved.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
@@ -137,6 +137,7 @@ def fused_add_main(args) -> int:
     import triton_impl
     from harness.reference import fused_add_rms_norm_ref
     from triton_impl import Config
+    from triton_impl.launch import sm_count
 
     dtype = DTYPES[args.dtype]
     warps = (2, 4, 8, 16, 32)
@@ -155,7 +156,9 @@ def fused_add_main(args) -> int:
             torch.testing.assert_close(y, want[0], **TOL[dtype])
             torch.testing.assert_close(ro, want[1], **TOL[dtype])
         got = graph_interleaved(fns)
-        cfg = triton_impl.configs.fused_add_config(n, x.element_size(), True, args.dtype)
+        cfg = triton_impl.configs.fused_add_default_config(
+            n, x.element_size(), True, args.dtype, rows=m, sms=sm_count(x.device.index)
+        )
         today = f"{median_of(got['today']):.2f} ({cfg.kernel} {cfg.num_warps}w)"
         cells = " ".join(f"{median_of(got[nw]):9.2f}" for nw in warps)
         print(f"{m}x{n:>8} {today:>22} {cells}", flush=True)
@@ -169,7 +172,7 @@ def host_parts_main(args) -> int:
 
     import cuda_impl
     import triton_impl
-    from cuda_impl.ops import _CUDA_KEYS, _OP
+    from cuda_impl.ops import _CUDA_KEYS, _FAST, _OP
     from rmsnorm_api import bypass_ok
     from triton_impl import eager
 
@@ -187,11 +190,14 @@ def host_parts_main(args) -> int:
             "triton": lambda x=x, w=w: triton_impl.rms_norm(x, w, 1e-6),
             "bypass_ok": lambda x=x, w=w: bypass_ok(x, w),
             "empty": lambda x=x: torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            "empty_like": lambda x=x: torch.empty_like(x),
             "redispatch": lambda x=x, w=w: _OP.redispatch(_CUDA_KEYS, x, w, 1e-6),
             "cuda_op": lambda x=x, w=w: _OP(x, w, 1e-6),
             "plan_key": lambda x=x, w=w: eager.PLANS.get(eager._key(x, w)),
             "tri_launch": lambda c=compiled, g=p.grid, v=values: eager._run_compiled(c, g, v, 0),
         }
+        if _FAST is not None:  # setup.py's build: the CUDA kernel's direct entry point
+            fns["cuda_entry"] = lambda x=x, w=w: _FAST.rms_norm(x, w, 1e-6)
         got = host_interleaved(fns, calls=200, repeats=9)
         if names is None:
             names = list(fns)

@@ -167,6 +167,23 @@ def test_latency_rule_weight_first_where_measured():
     assert c.kernel == "split" and not c.weight_first and c.num_warps == 16, c
 
 
+def test_fused_add_latency_rule():
+    """The fused add's decode-sized calls take one row a program on the measured warps (bf16
+    4096: 8, 8192: 32), else 16 bytes of x a thread; many rows, the split kernel and the
+    sharded one keep the throughput rule's configs."""
+    from triton_impl.configs import fused_add_config, fused_add_default_config
+
+    def rule(n, elem, rows=8, split_ok=True):
+        return fused_add_default_config(n, elem, split_ok, rows=rows, sms=132)
+
+    for n, elem, warps in ((4096, 2, 8), (8192, 2, 32), (4096, 4, 32), (1024, 2, 4)):
+        c = rule(n, elem)
+        assert (c.kernel, c.block_m, c.num_warps) == ("fused", 1, warps), (n, elem, c)
+    for n, elem, rows in ((4096, 2, 4096), (4095, 2, 8), (65536, 2, 8)):
+        assert rule(n, elem, rows) == fused_add_config(n, elem), (n, elem, rows)
+    assert fused_add_default_config(4096, 2) == fused_add_config(4096, 2)  # no GPU at hand
+
+
 def test_sharded_kernel_shard_cap():
     """A forced shard so narrow that a row takes more than MAX_SHARDS programs is refused."""
     impl_or_skip("triton")
@@ -458,7 +475,7 @@ def test_forced_cuda_config_errors():
 # ---- kernel_info reports what runs -----------------------------------------------------
 
 GRID_NS = (128, 512, 1000, 1024, 2048, 4095, 4096, 4097, 5120, 8192, 12288, 16384, 32768,
-           65536, 131072)  # fmt: skip
+           65536, 131072, 262144)  # fmt: skip
 
 
 def launched(fn) -> list[dict]:

@@ -619,11 +619,12 @@ def test_plan():
         (1, 8192, ["custom"]),
     ]
     # a requested shape the full plan has keeps its sections there (grid, decode, ...)
-    named = plan.plan(["bf16"], shapes=[(2048, 65536), (1, 8192), (512, 262144)])
+    named = plan.plan(["bf16"], shapes=[(2048, 65536), (1, 8192), (512, 262144), (3, 5000)])
     assert [(p.m, p.n, p.sections) for p in named] == [
         (2048, 65536, ["grid", "custom"]),
         (1, 8192, ["decode", "custom"]),
-        (512, 262144, ["custom"]),
+        (512, 262144, ["grid", "custom"]),
+        (3, 5000, ["custom"]),
     ]
     assert plan.shape_class("bf16", 4097, False) == "bf16,large,N<=8192,odd"
 

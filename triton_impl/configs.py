@@ -396,6 +396,38 @@ def fused_add_config(
     return formula_tile(block_n, element_size)
 
 
+#: The fused add's decode-sized calls (fewer programs than SMs): one row a program on these
+#: warps for the widths the decode probe measured (bf16 4096 and 8192, PERF_NOTES v36), else
+#: FUSED_ADD_LATENCY_THREAD_BYTES of x's row a thread (x's and the residual's both in
+#: flight: half rms_norm's LATENCY_THREAD_BYTES), up to 32 warps.
+FUSED_ADD_LATENCY_WARPS = {Width(2, 4096): 8, Width(2, 8192): 32}
+FUSED_ADD_LATENCY_THREAD_BYTES = 16
+
+
+def fused_add_default_config(
+    n: int,
+    element_size: int,
+    split_ok: bool = True,
+    dtype: Optional[str] = None,
+    *,
+    rows: Optional[int] = None,
+    sms: Optional[int] = None,
+) -> Config:
+    """The config the fused add launches: fused_add_config's (the throughput rule), and for
+    `rows` fewer programs of its fused kernel than `sms` (both given: a real GPU) one row a
+    program on FUSED_ADD_LATENCY_WARPS (or FUSED_ADD_LATENCY_THREAD_BYTES a thread), so a
+    decode-sized call's rows spread over SMs and each thread's loads are short. The split
+    and sharded kernels keep their configs (one row, or one shard, a program already)."""
+    cfg = fused_add_config(n, element_size, split_ok, dtype)
+    if rows is None or not sms or cfg.kernel != "fused" or triton.cdiv(rows, cfg.block_m) >= sms:
+        return cfg
+    row_bytes = cfg.block_n * element_size
+    warps = FUSED_ADD_LATENCY_WARPS.get(Width(element_size, cfg.block_n, n < cfg.block_n))
+    if warps is None:
+        warps = max(1, min(32, row_bytes // (32 * FUSED_ADD_LATENCY_THREAD_BYTES)))
+    return dataclasses.replace(cfg, block_m=1, num_warps=warps)
+
+
 def fused_add_kernel_for(
     cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
 ) -> tuple:

@@ -88,11 +88,20 @@ def _key(x: torch.Tensor, weight: Optional[torch.Tensor]) -> tuple:
     return (_tensor_key(x), _tensor_key(weight))
 
 
+def _hook(hook):
+    """A launch hook as the launcher should get it: None for an empty hook chain (Triton's
+    hooks are chains, never None, so JITFunction.run builds the launch metadata and calls
+    both chains on every launch even when nothing is hooked)."""
+    calls = getattr(hook, "calls", None)
+    return None if calls is not None and not calls else hook
+
+
 def _run_compiled(compiled, grid: tuple, values: list, device: int) -> None:
-    """Launch a compiled kernel as JITFunction.run does (see the module docstring)."""
+    """Launch a compiled kernel as JITFunction.run does (see the module docstring), with
+    empty hook chains passed as no hook."""
     knobs = triton.knobs.runtime
     stream = triton.runtime.driver.active.get_current_stream(device)
-    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    enter, leave = _hook(knobs.launch_enter_hook), _hook(knobs.launch_exit_hook)
     md = compiled.launch_metadata(grid, stream, *values) if enter is not None else None
     compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, md,
                  enter, leave, *values)  # fmt: skip
@@ -139,6 +148,15 @@ def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, m
     _run_compiled(compiled, p.grid, [*tensors, *p.ints, eps, *p.consts], tensors[0].get_device())
 
 
+def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape and device in like's dtype: empty_like(like)
+    where like is contiguous and of x's shape (the checks made sure of the shape), which
+    parses fewer arguments than torch.empty on every call."""
+    if like.is_contiguous() and (like is x or like.shape == x.shape):
+        return torch.empty_like(like)
+    return torch.empty(x.shape, dtype=like.dtype, device=x.device)
+
+
 def _eps_ok(eps) -> bool:
     return type(eps) is float and EPS_MIN <= eps <= EPS_MAX
 
@@ -150,7 +168,7 @@ def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: s
     if p is None or not _eps_ok(eps):
         check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = _empty(x, x)
     if x.numel() > 0:
         w = x if weight is None else weight  # a dummy pointer when there is no weight
         _cached_launch(p, key, (x, w, y), eps, lambda: plan(x, weight, eps, y))
@@ -167,8 +185,7 @@ def eager_fused_add(
     if p is None or not _eps_ok(eps):
         check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    ro = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    y, ro = _empty(x, x), _empty(residual, x)
     if x.numel() > 0:
         w = x if weight is None else weight
         _cached_launch(

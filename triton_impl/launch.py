@@ -19,7 +19,7 @@ from rmsnorm_api import DTYPE_NAMES, as_rows
 from triton_impl.configs import (
     Config,
     default_config,
-    fused_add_config,
+    fused_add_default_config,
     fused_add_kernel_for,
     kernel_for,
 )
@@ -139,8 +139,8 @@ def plan_fused_add(
     cfg: Optional[Config] = None,
 ) -> Launch:
     """The launch of the fused add into y and residual_out (any row strides; the in-place
-    form passes x and residual themselves): fused_add_config's choice, or a forced
-    ``cfg``."""
+    form passes x and residual themselves): fused_add_default_config's choice (the latency
+    rule included, on a GPU), or a forced ``cfg``."""
     n = int(x.shape[-1])
     x2, r2 = as_rows(x), as_rows(residual)
     y2, ro2 = y.view(-1, n), residual_out.view(-1, n)
@@ -151,7 +151,9 @@ def plan_fused_add(
         # the dtype-keyed entries were measured with the residual in x's dtype
         same = residual.dtype == x.dtype
         dtype = DTYPE_NAMES.get(x.dtype) if same else None
-        cfg = fused_add_config(n, x.element_size(), split_ok(x2, r2, y2, ro2), dtype)
+        rows, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
+        ok = split_ok(x2, r2, y2, ro2)
+        cfg = fused_add_default_config(n, x.element_size(), ok, dtype, rows=rows, sms=sms)
     by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
     kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, n, by_hand)
     strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
