@@ -186,7 +186,8 @@ def fused_add_rms_norm(
     """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
-    if type(eps) is float and bypass_ok(x, residual, weight):
+    # residual=None is refused by the op's checks (bypass_ok takes None for an absent tensor)
+    if type(eps) is float and residual is not None and bypass_ok(x, residual, weight):
         if _FAST is not None:
             return _FAST.fused_add_rms_norm(x, residual, weight, eps)
         return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
@@ -204,7 +205,8 @@ def fused_add_rms_norm_(
     """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op; captures in
     CUDA graphs with no allocation. Raises TypeError/ValueError naming the argument (x and
     residual must view as rows in place and not overlap)."""
-    if type(eps) is float and _FAST is not None and bypass_ok(x, residual, weight):
+    fast = type(eps) is float and _FAST is not None and residual is not None
+    if fast and bypass_ok(x, residual, weight):
         _FAST.fused_add_rms_norm_(x, residual, weight, eps)
         return
     if type(eps) is not float or not _on_gpu(x, residual, weight):
