@@ -143,6 +143,24 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
     torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
 
 
+@pytest.mark.parametrize("n", [17, 1000, 1024])
+def test_every_triton_fused_add_candidate_matches_reference(n):
+    """Every candidate the fused add's sweep times (its fused tiles and split kernels among
+    them) computes both outputs of the reference."""
+    impl_or_skip("triton")
+    from triton_impl import fused_add_rms_norm_with_config, search_space
+
+    x, r, w = inputs(5, n, torch.float32)
+    want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    cands = search_space(n, 4, op="fused_add_rms_norm")
+    assert {c.kernel for c in cands} >= ({"fused", "split"} if n % 4 else {"fused"})
+    for cfg in cands:
+        y, ro = fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
+        msg = lambda m, cfg=cfg: f"{cfg}: {m}"  # noqa: E731
+        torch.testing.assert_close(y, want_y, **TOL[torch.float32], msg=msg)
+        torch.testing.assert_close(ro, want_r, **TOL[torch.float32], msg=msg)
+
+
 @pytest.mark.parametrize("reload", [False, True], ids=["held", "reload"])
 @pytest.mark.parametrize("rdtype", [None, torch.float32])
 def test_triton_sharded_waiting_schedule(rdtype, reload):

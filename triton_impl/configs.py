@@ -492,6 +492,30 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
     return out
 
 
+def _register_tiles(n: int, elem: int) -> list[Config]:
+    """The fused tiles whose bytes of x a thread fit SEARCH_THREAD_BYTES, and the split
+    kernel (its tile the aligned body) for rows that are not whole 16-byte vectors: the
+    candidates that hold a row in registers, for rows up to FUSED_MAX_N."""
+    lo, hi = SEARCH_THREAD_BYTES
+    block_n = triton.next_power_of_2(n)
+    vec = 16 // elem
+    body = triton.next_power_of_2(max(vec, n // vec * vec))
+    out: list[Config] = []
+    if block_n > FUSED_MAX_N[elem]:
+        return out
+    for rows in SEARCH_ROWS:
+        for warps in SEARCH_WARPS:
+            per_thread = rows * block_n * elem // (32 * warps)
+            fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
+            if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
+                out.append(_fused(block_n, rows, warps))
+    if split_kernel_wins(n, elem):
+        for warps in SEARCH_WARPS:
+            if body * elem // (32 * warps) >= lo or warps == 1:
+                out.append(Config("split", body, warps))
+    return out
+
+
 def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
@@ -499,30 +523,18 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     memory, the chunked kernel for rows of two or more chunks from 8192 elements up (its
     chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more, and the
     sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
-    config and the sharded kernel's candidates."""
+    config, the same fused tiles and split kernels, and the sharded kernel's candidates."""
     check_width(n, element_size, "search_space")
     if op == "fused_add_rms_norm":
         out = [fused_add_config(n, element_size)]
+        out += [c for c in _register_tiles(n, element_size) if c not in out]
         return out + [c for c in sharded_candidates(n, element_size) if c not in out]
     if op != "rms_norm":
         raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")
     elem = element_size
     lo, hi = SEARCH_THREAD_BYTES
     block_n = triton.next_power_of_2(n)
-    vec = 16 // elem
-    body = triton.next_power_of_2(max(vec, n // vec * vec))
-    out: list[Config] = []
-    if block_n <= FUSED_MAX_N[elem]:
-        for rows in SEARCH_ROWS:
-            for warps in SEARCH_WARPS:
-                per_thread = rows * block_n * elem // (32 * warps)
-                fits = per_thread <= hi and rows * block_n * elem <= 128 * 1024
-                if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
-                    out.append(_fused(block_n, rows, warps))
-        if split_kernel_wins(n, elem):
-            for warps in SEARCH_WARPS:
-                if body * elem // (32 * warps) >= lo or warps == 1:
-                    out.append(Config("split", body, warps))
+    out: list[Config] = _register_tiles(n, elem)
     if 1024 <= n and block_n * elem <= SEARCH_STAGED_BYTES:
         for warps in SEARCH_WARPS:
             per_thread = block_n * elem // (32 * warps)
