@@ -372,6 +372,14 @@ FUSED_ADD_WIDE_TUNED = {
 }
 
 
+#: The fused add's fused tiles where its sweep measured one ahead of the formula's
+#: (sweep-5bef0a7-fused-add-triton-*.jsonl, PERF_NOTES v36): fp32 12288 on 8 warps.
+FUSED_ADD_TUNED = {Width(4, 16384, padded=True): _fused(16384, 1, 8)}
+#: Bytes of x's row a thread holds in the fused add's split kernel (the sweep's best at
+#: 4095 / 4097: 4 warps in 16-bit, 2-8 in fp32, where twice as many lost 1-5 points).
+FUSED_ADD_SPLIT_THREAD_BYTES = 64
+
+
 @functools.cache
 def fused_add_config(
     n: int, element_size: int, split_ok: bool = True, dtype: Optional[str] = None
@@ -379,8 +387,8 @@ def fused_add_config(
     """The fused add's config for rows of n elements of x's element_size bytes (dtype: x's
     and the residual's, named "bf16", "fp16" or "fp32", where they are one): the split
     kernel where split_kernel_wins and the four rows share x's 16-byte alignment
-    (split_ok), half the plain split's bytes a thread (x's and the residual's both in
-    flight); the fused tile up to FUSED_MAX_N (several rows a program up to a 4 KiB tile,
+    (split_ok), FUSED_ADD_SPLIT_THREAD_BYTES of x a thread; the fused tile up to
+    FUSED_MAX_N (FUSED_ADD_TUNED's, else several rows a program up to a 4 KiB tile,
     THREAD_BYTES of it a thread, as the plain op's rule for untuned widths); the sharded
     kernel beyond (FUSED_ADD_WIDE, or FUSED_ADD_WIDE_TUNED for the dtype and width, from
     the sweep; the rest a rule, not a table)."""
@@ -391,9 +399,10 @@ def fused_add_config(
     if split_ok and split_kernel_wins(n, element_size):
         vec = 16 // element_size
         body = triton.next_power_of_2(n // vec * vec)
-        warps = max(1, min(32, 2 * body * element_size // (32 * THREAD_BYTES[element_size])))
+        warps = max(1, min(32, body * element_size // (32 * FUSED_ADD_SPLIT_THREAD_BYTES)))
         return Config("split", body, warps)
-    return formula_tile(block_n, element_size)
+    key = Width(element_size, block_n, n < block_n)
+    return FUSED_ADD_TUNED.get(key) or formula_tile(block_n, element_size)
 
 
 #: The fused add's decode-sized calls (fewer programs than SMs): one row a program on these
