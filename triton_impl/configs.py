@@ -373,10 +373,10 @@ FUSED_ADD_WIDE_TUNED = {
 
 
 #: The fused add's fused tiles where its sweep measured one ahead of the formula's
-#: (sweep-5bef0a7-fused-add-triton-*.jsonl, PERF_NOTES v36): fp32 12288 on 8 warps.
+#: (PERF_NOTES v36): fp32 12288 on 8 warps, more bytes a thread in flight than 32 warps hold.
 FUSED_ADD_TUNED = {Width(4, 16384, padded=True): _fused(16384, 1, 8)}
-#: Bytes of x's row a thread holds in the fused add's split kernel (the sweep's best at
-#: 4095 / 4097: 4 warps in 16-bit, 2-8 in fp32, where twice as many lost 1-5 points).
+#: Bytes of x's row a thread holds in the fused add's split kernel: the sweep's best at
+#: 4095 / 4097 in every dtype (PERF_NOTES v36); twice the warps left loads waiting.
 FUSED_ADD_SPLIT_THREAD_BYTES = 64
 
 
