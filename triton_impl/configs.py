@@ -236,6 +236,19 @@ def split_kernel_wins(n: int, element_size: int) -> bool:
     return n >= vec and n % (16 if element_size == 2 else vec) != 0
 
 
+def split_body(n: int, element_size: int) -> int:
+    """The split kernel's tile for rows of n elements: the row's aligned body (its whole
+    16-byte vectors), rounded up to a power of two."""
+    vec = 16 // element_size
+    return triton.next_power_of_2(n // vec * vec)
+
+
+def _split(n: int, element_size: int, thread_bytes: int) -> Config:
+    """The split kernel on rows of n elements, thread_bytes of x's body a thread."""
+    body = split_body(n, element_size)
+    return Config("split", body, max(1, min(32, body * element_size // (32 * thread_bytes))))
+
+
 @functools.cache
 def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Config:
     """The config for many rows of n elements of element_size bytes.
@@ -250,14 +263,11 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
     """
     check_width(n, element_size, "default_config")
     elem = element_size
-    vec = 16 // elem
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[elem]:
         return WIDE_TUNED.get(Width(elem, block_n)) or SHARDED[elem]
     if split_ok and split_kernel_wins(n, elem):
-        body = triton.next_power_of_2(n // vec * vec)
-        warps = max(1, min(32, body * elem // (32 * THREAD_BYTES[elem])))
-        return Config("split", body, warps)
+        return _split(n, elem, THREAD_BYTES[elem])
     key = Width(elem, block_n, n < block_n)
     for table in (WIDE_TUNED, PERSISTENT_TUNED):
         if key in table:
@@ -397,10 +407,7 @@ def fused_add_config(
     if block_n > FUSED_MAX_N[element_size]:
         return FUSED_ADD_WIDE_TUNED.get((dtype, block_n), FUSED_ADD_WIDE[element_size])
     if split_ok and split_kernel_wins(n, element_size):
-        vec = 16 // element_size
-        body = triton.next_power_of_2(n // vec * vec)
-        warps = max(1, min(32, body * element_size // (32 * FUSED_ADD_SPLIT_THREAD_BYTES)))
-        return Config("split", body, warps)
+        return _split(n, element_size, FUSED_ADD_SPLIT_THREAD_BYTES)
     key = Width(element_size, block_n, n < block_n)
     return FUSED_ADD_TUNED.get(key) or formula_tile(block_n, element_size)
 
@@ -507,8 +514,6 @@ def _register_tiles(n: int, elem: int) -> list[Config]:
     candidates that hold a row in registers, for rows up to FUSED_MAX_N."""
     lo, hi = SEARCH_THREAD_BYTES
     block_n = triton.next_power_of_2(n)
-    vec = 16 // elem
-    body = triton.next_power_of_2(max(vec, n // vec * vec))
     out: list[Config] = []
     if block_n > FUSED_MAX_N[elem]:
         return out
@@ -519,6 +524,7 @@ def _register_tiles(n: int, elem: int) -> list[Config]:
             if fits and (per_thread >= lo or warps == 1):  # tiny rows: one warp
                 out.append(_fused(block_n, rows, warps))
     if split_kernel_wins(n, elem):
+        body = split_body(n, elem)
         for warps in SEARCH_WARPS:
             if body * elem // (32 * warps) >= lo or warps == 1:
                 out.append(Config("split", body, warps))

@@ -149,10 +149,11 @@ def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, m
 
 
 def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A new contiguous tensor of x's shape and device in like's dtype: empty_like(like)
-    where like is contiguous and of x's shape (the checks made sure of the shape), which
-    parses fewer arguments than torch.empty on every call."""
-    if like.is_contiguous() and (like is x or like.shape == x.shape):
+    """A new contiguous tensor of x's shape and device in like's dtype (like: x, or the
+    residual, whose shape and device the checks, or the plan key that implies they passed,
+    made x's): empty_like(like) where like is contiguous, which parses fewer arguments than
+    torch.empty on every call."""
+    if like.is_contiguous():
         return torch.empty_like(like)
     return torch.empty(x.shape, dtype=like.dtype, device=x.device)
 
