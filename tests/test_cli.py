@@ -453,3 +453,30 @@ def test_small_shapes_legend_covers_no_bar(run_records, figures, tmp_path):
     legend = fig.legends[0].get_window_extent(renderer)
     for ax in fig.axes:
         assert not legend.overlaps(ax.get_window_extent(renderer))
+
+
+# ---------------------------------------------------------------------------------------
+# the newcomer's first commands: README's quickstart and what git ignores
+# ---------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_readme_makes_the_venv_before_installing():
+    """README's first command block creates and enters the virtual environment before its
+    pip install, so a literal reader installs into it; and it says what the build and the
+    tests take, not 'a few minutes'."""
+    text = (REPO / "README.md").read_text()
+    first = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first[0] == "python -m venv .venv && . .venv/bin/activate"
+    assert "pip install" in first[1]
+    flat = " ".join(text.split())
+    assert "one to a few minutes" not in flat
+    assert "17-18 minutes" in flat and "about 30 minutes" in flat
+
+
+def test_the_venv_is_ignored():
+    import subprocess
+
+    got = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=REPO, check=False)
+    assert got.returncode == 0, ".venv/ is not in .gitignore"
