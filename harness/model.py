@@ -1917,6 +1917,10 @@ def committed_text(where: Optional[Path] = None) -> str:
     )
 
 
+#: How to install what the transformers layer's check needs, where it cannot run.
+LAYER_EXTRA = "pip install -r requirements-model.txt"
+
+
 def run_cpu(args) -> int:
     ignored = [f"{flag} ({why})" for flag, why in GPU_ONLY.items() if _given(args, flag)]
     if ignored:
@@ -1936,13 +1940,16 @@ def run_cpu(args) -> int:
                 continue
             failed += not row["passed"]
             print(f"{where} {_verdict(row)}")
+        _, no_tf = _import("transformers")
         if args.no_layer:
             print("transformers layer: not checked (--no-layer)")
+        elif no_tf:  # said once, not once a shape: no shape can check it
+            print(f"transformers layer: not checked: {no_tf} ({LAYER_EXTRA})")
         else:
             for shape in ["prefill"] + [s for s in args.shapes if s == "train"]:
                 why, checks = check_layer(args.variants, args.seed, shape=shape)
                 if why:
-                    print(f"transformers layer: not checked: {why}")
+                    print(f"transformers layer {shape}: not checked: {why}")
                 for name, c in checks.items():
                     norm = "swapped to " + name if name != "eager" else "own norm"
                     where = f"layer {shape:<8} {norm:<17}"

@@ -736,3 +736,37 @@ def test_cpu_path_prints_the_committed_table(dry_run, tmp_path, monkeypatch, cap
     out = capsys.readouterr().out
     assert f"the committed H200 run ({committed / model.RECORDS_NAME})" in out
     assert "| eager | triton_fused |" in out
+
+
+@pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
+@pytest.mark.parametrize("shapes", ["prefill", "train", "prefill,decode,train"])
+def test_cpu_path_says_once_the_layer_is_not_checked(shapes, tmp_path, monkeypatch, capsys):
+    """Without transformers the layer's check is said to be skipped once, whatever the
+    shapes, with the extra that installs it; nothing per shape."""
+    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
+    monkeypatch.setattr(model, "check_blocks", lambda *a, **k: [])
+    real = model._import
+    monkeypatch.setattr(
+        model,
+        "_import",
+        lambda p: (None, f"{p} not importable (stand-in)") if p == "transformers" else real(p),
+    )
+    monkeypatch.setattr(model, "check_layer", lambda *a, **k: pytest.fail("layer checked"))
+    assert model.main(["--shapes", shapes]) == 0
+    out = capsys.readouterr().out
+    assert out.count("transformers layer") == 1, out
+    assert "transformers layer: not checked: transformers not importable" in out
+    assert "pip install -r requirements-model.txt" in out
+
+
+def test_requirements_model_is_the_base_plus_transformers():
+    """The optional extra README names for harness.model's transformers check."""
+    from pathlib import Path
+
+    repo = Path(model.__file__).resolve().parent.parent
+    lines = [
+        ln.split("#")[0].strip()
+        for ln in (repo / "requirements-model.txt").read_text().splitlines()
+    ]
+    assert [ln for ln in lines if ln] == ["-r requirements.txt", "transformers"]
+    assert "pip install -r requirements-model.txt" in (repo / "README.md").read_text()
