@@ -346,44 +346,6 @@ def check_in_place(
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
-def register_autograd(ns: str) -> None:
-    """The autograd of a backend's two functional ops (``<ns>::rms_norm``,
-    ``<ns>::fused_add_rms_norm``), through its backward ops (``<ns>::rms_norm_backward``,
-    ``<ns>::fused_add_rms_norm_backward``). The forward saves references to what the
-    backward reads (x; the fused add's residual_out) and the weight, no copies: the
-    kernels recompute rstd from them."""
-    ops = getattr(torch.ops, ns)
-
-    def setup_rms_norm(ctx, inputs, output) -> None:
-        x, weight, eps = inputs
-        ctx.eps = eps
-        ctx.save_for_backward(x, weight)
-
-    def rms_norm_grad(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dx, dw = ops.rms_norm_backward(dy, x, weight, ctx.eps)
-        return dx, dw if weight is not None else None, None
-
-    def setup_fused_add(ctx, inputs, output) -> None:
-        _x, _residual, weight, eps = inputs
-        ctx.eps = eps
-        ctx.save_for_backward(output[1], weight)  # residual_out: what y normalised
-
-    # autograd hands an unused output's gradient in as zeros, so dy and d_residual_out are
-    # both tensors here
-    def fused_add_grad(ctx, dy, d_residual_out):
-        residual_out, weight = ctx.saved_tensors
-        dx, dres, dw = ops.fused_add_rms_norm_backward(
-            dy, d_residual_out, residual_out, weight, ctx.eps
-        )
-        return dx, dres, dw if weight is not None else None, None
-
-    torch.library.register_autograd(f"{ns}::rms_norm", rms_norm_grad, setup_context=setup_rms_norm)
-    torch.library.register_autograd(
-        f"{ns}::fused_add_rms_norm", fused_add_grad, setup_context=setup_fused_add
-    )
-
-
 def call_backward(
     ns: str,
     dy: torch.Tensor,
@@ -576,5 +538,7 @@ class RMSNormModule(torch.nn.Module):
         )
 
 
-# the swap helper is user-facing: one import with the rest of the contract
+# the swap helper is user-facing: one import with the rest of the contract; the autograd
+# of both backends
+from rmsnorm_api.autograd import register_autograd as register_autograd  # noqa: E402
 from rmsnorm_api.swap import swap_rms_norm as swap_rms_norm  # noqa: E402
