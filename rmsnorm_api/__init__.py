@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 #: Largest row width either kernel accepts (the CUDA kernel's cluster path holds up to
 #: this many fp32 elements on chip; the Triton kernel matches it so they share a contract).
@@ -59,10 +60,13 @@ def check_inputs(
     *,
     allow_cpu: bool = False,
     impl: str = "rms_norm",
+    device_hint: Optional[str] = None,
 ) -> None:
-    """Raise TypeError/ValueError naming the offending argument; return None if valid."""
+    """Raise TypeError/ValueError naming the offending argument; return None if valid.
+    device_hint: the reason given with a refused device, where the default would mislead
+    (kernel_info, which reads a compiled GPU kernel)."""
     _check_args(x, weight, eps, impl)
-    _check_device(x, allow_cpu, impl)
+    _check_device(x, allow_cpu, impl, device_hint)
 
 
 def check_fused_inputs(
@@ -110,25 +114,35 @@ def _check_weight(weight: Optional[torch.Tensor], x: torch.Tensor, impl: str, na
             f"{impl}: weight has shape {tuple(weight.shape)} but {name}'s last dimension"
             f" is {n}; expected ({n},)"
         )
-    _check_beside_x(weight, "weight", x, impl)
+    _check_beside_x(weight, "weight", x, impl, name)
 
 
-def _check_device(x: torch.Tensor, allow_cpu: bool, impl: str) -> None:
+def _check_device(x: torch.Tensor, allow_cpu: bool, impl: str, hint: Optional[str] = None) -> None:
+    """x on a CUDA device, on the CPU where allow_cpu (the Triton interpreter), or meta
+    (shape inference: the ops give meta outputs and launch nothing). hint: why another
+    device is refused, where the default would mislead."""
     # last, so that every other check also runs on a machine without a GPU
-    if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
-        hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
-        hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
+    if x.device.type not in ("cuda", "meta") and not (allow_cpu and x.device.type == "cpu"):
+        if hint is None:
+            hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
+            hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
         raise ValueError(f"{impl}: x is on device '{x.device}'; expected a CUDA tensor{hint}")
 
 
-def _check_beside_x(t: torch.Tensor, name: str, x: torch.Tensor, impl: str) -> None:
-    """A tensor read beside x (weight, residual): x's dtype or float32, on x's device."""
+def _check_beside_x(
+    t: torch.Tensor, name: str, x: torch.Tensor, impl: str, x_name: str = "x"
+) -> None:
+    """A tensor read beside x (weight, residual): x's dtype or float32, on x's device (x is
+    dy, named so, in the backward)."""
     if t.dtype not in (x.dtype, torch.float32):
-        raise TypeError(
-            f"{impl}: {name} has dtype {t.dtype}; expected x's dtype ({x.dtype}) or float32"
-        )
+        want = f"{x_name}'s dtype ({x.dtype}) or float32"
+        if x.dtype == torch.float32:
+            want = f"{x_name}'s dtype, torch.float32"
+        raise TypeError(f"{impl}: {name} has dtype {t.dtype}; expected {want}")
     if t.device != x.device:
-        raise ValueError(f"{impl}: {name} is on device '{t.device}' but x is on '{x.device}'")
+        raise ValueError(
+            f"{impl}: {name} is on device '{t.device}' but {x_name} is on '{x.device}'"
+        )
 
 
 def _type_name(v: object) -> str:
@@ -193,7 +207,7 @@ def check_backward_inputs(
             f"{impl}: dy's last dimension is {n}; the supported maximum is N = {MAX_N}"
         )
     if fused:
-        _check_beside_x(saved, saved_name, dy, impl)
+        _check_beside_x(saved, saved_name, dy, impl, "dy")
     elif saved.dtype != dy.dtype:
         raise TypeError(f"{impl}: dy has dtype {dy.dtype} but x has dtype {saved.dtype}")
     if saved.device != dy.device:
@@ -224,7 +238,7 @@ def check_backward_inputs(
                 f" '{dy.device}'"
             )
     check_eps(eps, impl=impl)
-    if dy.device.type != "cuda" and not (allow_cpu and dy.device.type == "cpu"):
+    if dy.device.type not in ("cuda", "meta") and not (allow_cpu and dy.device.type == "cpu"):
         raise ValueError(f"{impl}: dy is on device '{dy.device}'; expected a CUDA tensor")
 
 
@@ -260,6 +274,7 @@ def check_out(
         raise ValueError(f"{impl}: out is on device '{out.device}' but x is on '{x.device}'")
     if not out.is_contiguous():
         raise ValueError(f"{impl}: out must be contiguous")
+    _check_written(out, "out", impl, "pass a plain tensor (out.resolve_neg() is a copy)")
     # A row written while another program still reads it gives wrong rows, silently; only
     # out=x itself is safe (each row is read whole before it is written).
     same_as_x = out.storage_offset() == x.storage_offset() and x.is_contiguous()
@@ -275,7 +290,8 @@ def check_out(
 
 def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> None:
     """A form that writes into given tensors has no autograd: refuse inputs that want it,
-    as torch's own out= functions do, naming the first that requires grad."""
+    as torch's own out= functions do, naming the first that requires grad or carries a
+    forward-mode tangent (whose tangent the write would leave stale)."""
     if torch.is_grad_enabled():
         for name, t in tensors.items():
             if t is not None and t.requires_grad:
@@ -283,13 +299,75 @@ def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> Non
                     f"{impl}: {form} does not support autograd, but {name} requires grad"
                     " (detach it, or call under torch.no_grad())"
                 )
+    if _forward_ad._current_level >= 0:
+        for name, t in tensors.items():
+            if t is not None and _forward_ad.unpack_dual(t).tangent is not None:
+                raise ValueError(
+                    f"{impl}: {form} does not support forward-mode AD, but {name} has a"
+                    " tangent (use the functional form)"
+                )
+
+
+def _rows(t: torch.Tensor) -> Optional[tuple[int, int, int, int]]:
+    """t's elements as rows of its last dimension at one row stride, in bytes: (first byte,
+    rows, row stride, row length); None where t has no such layout (a last dimension not
+    of stride 1, or leading dimensions that merge into no one stride)."""
+    e, n = t.element_size(), (t.shape[-1] if t.dim() else 1)
+    if t.dim() and n > 1 and t.stride(-1) != 1:
+        return None
+    rows, stride = 1, 0
+    for size, st in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1]), strict=True):
+        if size == 1:
+            continue
+        if rows > 1 and st != stride * rows:
+            return None
+        stride = st if rows == 1 else stride
+        rows *= size
+    return t.storage_offset() * e, rows, stride * e, n * e
+
+
+def _row_at(lo: int, hi: int, start: int, stride: int, rows: int) -> bool:
+    """Whether some row start + j * stride (0 <= j < rows) lies strictly between lo and hi."""
+    if stride == 0 or rows == 1:
+        return lo < start < hi
+    first = max(0, (lo - start) // stride + 1)
+    last = min(rows - 1, -((start - hi) // stride) - 1)
+    return first <= last
+
+
+#: Rows of the smaller tensor walked one by one where two aliasing tensors' rows interleave
+#: at different strides; past it such a pair is taken to overlap (refused, never risked).
+_EXACT_ROWS = 1 << 16
+
+
+def _rows_meet(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether two row layouts (_rows) share a byte: exact, by arithmetic on the rows."""
+    (a0, am, ast, al), (b0, bm, bst, bl) = a, b
+    if a0 + (am - 1) * ast + al <= b0 or b0 + (bm - 1) * bst + bl <= a0:
+        return False
+    if am == 1 or ast == 0:  # a is one byte range (its rows, if several, coincide)
+        return _row_at(a0 - bl, a0 + al, b0, bst, bm)
+    if bm == 1 or bst == 0:
+        return _row_at(b0 - al, b0 + bl, a0, ast, am)
+    if ast == bst:  # row i of a meets row j of b where (i - j) * stride is near b0 - a0
+        return _row_at(b0 - a0 - al, b0 - a0 + bl, -(bm - 1) * ast, ast, am + bm - 1)
+    if min(am, bm) > _EXACT_ROWS:
+        return True
+    if am > bm:
+        (a0, am, ast, al), (b0, bm, bst, bl) = (b0, bm, bst, bl), (a0, am, ast, al)
+    return any(_row_at(a0 + i * ast - bl, a0 + i * ast + al, b0, bst, bm) for i in range(am))
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a's and b's elements share bytes of one storage, judged from offsets and
-    strides (no data pointer, so fake tensors under tracing are judged alike)."""
+    strides (no data pointer, so fake tensors under tracing are judged alike): exactly for
+    row layouts (slices and interleaved rows of one tensor included), by their address
+    spans otherwise."""
     if a.numel() == 0 or b.numel() == 0 or not torch._C._is_alias_of(a, b):
         return False
+    ra, rb = _rows(a), _rows(b)
+    if ra is not None and rb is not None:
+        return _rows_meet(ra, rb)
 
     def span(t: torch.Tensor) -> tuple[int, int]:
         last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
@@ -298,6 +376,22 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+def _check_written(t: torch.Tensor, name: str, impl: str, hint: str) -> None:
+    """A tensor an op writes: no negative bit (the kernel would write the raw data, which
+    reads back negated) and no two elements at one address (all but one write would be
+    lost), as torch's own in-place ops refuse. hint: what to pass instead."""
+    if t.is_neg():
+        raise ValueError(
+            f"{impl}: {name} is a negative view (torch._neg_view) and is written; {hint}"
+        )
+    r = _rows(t)
+    if t.numel() > 1 and (r is None or (r[1] > 1 and r[2] < r[3])):
+        raise ValueError(
+            f"{impl}: {name} has elements that share memory (more than one element of a"
+            f" written-to tensor refers to a single memory location); {hint}"
+        )
 
 
 def check_residual(
@@ -332,13 +426,12 @@ def check_in_place(
     viewable as rows in place, apart from each other and from weight in memory, and not
     require grad (run after check_fused_inputs)."""
     for name, t in (("x", x), ("residual", residual)):
-        try:
-            t.view(-1, t.shape[-1])
-        except RuntimeError:
+        if t.numel() > 0 and _rows(t) is None:
             raise ValueError(
                 f"{impl}: {name}'s leading dimensions cannot be viewed as rows in place (the"
                 f" in-place form writes into {name}); call {name}.contiguous() first"
-            ) from None
+            )
+        _check_written(t, name, impl, f"pass {name}.clone() (the in-place form writes {name})")
     if _overlaps(x, residual):
         raise ValueError(f"{impl}: x and residual overlap in memory; both are written")
     if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
@@ -412,8 +505,8 @@ def bypass_ok(x, *others) -> bool:
     tensors (dense and strided, not nested; no subclass, such as FakeTensor; no negative
     or zero-tensor bit, which those keys resolve: the raw data of a negative view has the
     other sign, a zero tensor has no storage), none of them needing a gradient, outside
-    tracing (torch.compile, torch.jit.trace), functorch transforms and torch function or
-    dispatch modes (each of which would not see the call). others: the call's other
+    tracing (torch.compile, torch.jit.trace), forward-mode AD's dual level, functorch
+    transforms and torch function or dispatch modes (each of which would not see the call). others: the call's other
     tensors, None where absent. Compiling is asked first: dynamo folds it to True and so
     never traces the rest."""
     if torch.compiler.is_compiling():
@@ -428,6 +521,7 @@ def bypass_ok(x, *others) -> bool:
             needs = needs or t.requires_grad
     return not (
         (needs and _C.is_grad_enabled())
+        or _forward_ad._current_level >= 0
         or _C._get_tracing_state() is not None
         or _C._len_torch_dispatch_stack()
         or _C._is_torch_function_mode_enabled()

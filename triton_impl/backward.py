@@ -50,7 +50,7 @@ from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import as_rows, call_backward, check_backward_inputs
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges
-from triton_impl.launch import sm_count
+from triton_impl.launch import has_work, sm_count
 
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
 BWD_MAX_N = 16384
@@ -354,6 +354,8 @@ def _run_backward(
     meta = bwd_meta(n, s.element_size(), vec, has_w, dro is not None, ds2_2 is not None)
     if s.is_cuda:
         programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sm_count(s.device.index)))
+    elif s.device.type == "meta":  # shape inference: nothing runs
+        programs = 1
     else:  # the interpreter: two programs, so the partials reduction still sums several
         programs = max(1, min(m, 2))
     if vec and programs < m:
@@ -364,7 +366,7 @@ def _run_backward(
     # chunked rows add into their partials row, so it starts at zero
     alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
-    if m > 0:
+    if has_work(s2):
         # dummy pointers where there is no d_residual_out or second ds: never touched
         dro = s2 if dro is None else dro
         ds2_2 = ds_2 if ds2_2 is None else ds2_2
@@ -376,6 +378,8 @@ def _run_backward(
     if not has_w:
         return None
     dw = torch.empty(n, dtype=weight.dtype, device=s.device)
+    if s.device.type == "meta":
+        return dw
     if m == 0:
         dw.zero_()
         return dw

@@ -112,24 +112,29 @@ class Config:
         return asdict(self)
 
     @classmethod
-    def of(cls, cfg: Union[Config, dict]) -> Config:
-        """A Config, from a Config or its as_dict() form (ValueError naming what is off)."""
+    def of(cls, cfg: Union[Config, dict], where: str = "Config.of") -> Config:
+        """A Config, from a Config or its as_dict() form (ValueError naming the function,
+        what is off and the fields a Config has)."""
         if isinstance(cfg, cls):
             return cfg
         if not isinstance(cfg, dict):
-            raise ValueError(f"cfg must be a Config or a dict, got {type(cfg).__name__}")
-        unknown = set(cfg) - set(cls.__dataclass_fields__)
+            raise ValueError(f"{where}: cfg must be a Config or a dict, got {type(cfg).__name__}")
+        fields = list(cls.__dataclass_fields__)
+        unknown = set(cfg) - set(fields)
         if unknown:
-            raise ValueError(f"cfg has unknown fields {sorted(unknown)}")
+            raise ValueError(
+                f"{where}: cfg has unknown fields {sorted(unknown)}; a Config's fields are"
+                f" {fields}"
+            )
         try:
             return cls(**cfg)
         except TypeError as e:  # a missing required field
-            raise ValueError(f"cfg: {e}") from None
+            raise ValueError(f"{where}: cfg: {e}; a Config's fields are {fields}") from None
 
     @classmethod
     def forced(cls, cfg: Union[Config, dict], n: int, element_size: int, where: str) -> Config:
         """A forced config (Config.of) that holds a row of n elements, else ValueError."""
-        cfg = cls.of(cfg)
+        cfg = cls.of(cfg, where)
         if not cfg.holds(n, element_size):
             raise ValueError(
                 f"{where}: cfg's block_n = {cfg.block_n} is narrower than the row (N = {n}) for"

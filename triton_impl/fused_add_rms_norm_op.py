@@ -28,7 +28,7 @@ from rmsnorm_api import DEFAULT_EPS, bypass_ok, check_fused_inputs, check_in_pla
 from triton_impl.configs import Config
 from triton_impl.eager import eager_fused_add
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import launch, plan_fused_add
+from triton_impl.launch import has_work, launch, plan_fused_add
 
 _IMPL = "triton_impl.fused_add_rms_norm"
 _IMPL_ = "triton_impl.fused_add_rms_norm_"
@@ -45,7 +45,7 @@ def _fused_add_op(
     _check(x, residual, weight, eps, _IMPL)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     residual_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
-    if x.numel() > 0:
+    if has_work(x):
         launch(plan_fused_add(x, residual, weight, eps, y, residual_out))
     return y, residual_out
 
@@ -56,7 +56,7 @@ def _fused_add_in_place_op(
 ) -> None:
     _check(x, residual, weight, eps, _IMPL_)
     check_in_place(x, residual, weight, impl=_IMPL_)
-    if x.numel() > 0:
+    if has_work(x):
         launch(plan_fused_add(x, residual, weight, eps, x, residual))
 
 
@@ -101,6 +101,6 @@ def fused_add_rms_norm_with_config(
     cfg = Config.forced(cfg, x.shape[-1], x.element_size(), "fused_add_rms_norm_with_config")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     residual_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
-    if x.numel() > 0:
+    if has_work(x):
         launch(plan_fused_add(x, residual, weight, float(eps), y, residual_out, cfg))
     return y, residual_out

@@ -166,6 +166,12 @@ def plan_fused_add(
     return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
 
 
+def has_work(x: torch.Tensor) -> bool:
+    """Whether a call on x launches anything: not for an empty x, nor for a meta one (shape
+    inference: the outputs are allocated on meta, and nothing runs)."""
+    return x.numel() > 0 and x.device.type != "meta"
+
+
 def launch(p: Launch) -> None:
     """Run a planned launch through torch.library's wrap_triton, so it is traceable."""
     wrap_triton(p.kernel)[p.grid](*p.args, **p.meta)

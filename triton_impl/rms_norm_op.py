@@ -21,7 +21,7 @@ from triton_impl.configs import Config
 from triton_impl.eager import eager_ok, eager_rms_norm
 from triton_impl.fused_add_rms_norm_op import fused_add_rms_norm
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import launch, plan
+from triton_impl.launch import has_work, launch, plan
 
 _IMPL = "triton_impl.rms_norm"
 
@@ -29,7 +29,7 @@ _IMPL = "triton_impl.rms_norm"
 def _run(x, weight, eps, y, cfg: Optional[Config] = None) -> None:
     """rms_norm(x, weight, eps) into the contiguous y (checked by the caller); no launch for
     an empty x."""
-    if x.numel() > 0:
+    if has_work(x):
         launch(plan(x, weight, eps, y, cfg))
 
 
@@ -81,11 +81,17 @@ def rms_norm(
     )
 
 
+_GPU_ONLY = " (kernel_info reads a compiled GPU kernel's metadata; the interpreter compiles none)"
+
+
 def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
     """The compiled kernel rms_norm runs for x (GPU only): its name, the launch config it
     was planned with (the latency rule included), registers and spills a thread, warps and
     shared memory, from Triton's metadata."""
-    check_inputs(x, weight, DEFAULT_EPS, impl=_IMPL)
+    check_inputs(x, weight, DEFAULT_EPS, impl="triton_impl.kernel_info", device_hint=_GPU_ONLY)
+    if x.device.type != "cuda":
+        raise ValueError(f"triton_impl.kernel_info: x is on device '{x.device}'; expected a"
+                         f" CUDA tensor{_GPU_ONLY}")  # fmt: skip
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     p = plan(x, weight, DEFAULT_EPS, y)
     compiled = p.kernel.warmup(*p.args, grid=p.grid, **p.meta)
