@@ -31,6 +31,12 @@ Without a GPU it says so, checks each op's Triton kernel under the interpreter (
 --dtypes), and redraws the committed results/h200 plots and report into --out (NO_GPU_OUT
 by default); --require-gpu makes it exit 1 instead. Every argument is checked on any machine;
 the flags that only mean something on a GPU are named as ignored.
+
+Exit status, the rule harness.validate follows too: 1 if any of our kernels fails its
+check. An implementation that cannot run here (without a GPU, all but triton) is named as
+skipped, with the reason, and is not a failure; but a run in which nothing at all could be
+checked exits 1 (without a GPU, after the redraw), since a clean exit would claim checks
+that did not happen.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from harness.cases import CPU_MAX_ELEMENTS, Case
 from harness.impls import Impl, runnable
 from harness.ops import FORWARD_OPS, OPS, Op
 from harness.plan import DTYPES, Planned, names_arg, parse_shapes
+from harness.validate import NOTHING_CHECKED
 from rmsnorm_api import MAX_N
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,6 +104,10 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     ops = args.ops
     b = measure.start(path, append=args.append, seed=args.seed, op=ops[0])
     impls = {op.name: _runnable(b, op, names) for op in ops}
+    if not any(impls.values()):  # the skips are recorded; nothing else is to be done
+        b.writer.close()
+        print(f"{NOTHING_CHECKED} ({', '.join(names)} skipped)", file=sys.stderr)
+        return 1
     plans = {op.name: op.plan(args.dtypes, quick=args.quick, shapes=args.shapes) for op in ops}
     work = schedule(ops, plans)
     each = ", ".join(
@@ -217,9 +228,8 @@ def run_without_gpu(args, out: Path) -> int:
     elif skipped:
         print(f"checking triton only: {', '.join(skipped)} need a CUDA GPU")
     failed = 0
-    if "triton" not in args.impls:
-        print("no interpreter check: --impls names no implementation that runs without a GPU")
-    else:
+    checked = "triton" in args.impls
+    if checked:
         for op in args.ops:
             failed += _interpret(args, op)
     if COMMITTED.exists():
@@ -232,6 +242,9 @@ def run_without_gpu(args, out: Path) -> int:
             " nothing to redraw; run python -m harness.bench on a GPU and commit"
             " results/<gpu>/"
         )
+    if not checked:
+        print(f"{NOTHING_CHECKED} ({', '.join(args.impls)} skipped)", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 
@@ -276,6 +289,11 @@ without a GPU:
   {NO_GPU_OUT} (overwritten by each run).
   Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
   --require-gpu exits 1 instead.
+
+exit status (harness.validate's rule too):
+  1 if any of our kernels fails its check. An implementation that cannot run here is
+  named as skipped, with the reason, and is not a failure; but if nothing at all could be
+  checked (e.g. --impls cuda without a GPU) the run exits 1, after the redraw.
 """
 
 
@@ -291,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ops",
         default=None,
-        help=f"comma-separated from {','.join(OPS)} (default: {','.join(DEFAULT_OPS)}; one "
-        "records file for all)",
+        help=f"comma-separated from {', '.join(OPS)} (default: {', '.join(DEFAULT_OPS)}; "
+        "one records file for all)",
     )
     p.add_argument(
         "--quick", action="store_true", help="a handful of bf16 shapes (a minute or two; GPU only)"
@@ -311,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--impls",
         default=None,
-        help=f"comma-separated from {','.join(impl_names(list(OPS.values())))} (default: all; "
+        help=f"comma-separated from {', '.join(impl_names(list(OPS.values())))} (default: all; "
         "the same names for every op; without a GPU only triton runs)",
     )
     p.add_argument(

@@ -51,7 +51,7 @@ from typing import Any, Optional, Union
 import torch
 
 from harness import impls
-from harness.cases import Case
+from harness.cases import Case, all_cases, fused_add_cases, fused_add_grad_cases, grad_cases
 from harness.plan import Planned, grad_plan
 from harness.plan import plan as forward_plan
 from harness.reference import (
@@ -95,6 +95,8 @@ class Op:
     # (dtypes, quick=, shapes=) -> the planned shapes (harness.plan)
     plan: Callable[..., list[Planned]] = forward_plan
     grads: bool = False  # a gradient op: its outputs are gradients through autograd
+    # () -> the numerical cases harness.validate checks it on (harness.cases)
+    cases: Callable[[], list[Case]] = all_cases
     grid_text: str = "M = 2^27 / N"  # how its grid's M is chosen, for reports and plots
 
     @property
@@ -347,6 +349,7 @@ FUSED_ADD_RMS_NORM = Op(
     baselines=impls.FUSED_ADD_BASELINES,
     second_form=_fused_add_in_place_form,
     outputs=("y", "residual_out"),
+    cases=fused_add_cases,
 )
 
 #: What the gradient ops share: our kernels and the same five baselines, through autograd.
@@ -358,6 +361,7 @@ _GRADS = dict(
     plan=grad_plan,
     grads=True,
     grid_text="M = 2^27 / N, fp32 2^26 / N",
+    cases=grad_cases,
 )
 
 RMS_NORM_FWD_BWD = Op(
@@ -395,7 +399,7 @@ FUSED_ADD_RMS_NORM_FWD_BWD = Op(
     registry=impls.fused_add_fwd_bwd_registry,
     reference=fused_add_rms_norm_grads_ref,
     outputs=("dx", "dresidual", "dweight"),
-    **_GRADS,
+    **{**_GRADS, "cases": fused_add_grad_cases},
 )
 
 #: The forward ops: what a bench run measures when --ops names none.

@@ -1,11 +1,22 @@
-"""Run every numerical case against every runnable implementation and print a table.
+"""Run every numerical case of each op against every runnable implementation of ours and
+print a table.
 
-    python -m harness.validate [--impls triton,cuda] [--seed 0] [--cases SUBSTR]
+    python -m harness.validate [--ops rms_norm,fused_add_rms_norm] [--impls triton,cuda]
+                               [--seed 0] [--cases SUBSTR]
 
-Inputs are fresh per case (seeded: seed + case index, printed); outputs are poisoned
-with NaN before each run of an implementation's out= form, so an unwritten element fails.
-Without a GPU, cases run on CPU through the Triton interpreter with M capped
-(cases.CPU_MAX_ELEMENTS). Exit code 1 if any case fails.
+The ops are harness.bench's, with the same default: the forward ops (rms_norm and the
+fused residual add + RMSNorm, its in-place form included); --ops also takes the gradient
+ops by name (rms_norm_fwd_bwd, rms_norm_bwd, fused_add_rms_norm_fwd_bwd). Each op has its
+own cases (harness.ops.Op.cases). Inputs are fresh per case (seeded: seed + the case's
+index in its op's list, printed); our kernels' second form is checked too (rms_norm's
+out= into an output poisoned with NaN, so an unwritten element fails; the fused add in
+place; the gradient ops with every allocation NaN-filled). Without a GPU, cases run on CPU
+through the Triton interpreter with M capped (cases.CPU_MAX_ELEMENTS).
+
+Exit status, the rule harness.bench follows too: 1 if any case fails. An implementation
+that cannot run here (the CUDA kernels without a GPU) is named as skipped, with the reason,
+and is not a failure; but a run in which nothing at all could be checked exits 1, since a
+clean exit would claim checks that did not happen.
 """
 
 from __future__ import annotations
@@ -17,9 +28,9 @@ from typing import Optional
 
 import torch
 
-from harness.cases import Case, all_cases
+from harness.cases import Case
 from harness.impls import Impl, registry, runnable
-from harness.ops import RMS_NORM, Op
+from harness.ops import FORWARD_OPS, OPS, RMS_NORM, Op
 from harness.plan import names_arg
 
 
@@ -99,9 +110,17 @@ def run_case(case: Case, impl: Impl, device: str, seed: int, op: Op = RMS_NORM) 
     return Result(case.id, impl.name, a, r, ok, err)
 
 
-def cases_for(device: str) -> list[Case]:
-    cases = all_cases()
+def cases_for(device: str, op: Op = RMS_NORM) -> list[Case]:
+    """op's cases, with M capped on CPU."""
+    cases = op.cases()
     return [c.cpu_cap() for c in cases] if device == "cpu" else cases
+
+
+#: The ops a run checks when --ops names none: harness.bench's default.
+DEFAULT_OPS = tuple(FORWARD_OPS)
+
+#: What a run that checked nothing says, on stderr, before it exits 1 (harness.bench too).
+NOTHING_CHECKED = "nothing was checked: no implementation named can run here"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,9 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
+        "--ops",
+        default=None,
+        help=f"comma-separated from {', '.join(OPS)} (default: {', '.join(DEFAULT_OPS)}, "
+        "as harness.bench)",
+    )
+    p.add_argument(
         "--impls",
         default=None,
-        help=f"comma-separated from {','.join(registry())} (default: all that can run here)",
+        help=f"comma-separated from {','.join(registry())} (default: all; those that cannot "
+        "run here are named as skipped, not failed)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="case i's inputs are drawn from seed + i (default 0)"
@@ -137,37 +163,50 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    impls = registry()
-    names = parse_impls(p, args.impls, list(impls))
-    # (index, case): the index is the case's place in the full list, so its seed does not
-    # depend on the filter
-    cases = [(i, c) for i, c in enumerate(cases_for(device)) if args.cases in c.id]
-    if not cases:
+    ops = [
+        OPS[n] for n in (names_arg(p, "--ops", args.ops, tuple(OPS)) if args.ops else DEFAULT_OPS)
+    ]
+    names = parse_impls(p, args.impls, list(registry()))
+    # (index, case) an op: the index is the case's place in the op's full list, so its seed
+    # does not depend on the filter
+    work = {
+        op.name: [(i, c) for i, c in enumerate(cases_for(device, op)) if args.cases in c.id]
+        for op in ops
+    }
+    if not any(work.values()):
+        some = ", ".join(c.id for op in ops for c in op.cases()[:2])
         p.error(
-            f"--cases: no case id contains {args.cases!r}; ids look like "
-            f"{', '.join(c.id for c in all_cases()[:3])}, ..."
+            f"--cases: no case id of {', '.join(work)} contains {args.cases!r}; ids look "
+            f"like {some}, ... (ops are chosen with --ops)"
         )
-    print(f"device={device} seed={args.seed} (case i uses seed {args.seed}+i)")
-    chosen = []
-    for n in names:
-        why = runnable(impls[n], device)
-        if why:
-            print(f"skip {n}: {why}")
-        else:
-            chosen.append(impls[n])
-    if not chosen:
-        print(f"no implementation can run here: {', '.join(names)} skipped", file=sys.stderr)
-        return 1
+    print(f"device={device} seed={args.seed} (case i of an op uses seed {args.seed}+i)")
+    chosen: dict[str, list[Impl]] = {}
+    for op in ops:
+        impls = op.registry()
+        chosen[op.name] = []
+        for n in names:
+            why = runnable(impls[n], device) if n in impls else f"{op.name} has none"
+            if why:
+                print(f"skip {n} ({op.name}): {why}")
+            else:
+                chosen[op.name].append(impls[n])
     results = []
-    print(f"{'case':<28} {'impl':<8} {'max abs err':>12} {'max rel err':>12}  result")
-    for i, case in cases:
-        for impl in chosen:
-            r = run_case(case, impl, device, args.seed + i)
-            results.append(r)
-            tail = "PASS" if r.ok else f"FAIL  {r.error}"
-            print(f"{r.case:<28} {r.impl:<8} {r.max_abs:>12.3e} {r.max_rel:>12.3e}  {tail}")
+    print(f"{'op':<26} {'case':<28} {'impl':<8} {'max abs err':>12} {'max rel err':>12}  result")
+    for op in ops:
+        for i, case in work[op.name]:
+            for impl in chosen[op.name]:
+                r = run_case(case, impl, device, args.seed + i, op=op)
+                results.append(r)
+                tail = "PASS" if r.ok else f"FAIL  {r.error}"
+                print(
+                    f"{op.name:<26} {r.case:<28} {r.impl:<8} {r.max_abs:>12.3e} "
+                    f"{r.max_rel:>12.3e}  {tail}"
+                )
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if not results:
+        print(f"{NOTHING_CHECKED} ({', '.join(names)} skipped)", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 
