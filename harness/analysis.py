@@ -75,6 +75,33 @@ def env_of(recs: Sequence[dict]) -> dict:
     return recs[-1]["env"] if recs else {}
 
 
+def _commit(rec: dict) -> Optional[str]:
+    """A record's commit as the docs write it (7 characters; some runs recorded the full
+    id), +dirty where its tree was."""
+    env = rec.get("env") or {}
+    sha = (env.get("git_sha") or "")[:7]
+    return f"{sha}{'+dirty' if env.get('git_dirty') else ''}" if sha else None
+
+
+def commits_text(recs: Iterable[dict]) -> Optional[str]:
+    """The commits these records come from, and nothing else: "git A" when they all share
+    one; else each set of commits with the implementations whose records it is,
+    "git A: cuda, eager; A B: triton" (triton measured at A and at B). None when no record
+    names a commit."""
+    by_impl: dict[str, set[str]] = {}
+    for r in recs:
+        if c := _commit(r):
+            by_impl.setdefault(r["impl"], set()).add(c)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for impl, shas in sorted(by_impl.items()):
+        groups.setdefault(tuple(sorted(shas)), []).append(impl)
+    if not groups:
+        return None
+    if len(groups) == 1:
+        return "git " + " ".join(next(iter(groups)))
+    return "git " + "; ".join(f"{' '.join(s)}: {', '.join(i)}" for s, i in groups.items())
+
+
 def passed(recs: Iterable[dict], mode: str = "cold", section: Optional[str] = None) -> list[dict]:
     """PASS timing records of one mode, optionally only those of one section."""
     return [

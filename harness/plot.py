@@ -61,29 +61,17 @@ def _style(name: str, op: Op) -> dict:
 
 
 def subtitle(env: dict, recs: Sequence[dict] = ()) -> str:
-    """GPU and versions, for every figure's title; with the figure's records, the commits of
-    the implementations whose records come from another run than the last."""
+    """GPU and versions, for every figure's title; the commits of the figure's records
+    (its points), each with the implementations measured there (analysis.commits_text),
+    else the run's."""
     parts = [
         env.get("gpu") or "no GPU",
         f"torch {env.get('torch')}",
         f"triton {env.get('triton')}",
         f"CUDA {env.get('cuda')}",
     ]
-    if env.get("git_sha"):
-        # short ids as the docs write them: some runs recorded the full id, most 7 characters
-        short = env["git_sha"][:7]
-        git = f"git {short}{'+dirty' if env.get('git_dirty') else ''}"
-        older: dict[str, set[str]] = {}
-        for r in recs:
-            sha = ((r.get("env") or {}).get("git_sha") or "")[:7]
-            if sha and sha != short:
-                older.setdefault(r["impl"], set()).add(sha)
-        if older:
-            git += (
-                " ("
-                + ", ".join(f"{i}: {' '.join(sorted(s))}" for i, s in sorted(older.items()))
-                + ")"
-            )
+    git = analysis.commits_text(recs) or analysis.commits_text([{"impl": "", "env": env}])
+    if git:
         parts.append(git)
     text = " · ".join(parts)
     return f"SYNTHETIC RECORDS (test data) · {text}" if env.get("synthetic") else text

@@ -70,9 +70,37 @@ def _title(env: dict, ops: Sequence[Op]) -> list[str]:
     ]
 
 
-def _environment(env: dict, ops: Sequence[Op]) -> list[str]:
+#: Versions of a peer's package, each told by the records of that peer: another run's
+#: environment may lack the package (or have another version) where the peer did not run.
+PEER_VERSION = {"liger_kernel": "liger", "quack": "quack"}
+
+
+def _env_rows(env: dict, recs: Sequence[dict]) -> list[list[str]]:
+    """The environment table's rows: the last run's values, but a peer's version from that
+    peer's records (the row left out where none has one), and in place of git_sha and
+    git_dirty the commits the records come from (analysis.commits_text)."""
+    rows = []
+    for k in ENV_KEYS:
+        if k in PEER_VERSION and recs:
+            got = {
+                str(v)
+                for r in recs
+                if r["impl"] == PEER_VERSION[k] and (v := (r.get("env") or {}).get(k))
+            }
+            if got:
+                rows.append([k, ", ".join(sorted(got))])
+        elif k == "git_sha" and recs:
+            rows.append(["commits", analysis.commits_text(recs) or "–"])
+        elif k == "git_dirty" and recs:
+            continue  # in the commits row: +dirty
+        else:
+            rows.append([k, "–" if env.get(k) is None else str(env.get(k))])
+    return rows
+
+
+def _environment(env: dict, ops: Sequence[Op], recs: Sequence[dict] = ()) -> list[str]:
     lines = ["## Environment", ""]
-    lines += _table(["", "value"], [[k, str(env.get(k))] for k in ENV_KEYS])
+    lines += _table(["", "value"], _env_rows(env, recs))
     lines += [
         f"- Theoretical peak: **{_fmt(env.get('peak_gbps'))} GB/s** "
         f"({_fmt(env.get('mem_clock_mhz'))} MHz x {env.get('bus_width_bits')} bit, "
@@ -403,7 +431,7 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     env = analysis.env_of(recs)
     groups = analysis.by_op(recs)
     ops = list(groups)
-    lines = _title(env, ops) + _environment(env, ops)
+    lines = _title(env, ops) + _environment(env, ops, recs)
     for op, op_recs in groups.items():
         if len(ops) > 1:
             lines += [f"# {op.title} ({op.name})", ""]

@@ -6,6 +6,7 @@ over data, no bar above the top tick.
 """
 
 import argparse
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -199,10 +200,13 @@ def test_bench_without_gpu_honours_shapes_dtypes_impls(tmp_path, monkeypatch, ca
         assert flag in ignored
     assert "--quick" not in ignored  # not given: not named
     assert "skip cuda: needs a CUDA GPU" in out and "skip eager: needs a CUDA GPU" in out
-    # only GPU-side implementations named: said, and nothing checked
-    assert bench.main(["--impls", "cuda", "--out", str(tmp_path / "o")]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert "no interpreter check" in "\n".join(out)
+    # only GPU-side implementations named: each named as skipped, nothing checked, which
+    # is exit 1 (validate's rule: test_validate_and_bench_share_the_exit_rule)
+    assert bench.main(["--impls", "cuda", "--out", str(tmp_path / "o")]) == 1
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    assert validate.NOTHING_CHECKED in captured.err
+    assert "skip cuda: needs a CUDA GPU" in out
     assert not any(ln.startswith("interpreter ") for ln in out)
 
 
@@ -226,7 +230,12 @@ def test_bench_without_gpu_default_run_checks_every_dtype(tmp_path, monkeypatch,
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--cases", "nomatch"], "--cases: no case id contains 'nomatch'"),
+        (
+            ["--cases", "nomatch"],
+            "--cases: no case id of rms_norm, fused_add_rms_norm contains 'nomatch'",
+        ),
+        (["--ops", "rms_norm,backward"], "--ops: unknown backward; choose from rms_norm,"),
+        (["--ops", ","], "--ops: ',' names nothing"),
         (["--impls", "bogus"], "--impls: unknown bogus; choose from triton,cuda"),
         (["--impls", "triton,,bogus"], "--impls: unknown bogus"),
         (["--impls", " , "], "--impls: ' , ' names nothing"),
@@ -245,18 +254,82 @@ def test_validate_impls_parsing_and_one_case(capsys):
         "cuda",
     ]
     assert validate.parse_impls(p, None, ["triton", "cuda"]) == ["triton", "cuda"]
-    assert validate.main(["--impls", "triton, triton", "--cases", "n17-fp32"]) == 0
+    argv = ["--impls", "triton, triton", "--cases", "n17-fp32", "--ops", "rms_norm"]
+    assert validate.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [ln.split()[:2] for ln in out if "PASS" in ln] == [["n17-fp32", "triton"]]
+    assert [ln.split()[:3] for ln in out if "PASS" in ln] == [["rms_norm", "n17-fp32", "triton"]]
     assert out[-1] == "1 passed, 0 failed"
 
 
+def test_validate_checks_each_op_as_bench_does(capsys):
+    """--ops means what it means to harness.bench, with its default (the forward ops); each
+    op is checked on its own cases, our kernels' second form included (the fused add in
+    place), so a fused-add-only case is found."""
+    assert validate.DEFAULT_OPS == bench.DEFAULT_OPS
+    assert validate.main(["--impls", "triton", "--cases", "n17-fp32"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in out if "PASS" in ln] == [
+        [op, "n17-fp32"] for op in bench.DEFAULT_OPS
+    ]
+    # a case only the fused add has: the default finds it, rms_norm alone does not
+    assert validate.main(["--impls", "triton", "--cases", "cancel-res-n4096-fp32"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in out if "PASS" in ln] == [
+        ["fused_add_rms_norm", "cancel-res-n4096-fp32"]
+    ]
+    assert "no case id of rms_norm contains" in refusal(
+        validate.main, ["--ops", "rms_norm", "--cases", "cancel-res"], capsys
+    )
+    # every op has cases, and the gradient ops run: each by name, as bench takes them
+    for op in OPS.values():
+        assert op.cases(), op.name
+    grads = ",".join(op.name for op in OPS.values() if op.grads)
+    assert validate.main(["--impls", "triton", "--cases", "n17-fp32", "--ops", grads]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in out if "PASS" in ln] == grads.split(",")
+
+
+def test_validate_second_form_failure_is_a_failure(monkeypatch, capsys):
+    """The fused add's in-place form is checked: one that writes nothing fails the case."""
+    from harness import ops
+
+    def writes_nothing(impl, inputs, ref):
+        x, residual = inputs[0].clone(), inputs[1].clone()
+        return x, residual  # the inputs back, not the sum or the norm
+
+    bad = dataclasses.replace(ops.FUSED_ADD_RMS_NORM, second_form=writes_nothing)
+    monkeypatch.setitem(validate.OPS, "fused_add_rms_norm", bad)
+    argv = ["--impls", "triton", "--cases", "n17-fp32", "--ops", "fused_add_rms_norm"]
+    assert validate.main(argv) == 1
+    assert "0 passed, 1 failed" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
-def test_validate_with_nothing_runnable_fails(capsys):
-    assert validate.main(["--impls", "cuda", "--cases", "n1000-fp32"]) == 1
-    captured = capsys.readouterr()
-    assert "skip cuda: needs a CUDA GPU" in captured.out
-    assert "no implementation can run here" in captured.err
+def test_validate_and_bench_share_the_exit_rule(tmp_path, monkeypatch, capsys):
+    """One rule for both: an implementation that cannot run here is named as skipped and
+    is not a failure; a run that checked nothing exits 1, saying so."""
+    monkeypatch.setattr(bench, "COMMITTED", tmp_path / "none" / "records.jsonl")
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    out_dir = str(tmp_path / "o")
+    shapes = ["--shapes", "3x17", "--dtypes", "fp32", "--ops", "rms_norm"]
+    both = {
+        "validate": lambda impls: validate.main(
+            ["--impls", impls, "--cases", "n17-fp32", "--ops", "rms_norm"]
+        ),
+        "bench": lambda impls: bench.main(["--impls", impls, "--out", out_dir, *shapes]),
+    }
+    for name, main in both.items():
+        assert main("cuda") == 1, name
+        captured = capsys.readouterr()
+        assert validate.NOTHING_CHECKED in captured.err, name
+        assert "skip cuda" in captured.out and "needs a CUDA GPU" in captured.out, name
+        assert main("triton,cuda") == 0, name
+        captured = capsys.readouterr()
+        assert "skip cuda" in captured.out and "PASS" in captured.out, name
+        assert validate.NOTHING_CHECKED not in captured.err, name
+    for build in (validate.build_parser, bench.build_parser):
+        text = " ".join(build().format_help().split())
+        assert "nothing at all could be checked" in text, build
 
 
 # ---------------------------------------------------------------------------------------
@@ -480,3 +553,15 @@ def test_the_venv_is_ignored():
 
     got = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=REPO, check=False)
     assert got.returncode == 0, ".venv/ is not in .gitignore"
+
+
+@pytest.mark.parametrize(
+    "build", [bench.build_parser, validate.build_parser], ids=["bench", "validate"]
+)
+@pytest.mark.parametrize("columns", ["60", "80", "100"])
+def test_help_keeps_op_names_whole(build, columns, monkeypatch):
+    """--help never breaks an op name across lines, at any terminal width."""
+    monkeypatch.setenv("COLUMNS", columns)
+    words = {w.strip(",;()") for w in build().format_help().split()}
+    for name in OPS:
+        assert name in words, (name, columns)

@@ -1100,3 +1100,44 @@ def test_report_includes_the_model_table(tmp_path):
     (tmp_path / "model" / "model.md").write_text("## The whole model\n\n| a |\n")
     lines = report._model(tmp_path)
     assert lines[0].startswith("# The whole model") and "| a |" in "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# titles and the report's environment name what the records drawn hold, nothing else
+# ---------------------------------------------------------------------------------------
+
+
+def _rec_at(impl: str, sha: str, **env) -> dict:
+    return {"impl": impl, "env": {**ENV, "git_sha": sha, **env}}
+
+
+def test_commits_text_names_the_commits_of_the_points():
+    from harness import analysis, plot
+
+    same = [_rec_at("triton", "a" * 40), _rec_at("cuda", "a" * 7)]
+    assert analysis.commits_text(same) == "git aaaaaaa"
+    mixed = same + [_rec_at("triton", "b" * 40), _rec_at("eager", "a" * 40, git_dirty=True)]
+    assert analysis.commits_text(mixed) == (
+        "git aaaaaaa: cuda; aaaaaaa+dirty: eager; aaaaaaa bbbbbbb: triton"
+    )
+    assert analysis.commits_text([{"impl": "x", "env": {}}]) is None
+    # a figure's title: its records' commits only, not the last run's where none is drawn
+    env = {**ENV, "git_sha": "c" * 40, "synthetic": False}
+    title = plot.subtitle(env, same)
+    assert "git aaaaaaa" in title and "ccccccc" not in title
+    assert "git ccccccc" in plot.subtitle(env, [])  # no records: the run's
+
+
+def test_report_environment_takes_versions_from_the_records_that_have_them():
+    from harness import report
+
+    env = {**ENV, "git_sha": "b" * 40, "quack": None, "liger_kernel": None}
+    recs = [
+        _rec_at("quack", "a" * 40, quack="0.6.5"),
+        _rec_at("triton", "b" * 40, quack=None),
+    ]
+    rows = dict(report._env_rows(env, recs))
+    assert rows["quack"] == "0.6.5"
+    assert "liger_kernel" not in rows  # no liger records: no row, never "None"
+    assert rows["commits"] == "git aaaaaaa: quack; bbbbbbb: triton"
+    assert "None" not in rows.values()  # an unknown value is a dash
