@@ -41,10 +41,10 @@ timed, and the run goes on. Each record then carries:
 - s, the norm alone at the in-block shape against native's, cold (L2 flushed) and warm
   (CUDA-graph replay, L2-resident), in the mode's family (the compile modes against the
   compiled native norm); the Amdahl bound 1 / ((1 - f) + f / s) with native's f;
-- the measured speedup against native (the ratio of medians, and its range over the three
-  interleaved blocks), flagged when it exceeds the bound by more than that range, with the
-  reasons the data give (the add fused, fewer launches, a host-bound block, the rest of the
-  block changed);
+- the measured speedup against native (the median of the three interleaved blocks'
+  ratios of medians, and their range), flagged when it exceeds the bound by more than that
+  range, with the reasons the data give (the add fused, fewer launches, a host-bound
+  block, the rest of the block changed);
 - the same figures for the step, the residual add and the norm together, which is what a
   fused variant replaces: its bound counts the add.
 
@@ -1224,15 +1224,53 @@ def _write_block(
 
 
 def _speedup(base: list, mine: list) -> Optional[dict]:
-    """native's time over this variant's: the ratio of the overall medians, and its range
-    over the interleaved blocks (block i of both ran in the same rotation)."""
+    """native's time over this variant's, block by block (block i of both ran in the same
+    rotation): the median of the per-block ratios and their range, so the value lies in
+    its range (the ratio of the pooled medians need not)."""
     if not base or not mine:
         return None
-    med = lambda blocks: timing.quantile(timing.to_us([s for b in blocks for s in b]), 0.5)
-    per = [
-        timing.quantile(a, 0.5) / timing.quantile(m, 0.5) for a, m in zip(base, mine, strict=True)
-    ]
-    return {"median": med(base) / med(mine), "lo": min(per), "hi": max(per)}
+    return speedup_of_medians(
+        [timing.quantile(b, 0.5) for b in base], [timing.quantile(m, 0.5) for m in mine]
+    )
+
+
+def speedup_of_medians(base: list[float], mine: list[float]) -> dict:
+    """{"median", "lo", "hi"} of the per-block ratios base[i] / mine[i] of block medians."""
+    per = [a / m for a, m in zip(base, mine, strict=True)]
+    return {"median": timing.quantile(per, 0.5), "lo": min(per), "hi": max(per)}
+
+
+def _redrawn_speedups(recs: list[dict]) -> list[dict]:
+    """recs with each speedup taken again from the records' block medians (native's record
+    of the same run, block, shape and mode beside the variant's), its flags with it: a
+    record written when the value was the ratio of pooled medians reads as it would now.
+    A flag the run did not raise has no reasons recorded, and says so."""
+    native = {
+        (r["run_id"], r["op"], tuple(r["shape"]), r["model"]["exec"]): r
+        for r in recs
+        if r["model"].get("variant") == "native" and r.get("blocks")
+    }
+    out = []
+    for r in recs:
+        m = r["model"]
+        nat = native.get((r["run_id"], r["op"], tuple(r["shape"]), m.get("exec")))
+        if not m.get("speedup") or nat is None or len(nat["blocks"]) != len(r.get("blocks") or []):
+            out.append(r)
+            continue
+        sp = speedup_of_medians(
+            [b["median_us"] for b in nat["blocks"]], [b["median_us"] for b in r["blocks"]]
+        )
+        m = {**m, "speedup": sp}
+        for key, bound in (
+            ("flag", m.get("bound")),
+            ("flag_step", (m.get("step_bounds") or {}).get("bound")),
+        ):
+            was = m.get(key)
+            m[key] = bool(bound and exceeds(sp["median"], sp["lo"], sp["hi"], bound))
+            if key == "flag" and m[key] and not was:
+                m["why"] = ["raised when redrawn from the records; the run recorded no reasons"]
+        out.append({**r, "model": m})
+    return out
 
 
 def _bounds(f: Optional[float], base: Optional[Piece], mine: Optional[Piece]) -> dict:
@@ -2025,7 +2063,7 @@ def _row(r: dict, norm_cell: Callable[[dict], str] = _norm_cell) -> str:
 
 _HEADER = (
     "| mode | variant | block us (p20-p80) | spread | kernels | busy | norm f (how) | "
-    "step f | s cold / warm | bound | speedup vs native [range] | flag |\n"
+    "step f | s cold / warm | bound | speedup vs native [range of blocks] | flag |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 _TRAIN_HEADER = _HEADER.replace("block us", "step us").replace(
@@ -2070,7 +2108,7 @@ def _against_native(rows: list[dict], mode: str) -> Optional[str]:
 
 def render(recs: list[dict]) -> str:
     """The model section as markdown, from a run's records (any machine can redraw it)."""
-    recs = [r for r in records.latest(recs) if r.get("model")]
+    recs = _redrawn_speedups([r for r in records.latest(recs) if r.get("model")])
     if not recs:
         return "no model records in this file"
     env = recs[0]["env"]
@@ -2090,7 +2128,9 @@ def render(recs: list[dict]) -> str:
         "same for the residual add and the norm. s: native's norm alone over this "
         "variant's at the in-block shape (a fused variant: its fused kernel), cold and "
         "warm. bound: 1 / ((1 - f) + f / s) with native's f and the better s. ABOVE: the "
-        "speedup exceeds the bound by more than its range (the reasons below); NOT-COMPILED: "
+        "speedup exceeds the bound by more than its range (the reasons below); speedup: "
+        "native's block median over this variant's in each of the three interleaved "
+        "blocks, their median [lowest, highest]; NOT-COMPILED: "
         "a compile mode's block ran none of Inductor's kernels.",
     ]
     if any(r["model"]["shape"] == "train" for r in recs):

@@ -770,3 +770,21 @@ def test_requirements_model_is_the_base_plus_transformers():
     ]
     assert [ln for ln in lines if ln] == ["-r requirements.txt", "transformers"]
     assert "pip install -r requirements-model.txt" in (repo / "README.md").read_text()
+
+
+def test_speedup_lies_in_its_range_of_blocks():
+    """The speedup is the median of the per-block ratios, so it lies in their range (the
+    ratio of the pooled medians need not, as the committed eager cuda row showed)."""
+    base = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    mine = [[0.99] * 3, [0.99] * 3, [2.5] * 3]
+    sp = model._speedup(base, mine)
+    assert sp["lo"] <= sp["median"] <= sp["hi"]
+    assert sp["median"] == pytest.approx(1.0 / 0.99)
+    # the committed table, redrawn from its records: every value within its range
+    import re
+
+    path = model.COMMITTED / model.RECORDS_NAME
+    text = model.render(records.read_records(path))
+    got = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text)
+    assert got and all(float(lo) <= float(v) <= float(hi) for v, lo, hi in got)
+    assert "[range of blocks]" in text
