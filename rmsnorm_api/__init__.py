@@ -506,9 +506,9 @@ def bypass_ok(x, *others) -> bool:
     or zero-tensor bit, which those keys resolve: the raw data of a negative view has the
     other sign, a zero tensor has no storage), none of them needing a gradient, outside
     tracing (torch.compile, torch.jit.trace), forward-mode AD's dual level, functorch
-    transforms and torch function or dispatch modes (each of which would not see the call). others: the call's other
-    tensors, None where absent. Compiling is asked first: dynamo folds it to True and so
-    never traces the rest."""
+    transforms and torch function or dispatch modes (each of which would not see the call).
+    others: the call's other tensors, None where absent. Compiling is asked first: dynamo
+    folds it to True and so never traces the rest."""
     if torch.compiler.is_compiling():
         return False
     if type(x) is not torch.Tensor or not _plain_cuda(x):

@@ -92,7 +92,6 @@ def _functions(ns: str) -> dict:
     ops = getattr(torch.ops, ns)
 
     class RMSNorm(_Function):
-
         @staticmethod
         def forward(x, weight, eps):
             return ops.rms_norm(x, weight, eps)
@@ -116,7 +115,6 @@ def _functions(ns: str) -> dict:
             return _norm_tangent(x, dx, weight, dweight, ctx.eps, x.dtype)
 
     class FusedAddRMSNorm(_Function):
-
         @staticmethod
         def forward(x, residual, weight, eps):
             return ops.fused_add_rms_norm(x, residual, weight, eps)

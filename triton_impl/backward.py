@@ -46,11 +46,10 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import as_rows, call_backward, check_backward_inputs
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges
-from triton_impl.launch import has_work, sm_count
+from triton_impl.launch import has_work, op, run, sm_count
 
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
 BWD_MAX_N = 16384
@@ -354,38 +353,31 @@ def _run_backward(
     meta = bwd_meta(n, s.element_size(), vec, has_w, dro is not None, ds2_2 is not None)
     if s.is_cuda:
         programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sm_count(s.device.index)))
-    elif s.device.type == "meta":  # shape inference: nothing runs
-        programs = 1
     else:  # the interpreter: two programs, so the partials reduction still sums several
         programs = max(1, min(m, 2))
     if vec and programs < m:
         # a multiple of VEC programs (rounded down, at least VEC: the interpreter's two
         # become VEC), so that each program's rows all share one split
         programs = min(m, max(vec, programs // vec * vec))
+    if not has_work(s2):  # empty, meta or traced under the interpreter: nothing runs
+        return torch.zeros(n, dtype=weight.dtype, device=s.device) if has_w else None
     w = weight.contiguous() if has_w else s2  # dummy pointer, never read
     # chunked rows add into their partials row, so it starts at zero
     alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
-    if has_work(s2):
-        # dummy pointers where there is no d_residual_out or second ds: never touched
-        dro = s2 if dro is None else dro
-        ds2_2 = ds_2 if ds2_2 is None else ds2_2
-        wrap_triton(_rms_norm_bwd)[(programs,)](
-            s2, dy2, w, dro, ds_2, ds2_2, dwp,
-            s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
-            m, n, eps, **meta,
-        )  # fmt: skip
+    # dummy pointers where there is no d_residual_out or second ds: never touched
+    dro = s2 if dro is None else dro
+    ds2_2 = ds_2 if ds2_2 is None else ds2_2
+    run(
+        _rms_norm_bwd, (programs,), s2, dy2, w, dro, ds_2, ds2_2, dwp,
+        s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
+        m, n, eps, **meta,
+    )  # fmt: skip
     if not has_w:
         return None
     dw = torch.empty(n, dtype=weight.dtype, device=s.device)
-    if s.device.type == "meta":
-        return dw
-    if m == 0:
-        dw.zero_()
-        return dw
-    wrap_triton(_dw_reduce)[(triton.cdiv(n, DW_BLOCK_N),)](
-        dwp, dw, programs, n, BLOCK_P=DW_BLOCK_P, BLOCK_N=DW_BLOCK_N, num_warps=4
-    )
+    grid = (triton.cdiv(n, DW_BLOCK_N),)
+    run(_dw_reduce, grid, dwp, dw, programs, n, BLOCK_P=DW_BLOCK_P, BLOCK_N=DW_BLOCK_N, num_warps=4)
     return dw
 
 
@@ -399,7 +391,7 @@ _BWD = "triton_impl.rms_norm_backward"
 _FUSED_BWD = "triton_impl.fused_add_rms_norm_backward"
 
 
-@triton_op("triton_impl::rms_norm_backward", mutates_args=())
+@op("triton_impl::rms_norm_backward", mutates_args=())
 def _rms_norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,7 +401,7 @@ def _rms_norm_backward_op(
     return dx, dw if dw is not None else x.new_empty(0)
 
 
-@triton_op("triton_impl::fused_add_rms_norm_backward", mutates_args=())
+@op("triton_impl::fused_add_rms_norm_backward", mutates_args=())
 def _fused_add_backward_op(
     dy: torch.Tensor,
     d_residual_out: Optional[torch.Tensor],
@@ -426,6 +418,7 @@ def _fused_add_backward_op(
     dro = _dy_rows(d_residual_out) if d_residual_out is not None else None
     dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres)
     return dx, dres, dw if dw is not None else s.new_empty(0)
+
 
 
 def rms_norm_backward(

@@ -123,8 +123,7 @@ class Config:
         unknown = set(cfg) - set(fields)
         if unknown:
             raise ValueError(
-                f"{where}: cfg has unknown fields {sorted(unknown)}; a Config's fields are"
-                f" {fields}"
+                f"{where}: cfg has unknown fields {sorted(unknown)}; a Config's fields are {fields}"
             )
         try:
             return cls(**cfg)

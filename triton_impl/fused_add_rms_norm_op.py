@@ -22,13 +22,12 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
-from torch.library import triton_op
 
 from rmsnorm_api import DEFAULT_EPS, bypass_ok, check_fused_inputs, check_in_place
 from triton_impl.configs import Config
 from triton_impl.eager import eager_fused_add
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import has_work, launch, plan_fused_add
+from triton_impl.launch import has_work, launch, op, plan_fused_add
 
 _IMPL = "triton_impl.fused_add_rms_norm"
 _IMPL_ = "triton_impl.fused_add_rms_norm_"
@@ -38,7 +37,7 @@ def _check(x, residual, weight, eps, impl: str) -> None:
     check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
 
 
-@triton_op("triton_impl::fused_add_rms_norm", mutates_args=())
+@op("triton_impl::fused_add_rms_norm", mutates_args=())
 def _fused_add_op(
     x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +49,7 @@ def _fused_add_op(
     return y, residual_out
 
 
-@triton_op("triton_impl::fused_add_rms_norm_", mutates_args={"x", "residual"})
+@op("triton_impl::fused_add_rms_norm_", mutates_args={"x", "residual"})
 def _fused_add_in_place_op(
     x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> None:

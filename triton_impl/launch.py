@@ -13,7 +13,8 @@ from typing import Optional
 
 import torch
 import triton
-from torch.library import wrap_triton
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import DTYPE_NAMES, as_rows
 from triton_impl.configs import (
@@ -168,10 +169,40 @@ def plan_fused_add(
 
 def has_work(x: torch.Tensor) -> bool:
     """Whether a call on x launches anything: not for an empty x, nor for a meta one (shape
-    inference: the outputs are allocated on meta, and nothing runs)."""
-    return x.numel() > 0 and x.device.type != "meta"
+    inference: the outputs are allocated on meta, and nothing runs), nor under the
+    interpreter for a fake one (the op's fake, see op: the interpreter would read the fake
+    tensor's data)."""
+    if x.numel() == 0 or x.device.type == "meta":
+        return False
+    return not (INTERPRET and is_fake(x))
+
+
+def op(name: str, mutates_args):
+    """Register a Triton op: torch.library.triton_op on a GPU (torch.compile sees its
+    kernels through wrap_triton); under the interpreter an opaque torch.library.custom_op,
+    its function its own fake (nothing launches on fake tensors: has_work), since tracing
+    into a triton_op there would keep no kernel: wrap_triton stands aside for the
+    interpreter's kernels, and the graph would return its outputs unwritten."""
+    if not INTERPRET:
+        return triton_op(name, mutates_args=mutates_args)
+
+    def register(fn):
+        opdef = torch.library.custom_op(name, fn, mutates_args=mutates_args)
+        opdef.register_fake(fn)
+        return opdef
+
+    return register
+
+
+def run(kernel, grid: tuple, *args, **meta) -> None:
+    """Launch a @triton.jit kernel: through wrap_triton on a GPU (traceable), directly under
+    the interpreter (see op)."""
+    if INTERPRET:
+        kernel[grid](*args, **meta)
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)
 
 
 def launch(p: Launch) -> None:
-    """Run a planned launch through torch.library's wrap_triton, so it is traceable."""
-    wrap_triton(p.kernel)[p.grid](*p.args, **p.meta)
+    """Run a planned launch (see run)."""
+    run(p.kernel, p.grid, *p.args, **p.meta)

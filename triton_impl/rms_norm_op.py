@@ -14,14 +14,13 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
-from torch.library import triton_op
 
 from rmsnorm_api import DEFAULT_EPS, RMSNormModule, call_op, check_inputs, check_out
 from triton_impl.configs import Config
 from triton_impl.eager import eager_ok, eager_rms_norm
 from triton_impl.fused_add_rms_norm_op import fused_add_rms_norm
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import has_work, launch, plan
+from triton_impl.launch import has_work, launch, op, plan
 
 _IMPL = "triton_impl.rms_norm"
 
@@ -33,7 +32,7 @@ def _run(x, weight, eps, y, cfg: Optional[Config] = None) -> None:
         launch(plan(x, weight, eps, y, cfg))
 
 
-@triton_op("triton_impl::rms_norm", mutates_args=())
+@op("triton_impl::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -41,7 +40,7 @@ def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) ->
     return y
 
 
-@triton_op("triton_impl::rms_norm_out", mutates_args={"out"})
+@op("triton_impl::rms_norm_out", mutates_args={"out"})
 def _rms_norm_out_op(
     out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> None:
