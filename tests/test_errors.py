@@ -271,9 +271,9 @@ def test_weight_sparse(fn):
 
 
 def test_x_on_meta(fn):
-    """Meta x (no data) is refused by device in every backend, the interpreter included."""
-    with pytest.raises(ValueError, match=r"x is on device 'meta'; expected a CUDA tensor"):
-        fn(torch.randn(4, 64, device="meta"))
+    """Meta x (no data): shape inference in every backend, the interpreter included."""
+    y = fn(torch.randn(4, 64, device="meta"))
+    assert (y.device.type, y.shape) == ("meta", (4, 64))
 
 
 def test_x_none_and_lists(fn):
@@ -295,8 +295,7 @@ def test_fake_and_meta_calls_are_checked(op):
         ops.rms_norm(torch.ones(4, 64, device="meta", dtype=torch.int32), None, 1e-6)
     with pytest.raises(ValueError, match=r"x's last dimension is 0"):
         ops.rms_norm(torch.ones(4, 0, device="meta"), None, 1e-6)
-    with pytest.raises(ValueError, match=r"x is on device 'meta'"):
-        ops.rms_norm(torch.ones(4, 64, device="meta"), None, 1e-6)
+    assert ops.rms_norm(torch.ones(4, 64, device="meta"), None, 1e-6).device.type == "meta"
 
 
 def test_cuda_fake_under_tracing():

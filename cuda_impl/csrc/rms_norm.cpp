@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -78,9 +79,67 @@ void check_dense(const at::Tensor& t, const char* name, const char* impl = kImpl
                    layout_str(t.layout()), "; expected torch.strided (a dense tensor)");
 }
 
-// Whether a's and b's elements share bytes of one storage (offsets and strides).
+// t's elements as rows of its last dimension at one row stride, in bytes (rmsnorm_api's
+// _rows): false where t has no such layout.
+struct Rows {
+  int64_t start, rows, stride, length;
+};
+bool rows_of(const at::Tensor& t, Rows& r) {
+  const int64_t e = t.element_size();
+  const int64_t n = t.dim() ? t.size(-1) : 1;
+  if (t.dim() && n > 1 && t.stride(-1) != 1) return false;
+  int64_t rows = 1, stride = 0;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (rows > 1 && t.stride(d) != stride * rows) return false;
+    if (rows == 1) stride = t.stride(d);
+    rows *= t.size(d);
+  }
+  r = {t.storage_offset() * e, rows, stride * e, n * e};
+  return true;
+}
+
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// Whether some row start + j * stride (0 <= j < rows) lies strictly between lo and hi.
+bool row_at(int64_t lo, int64_t hi, int64_t start, int64_t stride, int64_t rows) {
+  if (stride == 0 || rows == 1) return lo < start && start < hi;
+  const int64_t first = std::max<int64_t>(0, floor_div(lo - start, stride) + 1);
+  const int64_t last = std::min<int64_t>(rows - 1, -floor_div(start - hi, stride) - 1);
+  return first <= last;
+}
+
+// Rows walked one by one where two row layouts interleave at different strides (the
+// Python side's _EXACT_ROWS); past it such a pair is taken to overlap.
+constexpr int64_t kExactRows = int64_t{1} << 16;
+
+// Whether two row layouts share a byte: exact, by arithmetic on the rows.
+bool rows_meet(Rows a, Rows b) {
+  if (a.start + (a.rows - 1) * a.stride + a.length <= b.start ||
+      b.start + (b.rows - 1) * b.stride + b.length <= a.start)
+    return false;
+  if (a.rows == 1 || a.stride == 0)
+    return row_at(a.start - b.length, a.start + a.length, b.start, b.stride, b.rows);
+  if (b.rows == 1 || b.stride == 0)
+    return row_at(b.start - a.length, b.start + b.length, a.start, a.stride, a.rows);
+  if (a.stride == b.stride)
+    return row_at(b.start - a.start - a.length, b.start - a.start + b.length,
+                  -(b.rows - 1) * a.stride, a.stride, a.rows + b.rows - 1);
+  if (std::min(a.rows, b.rows) > kExactRows) return true;
+  if (a.rows > b.rows) std::swap(a, b);
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const int64_t at = a.start + i * a.stride;
+    if (row_at(at - b.length, at + a.length, b.start, b.stride, b.rows)) return true;
+  }
+  return false;
+}
+
+// Whether a's and b's elements share bytes of one storage: exactly for row layouts, by
+// their address spans otherwise (rmsnorm_api's _overlaps).
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
+  Rows ra, rb;
+  if (rows_of(a, ra) && rows_of(b, rb)) return rows_meet(ra, rb);
   auto span = [](const at::Tensor& t) {
     int64_t last = 0;
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
@@ -92,26 +151,48 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
+// A tensor an op writes: no negative bit and no two elements at one address
+// (rmsnorm_api's _check_written).
+void check_written(const at::Tensor& t, const char* name, const char* impl, const std::string& hint) {
+  TORCH_CHECK_VALUE(!t.is_neg(), impl, ": ", name,
+                    " is a negative view (torch._neg_view) and is written; ", hint);
+  Rows r;
+  const bool layout = rows_of(t, r);
+  TORCH_CHECK_VALUE(t.numel() <= 1 || (layout && !(r.rows > 1 && r.stride < r.length)), impl,
+                    ": ", name,
+                    " has elements that share memory (more than one element of a written-to "
+                    "tensor refers to a single memory location); ", hint);
+}
+
 // A form that writes into given tensors has no autograd: refuse inputs that want it, naming
 // the first that requires grad (null entries are absent optionals).
 void refuse_grad(const char* form, const char* impl,
                  std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
-  if (!at::GradMode::is_enabled()) return;
   for (const auto& [name, t] : tensors) {
-    TORCH_CHECK_VALUE(t == nullptr || !t->requires_grad(), impl, ": ", form,
-                      " does not support autograd, but ", name,
+    TORCH_CHECK_VALUE(t == nullptr || !at::GradMode::is_enabled() || !t->requires_grad(), impl,
+                      ": ", form, " does not support autograd, but ", name,
                       " requires grad (detach it, or call under torch.no_grad())");
+  }
+  // a forward-mode tangent the write would leave stale (the first dual level)
+  for (const auto& [name, t] : tensors) {
+    TORCH_CHECK_VALUE(t == nullptr || !t->_fw_grad(0).defined(), impl, ": ", form,
+                      " does not support forward-mode AD, but ", name,
+                      " has a tangent (use the functional form)");
   }
 }
 
-// a tensor read beside x (weight, residual): x's dtype or float32, on x's device
-void check_beside_x(const at::Tensor& t, const char* name, const at::Tensor& x,
-                    const char* impl) {
+// a tensor read beside x (weight, residual): x's dtype or float32, on x's device (x is dy,
+// named so, in the backward)
+void check_beside_x(const at::Tensor& t, const char* name, const at::Tensor& x, const char* impl,
+                    const char* x_name = "x") {
+  const std::string want = x.scalar_type() == at::kFloat
+                               ? std::string(x_name) + "'s dtype, torch.float32"
+                               : std::string(x_name) + "'s dtype (" +
+                                     dtype_str(x.scalar_type()) + ") or float32";
   TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, impl,
-                   ": ", name, " has dtype ", dtype_str(t.scalar_type()), "; expected x's dtype (",
-                   dtype_str(x.scalar_type()), ") or float32");
+                   ": ", name, " has dtype ", dtype_str(t.scalar_type()), "; expected ", want);
   TORCH_CHECK_VALUE(t.device() == x.device(), impl, ": ", name, " is on device '",
-                    t.device().str(), "' but x is on '", x.device().str(), "'");
+                    t.device().str(), "' but ", x_name, " is on '", x.device().str(), "'");
 }
 
 }  // namespace
@@ -232,7 +313,7 @@ void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
   TORCH_CHECK_VALUE(n <= kMaxN, impl, ": dy's last dimension is ", num(n),
                     "; the supported maximum is N = ", num(kMaxN));
   if (fused) {
-    check_beside_x(saved, sname, dy, impl);
+    check_beside_x(saved, sname, dy, impl, "dy");
   } else {
     TORCH_CHECK_TYPE(saved.scalar_type() == dy.scalar_type(), impl, ": dy has dtype ",
                      dtype_str(dy.scalar_type()), " but x has dtype ",
@@ -247,7 +328,7 @@ void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
     TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == n, impl, ": weight has shape ",
                       shape_str(weight->sizes()), " but dy's last dimension is ", num(n),
                       "; expected (", num(n), ",)");
-    check_beside_x(*weight, "weight", dy, impl);
+    check_beside_x(*weight, "weight", dy, impl, "dy");
   }
   if (d_residual_out.has_value()) {
     check_dense(*d_residual_out, "d_residual_out", impl);
@@ -281,6 +362,8 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
     TORCH_CHECK_VALUE(views, impl, ": ", name,
                       "'s leading dimensions cannot be viewed as rows in place (the in-place "
                       "form writes into ", name, "); call ", name, ".contiguous() first");
+    check_written(*t, name, impl,
+                  std::string("pass ") + name + ".clone() (the in-place form writes " + name + ")");
   }
   TORCH_CHECK_VALUE(!overlaps(x, residual), impl,
                     ": x and residual overlap in memory; both are written");
@@ -300,6 +383,7 @@ void check_out(const at::Tensor& out, const at::Tensor& x,
   TORCH_CHECK_VALUE(out.device() == x.device(), kImpl, ": out is on device '", out.device().str(),
                     "' but x is on '", x.device().str(), "'");
   TORCH_CHECK_VALUE(out.is_contiguous(), kImpl, ": out must be contiguous");
+  check_written(out, "out", kImpl, "pass a plain tensor (out.resolve_neg() is a copy)");
   // a row written while another program still reads it gives wrong rows; out=x is safe
   const bool same_as_x = out.storage_offset() == x.storage_offset() && x.is_contiguous();
   TORCH_CHECK_VALUE(!overlaps(out, x) || same_as_x, kImpl,
