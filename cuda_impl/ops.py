@@ -19,6 +19,7 @@ from cuda_impl.configs import Config
 from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
+    _plain_cuda,
     bypass_ok,
     call_backward,
     call_op,
@@ -140,11 +141,13 @@ _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default
 
 def _on_gpu(x, *others) -> bool:
     """Whether a call may go straight to the op's CUDA kernel, whose C++ checks raise the
-    same errors as rmsnorm_api's (the Python checks cost host time on small calls)."""
+    same errors as rmsnorm_api's (the Python checks cost host time on small calls): plain
+    CUDA tensors, whose negative bit, if any, the dispatcher would resolve before the C++
+    checks see it (the Python checks refuse a negative view that would be written)."""
     return (
         isinstance(x, torch.Tensor)
-        and x.is_cuda
-        and all(t is None or (isinstance(t, torch.Tensor) and t.is_cuda) for t in others)
+        and _plain_cuda(x)
+        and all(t is None or (isinstance(t, torch.Tensor) and _plain_cuda(t)) for t in others)
     )
 
 

@@ -304,8 +304,9 @@ def test_triton_compiles_under_the_interpreter(compiler):
 
 @needs_interpreter
 def test_triton_fake_tensors_and_opcheck_under_the_interpreter():
-    import triton_impl  # noqa: F401
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import triton_impl  # noqa: F401
 
     with FakeTensorMode():
         assert torch.ops.triton_impl.rms_norm(torch.empty(4, 64), None, 1e-6).shape == (4, 64)
@@ -337,7 +338,8 @@ def test_wording_of_dtype_and_backward_errors(be):
     dy = torch.randn(4, 64, dtype=torch.bfloat16)
     with pytest.raises(
         TypeError,
-        match=r"residual_out has dtype torch.float16; expected dy's dtype \(torch.bfloat16\) or float32",
+        match=r"residual_out has dtype torch.float16; expected dy's dtype \(torch.bfloat16\) or"
+        r" float32",
     ):
         mod.fused_add_rms_norm_backward(dy, None, dy.half())
 
@@ -349,7 +351,8 @@ def test_triton_config_and_kernel_info_wording():
     x = torch.randn(4, 64, device=DEVICE)
     with pytest.raises(
         ValueError,
-        match=r"rms_norm_with_config: cfg has unknown fields \['BLOCK_N'\]; a Config's fields are \['kernel'",
+        match=r"rms_norm_with_config: cfg has unknown fields \['BLOCK_N'\]; a Config's fields"
+        r" are \['kernel'",
     ):
         triton_impl.rms_norm_with_config(x, None, 1e-6, dict(kernel="fused", BLOCK_N=64))
     with pytest.raises(
