@@ -19,7 +19,6 @@ from cuda_impl.configs import Config
 from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
-    _plain_cuda,
     bypass_ok,
     call_backward,
     call_op,
@@ -141,14 +140,19 @@ _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default
 
 def _on_gpu(x, *others) -> bool:
     """Whether a call may go straight to the op's CUDA kernel, whose C++ checks raise the
-    same errors as rmsnorm_api's (the Python checks cost host time on small calls): plain
-    CUDA tensors, whose negative bit, if any, the dispatcher would resolve before the C++
-    checks see it (the Python checks refuse a negative view that would be written)."""
-    return (
+    same errors as rmsnorm_api's (the Python checks cost host time on small calls): CUDA
+    tensors, none with a negative bit outside compiling (the dispatcher resolves the bit
+    before the C++ checks see it, and the Python checks refuse a negative view that would be
+    written; under torch.compile the op's fake checks what it traces)."""
+    if not (
         isinstance(x, torch.Tensor)
-        and _plain_cuda(x)
-        and all(t is None or (isinstance(t, torch.Tensor) and _plain_cuda(t)) for t in others)
-    )
+        and x.is_cuda
+        and all(t is None or (isinstance(t, torch.Tensor) and t.is_cuda) for t in others)
+    ):
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    return not (x.is_neg() or any(t is not None and t.is_neg() for t in others))
 
 
 #: The key a call that needs no gradient dispatches to, below Autograd: the autograd
