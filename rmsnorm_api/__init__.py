@@ -379,15 +379,21 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check_written(t: torch.Tensor, name: str, impl: str, hint: str) -> None:
-    """A tensor an op writes: no negative bit (the kernel would write the raw data, which
-    reads back negated) and no two elements at one address (all but one write would be
-    lost), as torch's own in-place ops refuse. hint: what to pass instead."""
+    """A tensor an op writes: viewable as rows in place (the kernels write rows at one
+    stride), no negative bit (the kernel would write the raw data, which reads back negated)
+    and no two elements at one address (all but one write would be lost), as torch's own
+    in-place ops refuse. hint: what to pass instead."""
+    r = _rows(t)
+    if t.numel() > 1 and r is None:
+        raise ValueError(
+            f"{impl}: {name}'s leading dimensions cannot be viewed as rows in place (the op"
+            f" writes into {name}); call {name}.contiguous() first"
+        )
     if t.is_neg():
         raise ValueError(
             f"{impl}: {name} is a negative view (torch._neg_view) and is written; {hint}"
         )
-    r = _rows(t)
-    if t.numel() > 1 and (r is None or (r[1] > 1 and r[2] < r[3])):
+    if t.numel() > 1 and r[1] > 1 and r[2] < r[3]:
         raise ValueError(
             f"{impl}: {name} has elements that share memory (more than one element of a"
             f" written-to tensor refers to a single memory location); {hint}"
@@ -426,11 +432,6 @@ def check_in_place(
     viewable as rows in place, apart from each other and from weight in memory, and not
     require grad (run after check_fused_inputs)."""
     for name, t in (("x", x), ("residual", residual)):
-        if t.numel() > 0 and _rows(t) is None:
-            raise ValueError(
-                f"{impl}: {name}'s leading dimensions cannot be viewed as rows in place (the"
-                f" in-place form writes into {name}); call {name}.contiguous() first"
-            )
         _check_written(t, name, impl, f"pass {name}.clone() (the in-place form writes {name})")
     if _overlaps(x, residual):
         raise ValueError(f"{impl}: x and residual overlap in memory; both are written")

@@ -151,15 +151,17 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-// A tensor an op writes: no negative bit and no two elements at one address
-// (rmsnorm_api's _check_written).
+// A tensor an op writes: viewable as rows in place, no negative bit and no two elements at
+// one address (rmsnorm_api's _check_written, in its order).
 void check_written(const at::Tensor& t, const char* name, const char* impl, const std::string& hint) {
-  TORCH_CHECK_VALUE(!t.is_neg(), impl, ": ", name,
-                    " is a negative view (torch._neg_view) and is written; ", hint);
   Rows r;
   const bool layout = rows_of(t, r);
-  TORCH_CHECK_VALUE(t.numel() <= 1 || (layout && !(r.rows > 1 && r.stride < r.length)), impl,
-                    ": ", name,
+  TORCH_CHECK_VALUE(t.numel() <= 1 || layout, impl, ": ", name,
+                    "'s leading dimensions cannot be viewed as rows in place (the op writes "
+                    "into ", name, "); call ", name, ".contiguous() first");
+  TORCH_CHECK_VALUE(!t.is_neg(), impl, ": ", name,
+                    " is a negative view (torch._neg_view) and is written; ", hint);
+  TORCH_CHECK_VALUE(t.numel() <= 1 || !(r.rows > 1 && r.stride < r.length), impl, ": ", name,
                     " has elements that share memory (more than one element of a written-to "
                     "tensor refers to a single memory location); ", hint);
 }
@@ -353,15 +355,6 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
                     const std::optional<at::Tensor>& weight, const char* impl) {
   const std::pair<const char*, const at::Tensor*> written[] = {{"x", &x}, {"residual", &residual}};
   for (const auto& [name, t] : written) {
-    bool views = true;
-    try {
-      (void)t->view({-1, t->size(-1)});
-    } catch (const c10::Error&) {
-      views = false;
-    }
-    TORCH_CHECK_VALUE(views, impl, ": ", name,
-                      "'s leading dimensions cannot be viewed as rows in place (the in-place "
-                      "form writes into ", name, "); call ", name, ".contiguous() first");
     check_written(*t, name, impl,
                   std::string("pass ") + name + ".clone() (the in-place form writes " + name + ")");
   }
