@@ -45,21 +45,16 @@ _LIBS: list = []  # the registrations live as long as the process
 #: apply would route through functorch's custom_function_call, which cannot dispatch from
 #: there; the level's tensors record the op as any built-in op's autograd does.
 _Function = torch.autograd.function._SingleLevelFunction
-_one_level = enable_single_level_autograd_function
 
 
-def _needs_autograd(tensors) -> bool:
+def _needs_autograd(args) -> bool:
     """Whether a call must go through the op's autograd.Function: a gradient wanted in
     reverse mode, or a forward-mode level open (forward_ad's dual level, which torch.func.jvp
     opens too). Inside a Function's forward both are off, so the op's own call there takes
     the plain path."""
     if forward_ad._current_level >= 0 and _C._is_fwd_grad_enabled():
         return True
-    return _C.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.float()
+    return _C.is_grad_enabled() and _C._any_requires_grad(*args)
 
 
 def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.Tensor]:
@@ -69,7 +64,7 @@ def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.T
         return None
     s = s.float()
     rstd = torch.rsqrt(s.square().mean(-1, keepdim=True) + eps)
-    w = _f32(weight)
+    w = None if weight is None else weight.float()
     dy = torch.zeros_like(s)
     if ds is not None:
         ds = ds.float()
@@ -179,9 +174,9 @@ def _autograd_kernel(op, fn):
     Autograd (what a call that needs no gradient costs)."""
 
     def kernel(keyset, *args):
-        if _needs_autograd(a for a in args if isinstance(a, torch.Tensor)):
+        if _needs_autograd(args):
             if _C._are_functorch_transforms_active():
-                with _one_level():
+                with enable_single_level_autograd_function():
                     return fn.apply(*args)
             return fn.apply(*args)
         with _C._AutoDispatchBelowAutograd():
