@@ -546,6 +546,7 @@ def test_readme_makes_the_venv_before_installing():
     flat = " ".join(text.split())
     assert "one to a few minutes" not in flat
     assert "17-18 minutes" in flat and "about 30 minutes" in flat and "2 min 56 s" in flat
+    assert "8 min 12 s" in flat
 
 
 def test_the_venv_is_ignored():
