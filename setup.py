@@ -4,8 +4,9 @@ Produces cuda_impl/_C*.so, the shared library that cuda_impl.ops loads with
 torch.ops.load_library (TORCH_LIBRARY registration), also a Python module with direct entry
 points for eager calls (csrc/fast_entry.cpp: less host time than a redispatch).
 
-Keep SOURCES and the flags in sync with CMakeLists.txt, which builds the same library
-without the Python module (FAST_ENTRY: ops.py then redispatches).
+CMakeLists.txt builds the same units (the same glob) with the same flags, as a library
+without the Python module (FAST_ENTRY: ops.py then redispatches). Ninja compiles the units
+in parallel ($MAX_JOBS caps it).
 
 Target GPUs: $TORCH_CUDA_ARCH_LIST if set (e.g. "9.0"); else the GPU present (torch's
 default); with no GPU visible (CI), "9.0" (sm_90: H100/H200), the project's target.
@@ -15,16 +16,17 @@ Set RMSNORM_SWEEP_CONFIGS=1 for a sweep build: the CUDA kernel's sweep-only laun
 only the configs the ladders pick (CMake: -DRMSNORM_SWEEP_CONFIGS=ON, or the same variable).
 """
 
+import glob
 import os
+import subprocess
 import sys
+import time
 
 from setuptools import setup
 
-SOURCES = [
-    "cuda_impl/csrc/rms_norm.cpp",
-    "cuda_impl/csrc/rms_norm_kernel.cu",
-    "cuda_impl/csrc/rms_norm_backward.cu",
-]
+# The units: the op schemas and checks, the forward's dispatch and one unit per op and x
+# dtype (forward_<op>_<dtype>.cu), the backward; CMakeLists.txt globs the same files.
+SOURCES = ["cuda_impl/csrc/rms_norm.cpp"] + sorted(glob.glob("cuda_impl/csrc/*.cu"))
 FAST_ENTRY = ["cuda_impl/csrc/fast_entry.cpp"]
 CXX_FLAGS = ["-O3"]  # the C++ standard is torch's own choice (C++20 for torch >= 2.10)
 NVCC_FLAGS = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
@@ -56,9 +58,8 @@ def ext_modules():
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "the GPU present")
         which = "shipped and sweep-only" if sweep else "shipped"
         print(
-            f"building cuda_impl._C for {arch}: {', '.join(SOURCES)}; the .cu compiles the"
-            f" {which} launch configs for each dtype pair (one to a few minutes, silent until"
-            " it ends)",
+            f"building cuda_impl._C for {arch}: {len(SOURCES + FAST_ENTRY)} units side by side,"
+            f" the {which} launch configs (a few minutes on 2 cores, silent until it ends)",
             flush=True,
         )
     return [
@@ -70,10 +71,33 @@ def ext_modules():
     ]
 
 
+def kernel_count(library: str) -> str:
+    """The __global__ kernels in a built library: nvcc gives each one host stub, whose
+    static launch handle is in the symbol table (binutils' nm)."""
+    try:
+        out = subprocess.run(["nm", library], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "an unknown number of"
+    return str(sum(1 for s in out.split() if "__device_stub__" in s and s.endswith("E8__handle")))
+
+
 def cmdclass():
     from torch.utils.cpp_extension import BuildExtension
 
-    return {"build_ext": BuildExtension.with_options(use_ninja=True)}
+    class TimedBuild(BuildExtension.with_options(use_ninja=True)):
+        """The build, then its wall time and the kernels it compiled."""
+
+        def run(self):
+            start = time.monotonic()
+            super().run()
+            library = self.get_ext_fullpath("cuda_impl._C")
+            print(
+                f"built {os.path.relpath(library)}: {len(SOURCES + FAST_ENTRY)} units,"
+                f" {kernel_count(library)} kernels, in {time.monotonic() - start:.0f} s",
+                flush=True,
+            )
+
+    return {"build_ext": TimedBuild}
 
 
 setup(

@@ -1,8 +1,8 @@
 """Launch configs of the CUDA RMSNorm kernel, as data (mirrored from the C++ table).
 
-The table itself lives in csrc/rms_norm_kernel.cu (one table of ladder rungs; the shipped
-configs are the ones the rungs name, and a sweep build adds the sweep-only candidates).
-Here it is read back, typed:
+The tables themselves are data in csrc/tuning/<op>.inc (one table of ladder rungs an op;
+the shipped configs are the ones the rungs name, and a sweep build adds the sweep-only
+candidates), compiled by csrc/forward_table.h. Here they are read back, typed:
 
 - ``Config``: one launch (threads a row, 16-byte vectors a thread, CTAs a cluster sharing a
   row, kernel variant bits), frozen;
@@ -15,32 +15,22 @@ Why each rung is what it is, with the measurements: docs/PERF_NOTES.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
 
-#: Bits of a config's ``variant``: x read with plain loads instead of read-only
-#: non-allocating ones, and x's fp32 copies not kept alive through the reduction.
-VARIANT_PLAIN_LOADS = 1
-VARIANT_LEAN_REGS = 2
-#: Sweep-only bits (a sweep build, RMSNORM_SWEEP_CONFIGS=1): x read with
-#: `ld.global.L1::no_allocate` or with `ld.global.nc`, each half of the read-only,
-#: non-allocating load.
-VARIANT_HINT_ONLY_LOADS = 4
-VARIANT_NC_ONLY_LOADS = 8
-#: The weight read after the reduction where the kernel would read it early (16-bit x and
-#: weight, CTAs under 1024 threads, at most 4 vectors a thread): the fused add's rungs, and
-#: rms_norm's 16-bit rows off the 16-byte grid.
-VARIANT_LATE_WEIGHT = 16
-#: rms_norm, one CTA a row: the row in CTA-wide chunks of row_threads x vpt vectors (the
-#: first held, the rest read twice), every access a whole 16-byte vector; holds any row.
-VARIANT_ROW_CHUNKS = 32
-#: Clusters (both ops), the two bits together: rows of whole aligned 16-byte vectors take a
-#: body with no scalar head or tail, each CTA's contiguous slice of the row (and of the
-#: residual) staged in shared memory by cp.async.ca, the weight loaded into registers while
-#: it lands; other rows the general one. Such clusters may hold up to 16 CTAs.
-VARIANT_WHOLE_VECTORS = 64
-VARIANT_STAGED_ROW = 128
+
+#: The bits of a config's ``variant``, by name (plain_loads, lean_regs, late_weight,
+#: row_chunks, whole_vectors, staged_row), read from the library: the C++ table
+#: (csrc/forward_table.h) is their one definition, with what each does.
+@functools.cache
+def variant_bits() -> dict[str, int]:
+    """The forward kernel's variant bits by name, as the library was built with them."""
+    names = torch.ops.cuda_impl.forward_variants()
+    return {name: 1 << i for i, name in enumerate(names) if name}
+
+
 #: CTAs a cluster may hold: the portable 8, and the non-portable 16 of a staged row's.
 MAX_CLUSTER = 8
 MAX_STAGED_CLUSTER = 16
@@ -48,14 +38,14 @@ MAX_STAGED_CLUSTER = 16
 
 def max_cluster(variant: int) -> int:
     """The most CTAs a cluster of a config with this variant may have."""
-    return MAX_STAGED_CLUSTER if variant & VARIANT_STAGED_ROW else MAX_CLUSTER
+    return MAX_STAGED_CLUSTER if variant & variant_bits()["staged_row"] else MAX_CLUSTER
 
 
 @dataclass(frozen=True)
 class Config:
     """One launch of the CUDA kernel: row_threads threads own a row, each holding vpt
     16-byte vectors of it; cluster CTAs of row_threads threads share the row (1: no
-    cluster); variant: VARIANT_* bits."""
+    cluster); variant: variant_bits() bits."""
 
     row_threads: int
     vpt: int
@@ -68,7 +58,7 @@ class Config:
     def holds(self, n: int, element_size: int) -> bool:
         """Whether the config holds a row of n elements' 16-byte vectors (a row-chunk
         config walks a row of any width)."""
-        if self.variant & VARIANT_ROW_CHUNKS:
+        if self.variant & variant_bits()["row_chunks"]:
             return True
         return self.row_threads * self.vpt * self.cluster >= n * element_size // 16
 

@@ -23,8 +23,7 @@
 #        not it). BWD_TEST_K: the GPU tests' pytest -k filter instead of the default.
 #        VARIANTS="v1:NAME=VALUE ..." (name:DEFINE=V[,DEFINE=V]) builds each
 #        variant of the backward source (scripts/variant_build.py, while the tests run) and
-#        probes it too (VARIANT_PROBE_ARGS); PROBE_ENVS="RMSNORM_BWD_STAGES=3 ..." probes
-#        under each environment setting (ENV_PROBE_ARGS).
+#        probes it too (VARIANT_PROBE_ARGS).
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
@@ -171,7 +170,7 @@ if mode sweep; then
   if [[ -n "${SWEEP_VARIANT:-}" ]]; then
     vname=${SWEEP_VARIANT%%:*}
     (renice -n 19 "$BASHPID" >/dev/null
-     build_variant cuda_impl/csrc/rms_norm_kernel.cu "$SWEEP_VARIANT" RMSNORM_SWEEP_CONFIGS=1) &
+     build_variant 'cuda_impl/csrc/forward*.cu' "$SWEEP_VARIANT" RMSNORM_SWEEP_CONFIGS=1) &
     variant_build=$!
   fi
   step "every compiled fused config, sweep-only ones included, against the reference"
@@ -250,11 +249,6 @@ if mode backward; then
     # shellcheck disable=SC2086
     CUDA_IMPL_LIBRARY="build/variants/$name/_C.so" $PY scripts/bwd_probe.py \
       ${VARIANT_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
-  done
-  for e in ${PROBE_ENVS:-}; do
-    step "the probe under $e"
-    # shellcheck disable=SC2086
-    env "$e" $PY scripts/bwd_probe.py ${ENV_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
   done
 fi
 if mode probe; then

@@ -5,9 +5,6 @@ cubin, registers, stack (where spills go) and local memory.
     python scripts/triton_ptx.py [--dtypes bf16,fp32] [--ns 128,1000,4096,4097,65536]
     python scripts/triton_ptx.py --backward   # the backward's main kernel
 
-The backward's environment knobs (RMSNORM_BWD_STAGES, RMSNORM_BWD_MAXNREG, ...) apply here
-as in the launcher.
-
 Specialisation as at run time for contiguous rows of a fresh tensor: pointers 16-byte
 aligned; row strides and N marked divisible by 16 when they are.
 """

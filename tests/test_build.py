@@ -109,7 +109,7 @@ def test_sweep_build_tables_are_valid():
     out = subprocess.run(
         [nvcc, "-cuda", "-std=c++20", "--expt-relaxed-constexpr", "-DRMSNORM_SWEEP_CONFIGS=1",
          "-gencode=arch=compute_90,code=sm_90", *[f"-I{p}" for p in includes],
-         os.path.join(ROOT, "cuda_impl", "csrc", "rms_norm_kernel.cu"), "-o", os.devnull],
+         os.path.join(ROOT, "cuda_impl", "csrc", "forward.cu"), "-o", os.devnull],
         capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

@@ -251,18 +251,9 @@ def test_cuda_config_table():
     assert shipped and len(shipped) == len(set(shipped))
     assert C.sweep_build() == (len(shipped) < len(table))
     assert any(c.cluster and c.row_threads == 1024 and c.vpt == 8 for c in table)
-    # kernel variants: each shipped bit taken by some default plan
-    for bit in (
-        C.VARIANT_PLAIN_LOADS,
-        C.VARIANT_LEAN_REGS,
-        C.VARIANT_ROW_CHUNKS,
-        C.VARIANT_WHOLE_VECTORS,
-        C.VARIANT_STAGED_ROW,
-    ):
-        assert any(c.variant & bit and c.shipped for c in table), bit
-    # the two halves of the read-only load: on no ladder
-    for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):
-        assert not any(c.variant & bit and c.shipped for c in table), bit
+    # kernel variants: each bit the library names taken by some shipped config (no dead bit)
+    for name, bit in C.variant_bits().items():
+        assert any(c.variant & bit and c.shipped for c in table), name
     picked = set()
     for elem in (2, 4):
         caps = []
@@ -277,44 +268,46 @@ def test_cuda_config_table():
         # whole-vector clusters, other rows one CTA until it cannot hold them
         assert C.default_config(8192 * vec - 1, elem).cluster == 1
         assert C.default_config(2 * 8192 * vec, elem).cluster >= 2
-        assert not C.default_config(32768 - vec, elem).variant & C.VARIANT_WHOLE_VECTORS
+        assert not C.default_config(32768 - vec, elem).variant & C.variant_bits()["whole_vectors"]
         for n in (32768, 32768 + vec, 32768 * vec):
             c = C.default_config(n, elem)
-            assert c.variant & C.VARIANT_WHOLE_VECTORS and c.cluster >= 2, (n, elem, c)
+            assert c.variant & C.variant_bits()["whole_vectors"] and c.cluster >= 2, (n, elem, c)
     # what the throughput ladders pick is shipped
     assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
     # row chunks: 16-bit rows of a whole number of 512 vectors, nothing else
     for n, elem, want in ((4096, 2, True), (8192, 2, True), (12288, 2, True), (5120, 2, False),
                           (4097, 2, False), (2048, 2, False), (16384, 2, False),
                           (4096, 4, False)):  # fmt: skip
-        got = bool(C.default_config(n, elem).variant & C.VARIANT_ROW_CHUNKS)
+        got = bool(C.default_config(n, elem).variant & C.variant_bits()["row_chunks"])
         assert got == want, (n, elem)
     # the late weight: 16-bit rows off the 16-byte grid of 257-512 whole vectors, nothing else
     for n, elem, want in ((4095, 2, True), (4097, 2, True), (2057, 2, True), (4103, 2, True),
                           (2049, 2, False), (4111, 2, False), (3072, 2, False),
                           (4097, 4, False)):  # fmt: skip
-        got = bool(C.default_config(n, elem).variant & C.VARIANT_LATE_WEIGHT)
+        got = bool(C.default_config(n, elem).variant & C.variant_bits()["late_weight"])
         assert got == want, (n, elem)
 
 
 def test_cuda_sweep_only_configs():
-    """A sweep build (RMSNORM_SWEEP_CONFIGS=1) adds the sweep-only variant bits, on no
-    ladder; a default build has none of them."""
+    """A sweep build (RMSNORM_SWEEP_CONFIGS=1) adds candidates on no ladder, each compiled
+    once beside the shipped ones."""
     fn_or_skip("cuda")
     import cuda_impl.configs as C
 
     if not C.sweep_build():
         pytest.skip("sweep-only configs not built (build with RMSNORM_SWEEP_CONFIGS=1)")
-    table = C.compiled_configs()
-    for bit in (C.VARIANT_HINT_ONLY_LOADS, C.VARIANT_NC_ONLY_LOADS):
-        assert any(c.variant & bit and not c.shipped for c in table), bit
+    for op in C.OPS:
+        table = C.compiled_configs(op)
+        extra = [c for c in table if not c.shipped]
+        assert extra and len(set(table)) == len(table), op
+        assert table[: len(table) - len(extra)] == [c for c in table if c.shipped], op
 
 
 def cuda_cases():
     """(config, N) pairs: each compiled config at its full capacity and at an odd N below."""
     try:
         from cuda_impl import Config, compiled_configs
-        from cuda_impl.configs import VARIANT_ROW_CHUNKS
+        from cuda_impl.configs import variant_bits
     except ImportError:
         return []
     out = []
@@ -322,7 +315,7 @@ def cuda_cases():
         cfg = Config(c.row_threads, c.vpt, 2 if c.cluster else 1, c.variant)
         for dtype in VEC:
             cap = c.row_threads * c.vpt * cfg.cluster * VEC[dtype]
-            more = (2 * cap + 5 * VEC[dtype],) if c.variant & VARIANT_ROW_CHUNKS else ()
+            more = (2 * cap + 5 * VEC[dtype],) if c.variant & variant_bits()["row_chunks"] else ()
             for n in (cap, cap - 3, *more):  # row chunks: a partial third chunk too
                 tag = f"{c.row_threads}x{c.vpt}c{cfg.cluster}var{c.variant}"
                 out.append(pytest.param(cfg, n, dtype, id=f"{tag}-n{n}-{dtype}"))
@@ -372,7 +365,9 @@ def test_cuda_whole_vector_bodies_any_row(bit, layout, dtype):
     from cuda_impl import configs as C
 
     vec = 16 // torch.empty(0, dtype=dtype).element_size()
-    mask = C.VARIANT_ROW_CHUNKS if bit == "row_chunks" else C.VARIANT_WHOLE_VECTORS
+    mask = (
+        C.variant_bits()["row_chunks"] if bit == "row_chunks" else C.variant_bits()["whole_vectors"]
+    )
     picked = [c for c in compiled_configs() if c.variant & mask]
     assert picked
     for c in picked:
@@ -405,7 +400,7 @@ def test_cuda_staged_default_widths(dtype):
     elem = torch.empty(0, dtype=dtype).element_size()
     vec = 16 // elem
     for n in (32768 + vec, 40960, 98304, 131072 - vec):
-        assert C.default_config(n, elem).variant & C.VARIANT_STAGED_ROW, n
+        assert C.default_config(n, elem).variant & C.variant_bits()["staged_row"], n
         x = torch.randn(3, n, device=DEVICE).to(dtype)
         w = (1 + 0.5 * torch.randn(n + 1, device=DEVICE)).to(dtype)
         ref = rms_norm_ref(x, w[:n], 1e-6)
@@ -449,23 +444,25 @@ def test_forced_cuda_config_errors():
     impl_or_skip("cuda")
     from cuda_impl import Config, rms_norm_with_config
     from cuda_impl import configs as C
-    from cuda_impl.configs import VARIANT_LEAN_REGS, VARIANT_PLAIN_LOADS
+    from cuda_impl.configs import variant_bits
 
     x, w = inputs(4, 4096, torch.bfloat16)
     with pytest.raises(ValueError, match="no compiled config"):
         rms_norm_with_config(x, w, 1e-6, Config(96, 3))
     with pytest.raises(ValueError, match="variant 2"):  # 8 x 1 has no lean-register variant
-        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_LEAN_REGS))
+        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, variant_bits()["lean_regs"]))
     with pytest.raises(ValueError, match="no compiled config"):  # not wrapped into int range
-        rms_norm_with_config(x, w, 1e-6, Config(2**32 + 8, 1, 1, VARIANT_PLAIN_LOADS))
+        rms_norm_with_config(x, w, 1e-6, Config(2**32 + 8, 1, 1, variant_bits()["plain_loads"]))
     with pytest.raises(ValueError, match="elements a row; N is 4096"):
-        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, VARIANT_PLAIN_LOADS))
+        rms_norm_with_config(x, w, 1e-6, Config(8, 1, 1, variant_bits()["plain_loads"]))
     with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):
         rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 3))
     # 16: staged rows only
     with pytest.raises(ValueError, match=r"expected 1, 2, 4 or 8(?! or 16)"):
         rms_norm_with_config(x, w, 1e-6, Config(1024, 8, 16))
-    staged = Config(256, 8, 32, C.VARIANT_STAGED_ROW | C.VARIANT_WHOLE_VECTORS | 3)
+    staged = Config(
+        256, 8, 32, C.variant_bits()["staged_row"] | C.variant_bits()["whole_vectors"] | 3
+    )
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8 or 16"):
         rms_norm_with_config(x, w, 1e-6, staged)
     with pytest.raises(ValueError, match="cfg must be a cuda_impl.configs.Config"):

@@ -648,7 +648,9 @@ def test_cuda_fused_staged_any_row(dtype, layout):
     from cuda_impl import configs as C
 
     staged = [
-        c for c in C.compiled_configs("fused_add_rms_norm") if c.variant & C.VARIANT_WHOLE_VECTORS
+        c
+        for c in C.compiled_configs("fused_add_rms_norm")
+        if c.variant & C.variant_bits()["whole_vectors"]
     ]
     assert staged
     vec = 16 // torch.empty(0, dtype=dtype).element_size()

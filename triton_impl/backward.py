@@ -40,7 +40,6 @@ rmsnorm backward (partials per CTA, a fixed-order final reduction).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -56,23 +55,14 @@ BWD_MAX_N = 16384
 BWD_CHUNK = 4096
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
-#: Warps of a program the register-resident rows aim at an SM, and the programs that makes;
-#: RMSNORM_BWD_WARPS_PER_SM overrides it at import, for sweeps.
-BWD_WARPS_PER_SM = int(os.environ.get("RMSNORM_BWD_WARPS_PER_SM", "32"))
+#: Warps of a program the register-resident rows aim at an SM, and the programs that makes.
+BWD_WARPS_PER_SM = 32
 #: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
 #: each row's loads when its turn comes, 3 keeps the next two rows' loads in flight (through
-#: shared memory) while one is reduced (bwd_stages says where); RMSNORM_BWD_STAGES
-#: overrides the choice at import, for sweeps.
-BWD_STAGES = int(os.environ["RMSNORM_BWD_STAGES"]) if "RMSNORM_BWD_STAGES" in os.environ else None
+#: shared memory) while one is reduced (bwd_stages says where).
 #: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
 BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
-#: Registers a thread of the main kernel may use (Triton's maxnreg): None, the default rule
-#: (bwd_meta); RMSNORM_BWD_MAXNREG overrides it at import, for sweeps: a number caps every
-#: variant, 0 none.
-BWD_MAXNREG = (
-    int(os.environ["RMSNORM_BWD_MAXNREG"]) if "RMSNORM_BWD_MAXNREG" in os.environ else None
-)
 #: 32-bit registers of an SM (sm_80 and sm_90 alike), shared by the programs resident on it.
 SM_REGISTERS = 65536
 #: The final reduction's tile: partial rows and dweight columns a program loads at once.
@@ -300,9 +290,7 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
-    if BWD_MAXNREG is not None:
-        cap = BWD_MAXNREG
-    elif vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
+    if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:
         cap = 0
@@ -312,7 +300,7 @@ def bwd_meta(
 
 
 def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, fused: bool) -> int:
-    """Pipeline stages of the main kernel's row loop (BWD_STAGES, when set, for all).
+    """Pipeline stages of the main kernel's row loop.
 
     3 for 16-bit register-resident tiles up to BWD_PIPELINED_MAX_N wide: a row of 16-bit
     elements is too short to hide the next one's loads behind its reduction and store, and
@@ -322,8 +310,6 @@ def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, fused: 
     nor the fused add's split rows (measured with d_residual_out, whose loads already fill
     the gap: 3 stages lost there; without it, unmeasured, the same rule). Figures in
     docs/PERF_NOTES.md (v16)."""
-    if BWD_STAGES is not None:
-        return BWD_STAGES
     pipelined = element_size == 2 and not chunked and block_n <= BWD_PIPELINED_MAX_N
     return BWD_PIPELINED if pipelined and not (vec and fused) else 1
 

@@ -1,7 +1,8 @@
 // Op schemas and argument checks for cuda_impl::rms_norm / rms_norm_out and the fused add,
 // cuda_impl::fused_add_rms_norm / fused_add_rms_norm_.
 //
-// The schemas live here; the CUDA implementations are registered in rms_norm_kernel.cu.
+// The schemas live here; the CUDA implementations are registered in forward.cu and
+// rms_norm_backward.cu.
 // Every other input (CPU, sparse, nested, none at all) reaches a checking kernel, so it
 // gets the Python side's error naming the argument instead of the dispatcher's message.
 
@@ -509,6 +510,8 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
         "int cluster, int variant=0) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
+  // The forward's variant bits by name, bit i at index i ("" where unused).
+  m.def("forward_variants() -> str[]", &forward_variants);
   m.def("rms_norm_default_config(int n, int element_size) -> int[]", &rms_norm_default_config);
   // The kernel rms_norm would launch for x: config, registers, local (spill) bytes, ...
   m.def("rms_norm_kernel_info(Tensor x, Tensor? weight) -> int[]");

@@ -1,5 +1,5 @@
-// Declarations shared by the op schemas (rms_norm.cpp) and the CUDA kernels (rms_norm_kernel.cu,
-// rms_norm_backward.cu).
+// Declarations shared by the op schemas (rms_norm.cpp) and the CUDA code (forward.cu and
+// its units, rms_norm_backward.cu).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -58,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
 void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
                          const std::optional<at::Tensor>& weight, double eps);
 
-// SMs of a device, asked once per device (rms_norm_kernel.cu).
+// SMs of a device, asked once per device (forward.cu).
 int sm_count(int device);
 
 // The backward ops (rms_norm_backward.cu): (dx, dweight), and the fused add's (dx,
@@ -79,5 +79,7 @@ std::vector<int64_t> fused_add_configs();
 std::vector<int64_t> rms_norm_default_config(int64_t n, int64_t element_size);
 // ... and fused_add_rms_norm's.
 std::vector<int64_t> fused_add_default_config(int64_t n, int64_t element_size);
+// The forward's variant bits by name, bit i at index i ("" where unused).
+std::vector<std::string> forward_variants();
 
 }  // namespace cuda_impl

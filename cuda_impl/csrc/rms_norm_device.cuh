@@ -1,4 +1,4 @@
-// Device helpers shared by the forward (rms_norm_kernel.cu), the backward
+// Device helpers shared by the forward (forward_kernels.cuh), the backward
 // (rms_norm_backward.cu) and the wide-row probe (scripts/wide_probe.cu): 16-byte vectors of
 // elements, element conversions to and from fp32, thread-block cluster barriers and the
 // cluster's sum through distributed shared memory; cached device attributes, a cluster
