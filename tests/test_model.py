@@ -453,7 +453,8 @@ def _fake_blocks(b, fns):
 @pytest.fixture
 def dry_run(tmp_path, monkeypatch):
     """A Run on CPU whose profiler, timing and graph replay are stood in for."""
-    monkeypatch.setattr(model, "kernel_times", _fake_kernels)
+    monkeypatch.setattr(model.alone, "kernel_times", _fake_kernels)
+    monkeypatch.setattr(model.job, "kernel_times", _fake_kernels)
     monkeypatch.setattr(measure, "time_blocks", _fake_blocks)
     monkeypatch.setattr(timing, "warm_up", lambda fns, seconds=0: [f() for f in fns])
     monkeypatch.setattr(timing, "graph_samples", lambda fn, *a, **k: [5e-6] * 10)
@@ -543,7 +544,8 @@ def test_train_step_bookkeeping(dry_run, monkeypatch):
     name, the backward's fill from the norm alone), s of the forward + backward alone, the
     bound and the measured speedup; the transformers layer's step beside them; the table."""
     run, path = dry_run
-    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.alone, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.job, "kernel_times", _fake_train_kernels)
     del run.variants["eager"]
     names = list(run.variants)
     with torch.no_grad():  # as run_gpu: the step turns autograd on for itself
@@ -581,7 +583,8 @@ def test_train_step_layer_bookkeeping(dry_run, monkeypatch):
     if model._import("transformers")[0] is None:
         pytest.skip("transformers not importable")
     run, path = dry_run
-    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.alone, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.job, "kernel_times", _fake_train_kernels)
     monkeypatch.setitem(model.GPU_SHAPES, "train", model.CPU_SHAPES["train"])
     with torch.no_grad():
         model.run_layer_job(run, ["native", "eager"], "train")
@@ -595,7 +598,8 @@ def test_train_step_layer_bookkeeping(dry_run, monkeypatch):
 
 def test_a_forward_only_variant_is_a_skip_in_the_train_job(dry_run, monkeypatch):
     run, path = dry_run
-    monkeypatch.setattr(model, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.alone, "kernel_times", _fake_train_kernels)
+    monkeypatch.setattr(model.job, "kernel_times", _fake_train_kernels)
 
     def forward_only(x, residual, weight, eps):
         class Refuse(torch.autograd.Function):
@@ -681,8 +685,8 @@ def test_plan_jobs_of_the_training_step():
     ],
 )
 def test_cli_refuses_bad_flags(argv, message, monkeypatch, capsys):
-    monkeypatch.setattr(model, "run_cpu", lambda args: pytest.fail("work started"))
-    monkeypatch.setattr(model, "run_gpu", lambda args, out: pytest.fail("work started"))
+    monkeypatch.setattr(model.cli, "run_cpu", lambda args: pytest.fail("work started"))
+    monkeypatch.setattr(model.cli, "run_gpu", lambda args, out: pytest.fail("work started"))
     assert message in refusal(model.main, argv, capsys)
 
 
@@ -702,7 +706,7 @@ def test_native_always_runs():
 
 @pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
 def test_cpu_path_says_the_committed_table_is_absent(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
+    monkeypatch.setattr(model.cpu, "COMMITTED", tmp_path / "none")
     argv = ["--shapes", "decode", "--variants", "triton", "--no-layer", "--modes", "graph"]
     assert model.main(argv + ["--append"]) == 0
     out = capsys.readouterr().out
@@ -713,7 +717,7 @@ def test_cpu_path_says_the_committed_table_is_absent(tmp_path, monkeypatch, caps
 
 @pytest.mark.skipif(HAS_GPU, reason="tests the path taken without a GPU")
 def test_cpu_path_checks_the_training_step(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
+    monkeypatch.setattr(model.cpu, "COMMITTED", tmp_path / "none")
     assert model.main(["--shapes", "train", "--variants", "eager", "--no-layer"]) == 0
     out = capsys.readouterr().out
     assert "the training step's gradients within 3x native's" in out
@@ -730,8 +734,8 @@ def test_cpu_path_prints_the_committed_table(dry_run, tmp_path, monkeypatch, cap
     committed = tmp_path / "committed"
     committed.mkdir()
     (committed / model.RECORDS_NAME).write_text(path.read_text())
-    monkeypatch.setattr(model, "COMMITTED", committed)
-    monkeypatch.setattr(model, "check_blocks", lambda *a, **k: [])
+    monkeypatch.setattr(model.cpu, "COMMITTED", committed)
+    monkeypatch.setattr(model.cpu, "check_blocks", lambda *a, **k: [])
     assert model.main(["--no-layer"]) == 0
     out = capsys.readouterr().out
     assert f"the committed H200 run ({committed / model.RECORDS_NAME})" in out
@@ -743,15 +747,15 @@ def test_cpu_path_prints_the_committed_table(dry_run, tmp_path, monkeypatch, cap
 def test_cpu_path_says_once_the_layer_is_not_checked(shapes, tmp_path, monkeypatch, capsys):
     """Without transformers the layer's check is said to be skipped once, whatever the
     shapes, with the extra that installs it; nothing per shape."""
-    monkeypatch.setattr(model, "COMMITTED", tmp_path / "none")
-    monkeypatch.setattr(model, "check_blocks", lambda *a, **k: [])
+    monkeypatch.setattr(model.cpu, "COMMITTED", tmp_path / "none")
+    monkeypatch.setattr(model.cpu, "check_blocks", lambda *a, **k: [])
     real = model._import
     monkeypatch.setattr(
-        model,
+        model.cpu,
         "_import",
         lambda p: (None, f"{p} not importable (stand-in)") if p == "transformers" else real(p),
     )
-    monkeypatch.setattr(model, "check_layer", lambda *a, **k: pytest.fail("layer checked"))
+    monkeypatch.setattr(model.cpu, "check_layer", lambda *a, **k: pytest.fail("layer checked"))
     assert model.main(["--shapes", shapes]) == 0
     out = capsys.readouterr().out
     assert out.count("transformers layer") == 1, out
@@ -763,7 +767,7 @@ def test_requirements_model_is_the_base_plus_transformers():
     """The optional extra README names for harness.model's transformers check."""
     from pathlib import Path
 
-    repo = Path(model.__file__).resolve().parent.parent
+    repo = Path(model.__file__).resolve().parents[2]
     lines = [
         ln.split("#")[0].strip()
         for ln in (repo / "requirements-model.txt").read_text().splitlines()
