@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
+#   bash scripts/h200.sh [all|test|exhaustive|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
-# test: the GPU test suite (TEST_FILES, TEST_K: those files, that -k filter), the validation
-#       table (SKIP_VALIDATE=1: not it), memcheck and racecheck of the CUDA forward.
+# test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter), the
+#       validation table (SKIP_VALIDATE=1: not it), memcheck and racecheck of the CUDA forward.
+# exhaustive: the exhaustive tier (pytest -m exhaustive); test,exhaustive: the whole suite.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep;
@@ -100,17 +101,22 @@ else
   mkdir -p build && echo "$src_hash" >build/.src-hash
 fi
 
-if mode all || mode test; then
-  step "pytest (GPU)"
-  # The CMake build (95 s of device time) is CI's to check; DEVICE_CMAKE=1 runs it here too.
-  pytest_sel=(--deselect tests/test_build.py::test_cmake_build_loads)
-  [[ "${DEVICE_CMAKE:-0}" == 1 ]] && pytest_sel=()
+if mode all || mode test || mode exhaustive; then
+  # test: the GPU tier, README's `python -m pytest` (every op, kernel path and shipped
+  # config; the exhaustive tier deselected by pyproject's addopts); exhaustive: that tier,
+  # `-m exhaustive` (every sweep candidate, the builds). Both spread over TEST_WORKERS
+  # processes (pytest-xdist, in the device's image) sharing the GPU.
+  step "pytest (GPU$(mode exhaustive && echo ", the exhaustive tier"))"
+  pytest_sel=(-n "${TEST_WORKERS:-8}")
+  mode exhaustive && pytest_sel+=(-m exhaustive)
   # TEST_FILES (e.g. "tests/test_numerics.py tests/test_configs.py") and TEST_K (a pytest -k
-  # filter): those tests, not the whole suite
+  # filter): those tests, not the whole tier
   [[ -n "${TEST_K:-}" ]] && pytest_sel+=(-k "$TEST_K")
   # shellcheck disable=SC2086
-  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=12 ${pytest_sel[@]+"${pytest_sel[@]}"} ${TEST_FILES:-} 2>&1 |
+  $PY -m pytest -q -p no:cacheprovider -rfEs --durations=15 "${pytest_sel[@]}" ${TEST_FILES:-} 2>&1 |
     grep -v "^DEBUG " || status=1
+fi
+if mode all || mode test; then
   if [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
     step "validation table"
     $PY -m harness.validate 2>&1 || status=1
@@ -120,13 +126,13 @@ if mode all || mode test; then
   compute-sanitizer $SAN /bin/true >/dev/null 2>&1 || { echo "(no kernel filter)"; SAN=""; }
   step "compute-sanitizer memcheck, our kernels only (cuda numerics + errors)"
   # the profiler (CUPTI) sees no kernels under the sanitizer: its test runs in pytest above
-  compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
+  compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
     tests/test_numerics.py tests/test_errors.py tests/test_configs.py tests/test_fused_add.py \
     -k "cuda and not kernel_info_is_what_runs" 2>&1 | grep -v "^DEBUG" | tail -60 || status=1
   step "compute-sanitizer racecheck (odd/strided/wide cases, every forced config but the variants)"
   # Judged on our kernels alone: when the filter is not accepted, PyTorch's own reduction
   # (the reference's mean) reports hazards that are not ours.
-  compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
+  compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
     tests/test_numerics.py tests/test_configs.py tests/test_fused_add.py \
     -k "cuda and (n4095 or strided or offset or n17- or m4099 or n131072 or n262144 or 4d or (config and var0))" \
     2>&1 | grep -v "^DEBUG" >/tmp/racecheck.log || status=1
@@ -174,14 +180,14 @@ if mode sweep; then
     variant_build=$!
   fi
   step "every compiled fused config, sweep-only ones included, against the reference"
-  $PY -m pytest -q -p no:cacheprovider tests/test_fused_add.py -k cuda_fused_every_config 2>&1 | tail -5 || status=1
+  $PY -m pytest -q -p no:cacheprovider -n 0 -m "" tests/test_fused_add.py -k cuda_fused_every_config 2>&1 | tail -5 || status=1
   step "sweep of launch configs"
   # shellcheck disable=SC2086
   $PY -m harness.sweep ${SWEEP_ARGS:-} --budget-s "${SWEEP_BUDGET_S:-420}" --out "$OUT/sweep.jsonl" 2>&1 || status=1
   if [[ -n "${SWEEP_VARIANT:-}" ]]; then
     step "variant $SWEEP_VARIANT of the forward: its build, every config against the reference, sweep"
     if wait "$variant_build"; then
-      CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" timeout 300 $PY -m pytest -q -p no:cacheprovider \
+      CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" timeout 300 $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
         tests/test_configs.py tests/test_fused_add.py -k "${SWEEP_VARIANT_K:-cuda and config}" 2>&1 | tail -5 || status=1
       # shellcheck disable=SC2086
       CUDA_IMPL_LIBRARY="build/variants/$vname/_C.so" $PY -m harness.sweep ${SWEEP_ARGS:-} \
@@ -217,13 +223,13 @@ if mode backward; then
     -k "${BWD_TEST_K:-backward or grad or split or odd}" 2>&1 | grep -v "^DEBUG " | tail -30 || status=1
   SAN="--kernel-regex kns=rms_norm"
   step "compute-sanitizer memcheck, the CUDA backward"
-  compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider \
+  compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
     tests/test_backward.py -k "cuda and not compile" 2>&1 | grep -v "^DEBUG" | tail -8 || status=1
   if [[ "${SKIP_RACECHECK:-0}" != 1 ]]; then
     step "compute-sanitizer racecheck, the CUDA backward"
     # fp16 left to memcheck: its kernels are bf16's code with another T (the same shared
     # memory traffic), and racecheck took 343 s with all three dtypes
-    compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider \
+    compute-sanitizer --tool racecheck $SAN $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
       tests/test_backward.py -k "${RACECHECK_BWD_K:-cuda and not torch.float16- and (1031x4096 or 4095 or 4097 or 700x8192 or 32771 or 65536 or 16384 or layouts or determin)}" \
       2>&1 | grep -v "^DEBUG" >/tmp/racecheck-bwd.log || status=1
     tail -6 /tmp/racecheck-bwd.log

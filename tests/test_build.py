@@ -71,6 +71,7 @@ def build_cmake() -> None:
         assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stdout[-4000:]}{out.stderr}"
 
 
+@pytest.mark.exhaustive
 def test_cmake_build_loads():
     if not os.path.isfile(CMAKE_LIB):
         build_cmake()
@@ -92,6 +93,7 @@ def test_missing_library_says_how_to_build():
     assert out.returncode != 0 and "does not exist" in out.stderr
 
 
+@pytest.mark.exhaustive
 def test_sweep_build_tables_are_valid():
     """The sweep build's config tables (RMSNORM_SWEEP_CONFIGS=1: the sweep-only configs
     beside the rungs) pass their compile-time checks (each config compiled once, the rungs

@@ -28,6 +28,7 @@ def inputs(m, n, dtype):
     return x, (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("n", [17, 1000, 4097])
 def test_every_triton_candidate_matches_reference(n):
     impl_or_skip("triton")
@@ -539,3 +540,58 @@ def test_triton_kernel_info_config_is_the_rule():
         p = plan(x, None, 1e-6, y)
         sms = torch.cuda.get_device_properties(0).multi_processor_count if HAS_GPU else None
         assert p.cfg == default_config(n, 4, rows=m if HAS_GPU else None, sms=sms)
+
+
+def triton_table_shapes() -> list:
+    """(n, dtype) of every entry of the Triton tables, both ops': its tile's width, or three
+    quarters of it where the entry is for rows narrower than the tile (padded); the sharded
+    kernels' at MAX_N, wider than any table names."""
+    from rmsnorm_api import MAX_N
+    from triton_impl import configs as T
+
+    dtypes = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
+    keys = [
+        *T.FUSED_TUNED,
+        *T.WIDE_TUNED,
+        *T.PERSISTENT_TUNED,
+        *T.FUSED_ADD_TUNED,
+        *T.FUSED_ADD_LATENCY_WARPS,
+    ]
+    shapes = {
+        (k.block_n * 3 // 4 if k.padded else k.block_n, d)
+        for k in keys
+        for d in dtypes[k.element_size]
+    }
+    shapes |= {(n, torch.float16) for name, n in T.FUSED_ADD_WIDE_TUNED if name == "fp16"}
+    shapes |= {(MAX_N, d) for ds in dtypes.values() for d in ds}
+    return sorted(shapes, key=lambda s: (s[0], str(s[1])))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ["many", "few"])
+def test_every_triton_table_entry_runs(rows):
+    """Each shipped Triton config, at a width its table entry serves, for many rows (the
+    throughput rule) and few (the latency rule): both ops match the reference, and the
+    launch is the config the rule picks for those rows and SMs."""
+    impl_or_skip("triton")
+    from harness.reference import fused_add_rms_norm_ref
+    from triton_impl import default_config, fused_add_rms_norm, rms_norm
+    from triton_impl.launch import plan
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, dtype in triton_table_shapes():
+        m = max(4, 2**24 // n) if rows == "many" else 4
+        x = torch.randn(m, n, device=DEVICE).to(dtype)
+        w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
+        r = torch.randn(m, n, device=DEVICE).to(dtype)
+        elem = x.element_size()
+        assert plan(x, w, 1e-6, torch.empty_like(x)).cfg == default_config(
+            n, elem, rows=m, sms=sms
+        ), (n, dtype)
+        torch.testing.assert_close(
+            rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **TOL[dtype], msg=f"{n} {dtype}"
+        )
+        y, ro = fused_add_rms_norm(x, r, w, 1e-6)
+        want_y, want_ro = fused_add_rms_norm_ref(x, r, w, 1e-6)
+        torch.testing.assert_close(ro, want_ro, **TOL[dtype], msg=f"fused {n} {dtype}")
+        torch.testing.assert_close(y, want_y, **TOL[dtype], msg=f"fused {n} {dtype}")

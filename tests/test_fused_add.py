@@ -143,6 +143,7 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
     torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("n", [17, 1000, 1024])
 def test_every_triton_fused_add_candidate_matches_reference(n):
     """Every candidate the fused add's sweep times (its fused tiles and split kernels among

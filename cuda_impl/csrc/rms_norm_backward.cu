@@ -665,16 +665,6 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
   return stage_bytes <= 32768 && !fused ? 3 : 2;
 }
 
-// A build switch for a probe (-DRMSNORM_CUDA_BWD_WT_ALWAYS=1; off in the default build, not
-// yet measured): the 2-row rings of 512 and 1024 threads with a 16-bit dy launch the WT
-// kernel whatever the weight (an fp32 one, or none: a.w_t null, so its run-time test takes
-// the fp32 path), because that kernel's code has no spills and the one without WT spills
-// at the 64-register cap (PERF_NOTES v18); its shared memory is sized for the fp32 weight.
-#ifndef RMSNORM_CUDA_BWD_WT_ALWAYS
-#define RMSNORM_CUDA_BWD_WT_ALWAYS 0
-#endif
-constexpr bool kWtKernelAlways = RMSNORM_CUDA_BWD_WT_ALWAYS != 0;
-
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
 // which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
 // built so (`wt` says). Built are the depths staged_stages gives: 4 for 16-bit rows of the
@@ -699,8 +689,7 @@ KernelPtr staged_kernel(int& stages, bool& wt) {
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
-    // (the probe's switch: the WT kernel for an fp32 weight or none too, a null a.w_t)
-    if (wt || kWtKernelAlways) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
   }
   wt = false;
   return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
