@@ -193,7 +193,8 @@ def _x():
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: torch.nn.RMSNorm(64, eps=1e-5)] + _llama_norm_classes(), ids=str
+    "make",
+    [pytest.param(lambda: torch.nn.RMSNorm(64, eps=1e-5), id="torch")] + _llama_norm_classes(),
 )
 def test_swap_replaces_keeps_weight_and_output(make):
     cls = _ours_module()
