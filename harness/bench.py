@@ -395,10 +395,7 @@ def parse_args(
     args.dtypes = names_arg(p, "--dtypes", given, tuple(DTYPES))
     if args.quick and args.shapes:
         p.error("--quick and --shapes are exclusive: --shapes replaces the grid")
-    if args.budget_s is not None and not args.budget_s > 0:  # also refuses nan
-        p.error(f"--budget-s is {args.budget_s}; expected a positive number of seconds")
-    if args.out is not None and (why := records.out_dir_problem(args.out)):
-        p.error(f"--out {args.out} {why}")
+    records.refuse_bad_run_args(p, args)
     return args
 
 

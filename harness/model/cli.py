@@ -111,10 +111,7 @@ def parse_args(
     given = args.variants if args.variants is not None else ",".join(VARIANTS)
     chosen = set(names_arg(p, "--variants", given, VARIANTS)) | {"native"}
     args.variants = [v for v in VARIANTS if v in chosen]
-    if args.budget_s is not None and not args.budget_s > 0:  # also refuses nan
-        p.error(f"--budget-s is {args.budget_s}; expected a positive number of seconds")
-    if args.out is not None and (why := records.out_dir_problem(args.out)):
-        p.error(f"--out {args.out} {why}")
+    records.refuse_bad_run_args(p, args)
     return args
 
 
