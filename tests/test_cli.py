@@ -8,6 +8,7 @@ over data, no bar above the top tick.
 import argparse
 import dataclasses
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -545,8 +546,9 @@ def test_readme_makes_the_venv_before_installing():
     assert "pip install" in first[1]
     flat = " ".join(text.split())
     assert "one to a few minutes" not in flat
-    assert "17-18 minutes" in flat and "about 30 minutes" in flat and "2 min 56 s" in flat
-    assert "8 min 12 s" in flat
+    # the build's and the default tier's times, as measured (minutes and seconds)
+    measured = flat.split("Measured from a fresh clone", 1)[1].split(".", 1)[0]
+    assert len(re.findall(r"\d+ min \d+ s", measured)) == 2, measured
 
 
 def test_the_venv_is_ignored():
