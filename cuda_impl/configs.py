@@ -21,12 +21,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 
-#: The bits of a config's ``variant``, by name (plain_loads, lean_regs, late_weight,
-#: row_chunks, whole_vectors, staged_row), read from the library: the C++ table
-#: (csrc/forward_table.h) is their one definition, with what each does.
 @functools.cache
 def variant_bits() -> dict[str, int]:
-    """The forward kernel's variant bits by name, as the library was built with them."""
+    """The bits of a config's ``variant`` by name (plain_loads, lean_regs, late_weight,
+    row_chunks, whole_vectors, staged_row), read from the library: csrc/forward_table.h is
+    their one definition, with what each does."""
     names = torch.ops.cuda_impl.forward_variants()
     return {name: 1 << i for i, name in enumerate(names) if name}
 
