@@ -25,19 +25,6 @@ from cuda_impl.ops import (
     rms_norm_backward,
     rms_norm_with_config,
 )
+from rmsnorm_api import BACKEND_API
 
-__all__ = [
-    "Config",
-    "RMSNorm",
-    "compiled_configs",
-    "default_config",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_",
-    "fused_add_rms_norm_backward",
-    "fused_add_rms_norm_with_config",
-    "kernel_info",
-    "rms_norm",
-    "rms_norm_backward",
-    "rms_norm_with_config",
-    "search_space",
-]
+__all__ = [*BACKEND_API, "compiled_configs"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 
@@ -102,10 +103,14 @@ def sweep_build() -> bool:
     return not all(c.shipped for c in compiled_configs())
 
 
-def default_config(n: int, element_size: int, op: str = "rms_norm") -> Config:
+def default_config(
+    n: int, element_size: int, op: str = "rms_norm", *, dtype: Optional[str] = None
+) -> Config:
     """The config op picks for many rows of n elements of element_size bytes, laid out as
     a contiguous, 16-byte aligned tensor has them (the C++ ladder itself, so sweeps compare
-    against exactly what runs; ValueError for a width or element size no kernel takes)."""
+    against exactly what runs; ValueError for a width or element size no kernel takes).
+    dtype, x's name, as triton_impl's rule takes it: the CUDA ladders key on element size
+    alone."""
     rt, vpt, ranks, variant = _table_fn(op, 1, "default_config")(n, element_size)
     return Config(rt, vpt, ranks, variant)
 

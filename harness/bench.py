@@ -395,17 +395,14 @@ def parse_args(
     args.dtypes = names_arg(p, "--dtypes", given, tuple(DTYPES))
     if args.quick and args.shapes:
         p.error("--quick and --shapes are exclusive: --shapes replaces the grid")
-    records.refuse_bad_run_args(p, args)
-    return args
+    return records.refuse_bad_run_args(p, args)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = build_parser()
-    args = parse_args(argv, p)
+    args = parse_args(argv, p := build_parser())
+    if hardware.no_gpu_refused(args):
+        return 1
     if not torch.cuda.is_available():
-        if args.require_gpu:
-            print("no CUDA GPU on this machine, and --require-gpu was given", file=sys.stderr)
-            return 1
         out = Path(args.out) if args.out is not None else NO_GPU_OUT
         if why := records.out_dir_problem(out):
             p.error(f"--out {out} (the default without a GPU) {why}")
@@ -415,13 +412,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"under the interpreter and redrawing the committed H200 results into {out} ({where})"
         )
         return run_without_gpu(args, out)
-    out = (
-        Path(args.out)
-        if args.out is not None
-        else REPO / "results" / hardware.gpu_slug(torch.cuda.get_device_name())
-    )
-    if why := records.out_dir_problem(out):
-        p.error(f"--out {out} {why}")
+    out = hardware.gpu_out_dir(p, args)
     if args.budget_s is None:
         args.budget_s = DEFAULT_BUDGET_S
     if args.profile:

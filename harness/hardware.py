@@ -20,10 +20,13 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from harness import records as _records
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -203,6 +206,28 @@ def gpu_slug(name: str) -> str:
     """A directory name for a GPU: 'NVIDIA H200' -> 'h200'."""
     name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def no_gpu_refused(args) -> bool:
+    """Whether a run stops for want of a GPU: no CUDA GPU here and --require-gpu given (said
+    on stderr); harness.bench and harness.model then exit 1."""
+    if torch.cuda.is_available() or not args.require_gpu:
+        return False
+    print("no CUDA GPU on this machine, and --require-gpu was given", file=sys.stderr)
+    return True
+
+
+def gpu_out_dir(p, args, *sub: str) -> Path:
+    """A GPU run's output directory: --out, or results/<this GPU>/<sub...>; the parser's
+    error where it cannot take records."""
+    out = (
+        Path(args.out)
+        if args.out is not None
+        else REPO.joinpath("results", gpu_slug(torch.cuda.get_device_name()), *sub)
+    )
+    if why := _records.out_dir_problem(out):
+        p.error(f"--out {out} {why}")
+    return out
 
 
 def git_info(repo: Path = REPO) -> tuple[Optional[str], Optional[bool]]:

@@ -80,12 +80,10 @@ for _dir in os.environ.get("RMSNORM_SITE_DIRS", "").split(os.pathsep):
     if _dir:
         site.addsitedir(_dir)
 
-#: Names in the order the benchmark runs and plots them: ours first, then the baselines.
+#: Names in the order the benchmark runs and plots them: ours first, then the baselines;
+#: every op's (harness.ops.Op), so --impls means the same for all.
 OURS = ("triton", "cuda")
 BASELINES = ("eager", "compile", "native", "liger", "quack")
-#: The fused residual add's kernels under study and baselines: the same names, one each.
-FUSED_ADD_OURS = ("triton", "cuda")
-FUSED_ADD_BASELINES = BASELINES
 
 Fn = Callable[..., object]
 
@@ -642,7 +640,7 @@ def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
     quack (the benchmark's comparison; CUDA only)."""
     impls = [
         _ours(name, "fused_add_rms_norm", "fused_add_rms_norm_", "fused_add_kernel_info")
-        for name in FUSED_ADD_OURS
+        for name in OURS
     ]
     if baselines:
         impls += [

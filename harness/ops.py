@@ -82,8 +82,9 @@ class Op:
     bytes_moved: Callable[[tuple], int]  # bytes_moved(inputs): the bytes model
     bytes_text: str  # the bytes model in words, for reports
     registry: Callable[..., dict[str, impls.Impl]]  # registry(baselines=False) -> {name: Impl}
-    ours: tuple[str, ...]  # the kernels under study, in report order
-    baselines: tuple[str, ...]  # what they are compared with, in report order
+    # the kernels under study, and what they are compared with, in report order
+    ours: tuple[str, ...] = impls.OURS
+    baselines: tuple[str, ...] = impls.BASELINES
     # (impl, inputs, reference output) -> our kernels' second form's output (rms_norm:
     # out= into a NaN-poisoned tensor; the fused add: in place; the gradient ops: every
     # tensor torch allocates starting as NaN), checked like the first
@@ -332,8 +333,6 @@ RMS_NORM = Op(
     bytes_moved=_rms_norm_bytes_of,
     bytes_text="read x + read weight + write y",
     registry=impls.registry,
-    ours=impls.OURS,
-    baselines=impls.BASELINES,
     second_form=_rms_norm_out_form,
 )
 
@@ -345,8 +344,6 @@ FUSED_ADD_RMS_NORM = Op(
     bytes_moved=_fused_add_bytes_of,
     bytes_text="read x + residual + weight, write y + residual_out",
     registry=impls.fused_add_registry,
-    ours=impls.FUSED_ADD_OURS,
-    baselines=impls.FUSED_ADD_BASELINES,
     second_form=_fused_add_in_place_form,
     outputs=("y", "residual_out"),
     cases=fused_add_cases,
@@ -354,8 +351,6 @@ FUSED_ADD_RMS_NORM = Op(
 
 #: What the gradient ops share: our kernels and the same five baselines, through autograd.
 _GRADS = dict(
-    ours=impls.OURS,
-    baselines=impls.BASELINES,
     second_form=_grads_poisoned_form,
     compare=grad_close,
     plan=grad_plan,

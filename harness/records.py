@@ -256,13 +256,15 @@ class RecordWriter:
         self.close()
 
 
-def refuse_bad_run_args(p, args) -> None:
-    """The argparse errors a run's shared options get (harness.bench, harness.model): a
-    --budget-s that is not a positive number, an --out that cannot take records."""
+def refuse_bad_run_args(p, args):
+    """args, after the argparse errors a run's shared options get (harness.bench,
+    harness.model): a --budget-s that is not a positive number, an --out that cannot take
+    records."""
     if args.budget_s is not None and not args.budget_s > 0:  # also refuses nan
         p.error(f"--budget-s is {args.budget_s}; expected a positive number of seconds")
     if args.out is not None and (why := out_dir_problem(args.out)):
         p.error(f"--out {args.out} {why}")
+    return args
 
 
 def out_dir_problem(path: str | os.PathLike) -> Optional[str]:

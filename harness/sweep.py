@@ -36,7 +36,7 @@ import torch
 from harness import measure, timing
 from harness.impls import Impl
 from harness.ops import FORWARD_OPS, RMS_NORM
-from harness.plan import DTYPES, EPS, Planned, grid, names_arg, parse_shapes
+from harness.plan import DTYPES, Planned, grid, names_arg, parse_shapes
 from harness.records import DTYPE_BYTES
 
 KERNELS = ("triton", "cuda")
@@ -51,15 +51,17 @@ SWEEPABLE = {
 }
 
 
+def _backend(kernel: str):
+    """The backend package a kernel name names (triton_impl, cuda_impl): both offer the
+    same kernel-work API (rmsnorm_api.BACKEND_API)."""
+    import importlib
+
+    return importlib.import_module(f"{kernel}_impl")
+
+
 def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
     """The backend's own search space (triton_impl.configs, cuda_impl.configs)."""
-    if kernel == "triton":
-        from triton_impl import search_space
-
-        return search_space(n, elem, op=op)
-    from cuda_impl import search_space
-
-    return search_space(n, elem, op=op)
+    return _backend(kernel).search_space(n, elem, op=op)
 
 
 def parse_where(specs: list[str]) -> dict[str, list[dict[str, str]]]:
@@ -88,37 +90,21 @@ def matches(cfg, alternatives: list[dict[str, str]]) -> bool:
 
 
 def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
-    """The op's inputs -> its outputs with the config forced."""
-    import importlib
-
-    pkg = importlib.import_module(f"{kernel}_impl")
-    if op == RMS_NORM.name:
-        return lambda x, w, eps=EPS: pkg.rms_norm_with_config(x, w, eps, cfg)
-    return lambda x, r, w, eps=EPS: pkg.fused_add_rms_norm_with_config(x, r, w, eps, cfg)
+    """The op's inputs -> its outputs with the config forced (the backend's
+    <op>_with_config)."""
+    forced = getattr(_backend(kernel), f"{op}_with_config")
+    return lambda *inputs: forced(*inputs, cfg)
 
 
 def config_fields(kernel: str) -> set[str]:
     """The field names of kernel's Config (what --where may name)."""
-    if kernel == "triton":
-        from triton_impl import Config
-    else:
-        from cuda_impl import Config
-    return {f.name for f in dataclasses.fields(Config)}
+    return {f.name for f in dataclasses.fields(_backend(kernel).Config)}
 
 
 def default_config(kernel: str, n: int, dtype: str, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows of a dtype (its name, "bf16", ...):
     the backend's default rule."""
-    elem = DTYPE_BYTES[dtype]
-    if kernel == "triton":
-        from triton_impl.configs import default_config, fused_add_config
-
-        if op == RMS_NORM.name:
-            return default_config(n, elem)
-        return fused_add_config(n, elem, dtype=dtype)
-    from cuda_impl import default_config
-
-    return default_config(n, elem, op=op)
+    return _backend(kernel).default_config(n, DTYPE_BYTES[dtype], op, dtype=dtype)
 
 
 def sweep_shape(

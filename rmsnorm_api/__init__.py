@@ -43,6 +43,23 @@ from torch.autograd import forward_ad as _forward_ad
 #: this many fp32 elements on chip; the Triton kernel matches it so they share a contract).
 MAX_N = 262144
 
+#: What each backend package exports (its __all__ begins with these): the ops' public
+#: functions and their backward, the module, and the kernel-work entry points.
+BACKEND_API = (
+    "Config",
+    "RMSNorm",
+    "default_config",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_",
+    "fused_add_rms_norm_backward",
+    "fused_add_rms_norm_with_config",
+    "kernel_info",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_with_config",
+    "search_space",
+)
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The short names records, sweeps and the config tables give the dtypes.
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -440,26 +457,16 @@ def check_in_place(
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
-def call_backward(
-    ns: str,
-    dy: torch.Tensor,
-    saved: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: float,
-    d_residual_out: Optional[torch.Tensor] = None,
-    *,
-    fused: bool = False,
-    impl: str,
-    allow_cpu: bool = False,
-) -> tuple:
-    """The body of both backends' public backward functions: check the arguments, run
+def call_backward(ns: str, *args, fused: bool = False, impl: str, allow_cpu: bool = False) -> tuple:
+    """The body of both backends' public backward functions: check the arguments (those of
+    check_backward_inputs: dy, saved, weight, eps and, fused, d_residual_out), run
     ``<ns>::rms_norm_backward`` (saved: x) or, fused, ``<ns>::fused_add_rms_norm_backward``
     (saved: residual_out), and give dweight as None without a weight."""
-    check_backward_inputs(dy, saved, weight, eps, d_residual_out, fused=fused,
-                          allow_cpu=allow_cpu, impl=impl)  # fmt: skip
+    check_backward_inputs(*args, fused=fused, allow_cpu=allow_cpu, impl=impl)
+    dy, saved, weight, eps, *d_residual_out = args
     ops = getattr(torch.ops, ns)
     if fused:
-        grads = ops.fused_add_rms_norm_backward(dy, d_residual_out, saved, weight, float(eps))
+        grads = ops.fused_add_rms_norm_backward(dy, *d_residual_out, saved, weight, float(eps))
     else:
         grads = ops.rms_norm_backward(dy, saved, weight, float(eps))
     return (*grads[:-1], grads[-1] if weight is not None else None)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|exhaustive|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
+#   bash scripts/h200.sh [all|test|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
-# test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter), the
-#       validation table (SKIP_VALIDATE=1: not it), memcheck and racecheck of the CUDA forward.
-# exhaustive: the exhaustive tier (pytest -m exhaustive); test,exhaustive: the whole suite.
+# test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter) and
+#       the validation table (SKIP_VALIDATE=1: not it).
+# sanitizers: memcheck and racecheck of the CUDA forward (a call of their own: serial).
+# exhaustive: the exhaustive tier (pytest -m exhaustive); test,exhaustive and sanitizers:
+#       the whole suite, in two calls.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
 # sweep: a sweep build (RMSNORM_SWEEP_CONFIGS=1: the CUDA sweep-only configs compiled too);
 #        SWEEP_ARGS (e.g. "--dtypes bf16 --shapes 32768x4097") go to harness.sweep;
@@ -116,11 +118,11 @@ if mode all || mode test || mode exhaustive; then
   $PY -m pytest -q -p no:cacheprovider -rfEs --durations=15 "${pytest_sel[@]}" ${TEST_FILES:-} 2>&1 |
     grep -v "^DEBUG " || status=1
 fi
-if mode all || mode test; then
-  if [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
-    step "validation table"
-    $PY -m harness.validate 2>&1 || status=1
-  fi
+if (mode all || mode test) && [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
+  step "validation table"
+  $PY -m harness.validate 2>&1 || status=1
+fi
+if mode all || mode sanitizers; then
   # only our kernels are instrumented (PyTorch's own reductions in the reference are not ours)
   SAN="--kernel-regex kns=rms_norm"
   compute-sanitizer $SAN /bin/true >/dev/null 2>&1 || { echo "(no kernel filter)"; SAN=""; }

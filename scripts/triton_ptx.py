@@ -47,7 +47,7 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     """Compile the kernel default_config picks for many rows of (dtype, n), or cfg."""
     ty, elem = TYPES[dtype]
     cfg = cfg or default_config(n, elem)
-    kernel, consts = kernel_for(cfg, elem, has_weight=True, n=n)
+    kernel, consts = kernel_for("rms_norm", cfg, elem, has_weight=True, n=n)
     warps = consts.pop("num_warps")
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
     if cfg.kernel == "sharded":

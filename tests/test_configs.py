@@ -124,7 +124,7 @@ def test_sharded_kernel_waiting_schedule(dtype, reload):
 
     x, w = inputs(5, 12289, dtype)
     cfg = Config("sharded", 2048, 4, stream_y=True)
-    p = plan(x, w, 1e-6, torch.full_like(x, float("nan")), cfg)
+    p = plan("rms_norm", (x,), w, 1e-6, (torch.full_like(x, float("nan")),), cfg)
     launch(p)
     y = torch.full_like(x, float("nan"))
     meta = {**p.meta, "WAIT": True, "RELOAD": reload}
@@ -227,7 +227,7 @@ def test_sharded_kernel_many_rows_many_times(shape, dtype):
     for cfg in cfgs:
         for _ in range(10):
             y = torch.full_like(x, float("nan"))
-            p = plan(x, w, 1e-6, y, cfg)
+            p = plan("rms_norm", (x,), w, 1e-6, (y,), cfg)
             if cfg.kernel == "sharded":
                 p.args[3].fill_(float("nan"))  # the partial sums
             launch(p)
@@ -537,17 +537,18 @@ def test_triton_kernel_info_config_is_the_rule():
     for n, m in ((4096, 64), (4097, 3), (65536, 2), (12288, 300)):
         x = torch.randn(m, n, device=DEVICE)
         y = torch.empty_like(x)
-        p = plan(x, None, 1e-6, y)
+        p = plan("rms_norm", (x,), None, 1e-6, (y,))
         sms = torch.cuda.get_device_properties(0).multi_processor_count if HAS_GPU else None
         assert p.cfg == default_config(n, 4, rows=m if HAS_GPU else None, sms=sms)
 
 
 def triton_table_shapes() -> list:
     """(n, dtype) of every entry of the Triton tables, both ops': its tile's width, or three
-    quarters of it where the entry is for rows narrower than the tile (padded); the sharded
-    kernels' at MAX_N, wider than any table names."""
-    from rmsnorm_api import MAX_N
-    from triton_impl import configs as T
+    quarters of it where the entry is for rows narrower than the tile (padded), in the
+    entry's dtype or every dtype of its element size; the sharded kernels' at MAX_N, wider
+    than any table names."""
+    from rmsnorm_api import DTYPE_NAMES, MAX_N
+    from triton_impl import tuning as T
 
     dtypes = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
     keys = [
@@ -555,14 +556,15 @@ def triton_table_shapes() -> list:
         *T.WIDE_TUNED,
         *T.PERSISTENT_TUNED,
         *T.FUSED_ADD_TUNED,
+        *T.FUSED_ADD_WIDE_TUNED,
         *T.FUSED_ADD_LATENCY_WARPS,
     ]
     shapes = {
         (k.block_n * 3 // 4 if k.padded else k.block_n, d)
         for k in keys
         for d in dtypes[k.element_size]
+        if k.dtype in (None, DTYPE_NAMES[d])
     }
-    shapes |= {(n, torch.float16) for name, n in T.FUSED_ADD_WIDE_TUNED if name == "fp16"}
     shapes |= {(MAX_N, d) for ds in dtypes.values() for d in ds}
     return sorted(shapes, key=lambda s: (s[0], str(s[1])))
 
@@ -585,7 +587,7 @@ def test_every_triton_table_entry_runs(rows):
         w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
         r = torch.randn(m, n, device=DEVICE).to(dtype)
         elem = x.element_size()
-        assert plan(x, w, 1e-6, torch.empty_like(x)).cfg == default_config(
+        assert plan("rms_norm", (x,), w, 1e-6, (torch.empty_like(x),)).cfg == default_config(
             n, elem, rows=m, sms=sms
         ), (n, dtype)
         torch.testing.assert_close(

@@ -34,6 +34,21 @@ def ref(x, w, eps=1e-6):
     return s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * w.double()
 
 
+@pytest.mark.parametrize("be", BACKENDS)
+def test_backend_exports_the_shared_api(be):
+    """Each backend package exports every name of the shared API (rmsnorm_api.BACKEND_API),
+    so callers, the harness and the sweep name one API for both."""
+    import importlib
+
+    from rmsnorm_api import BACKEND_API
+
+    fn_or_skip(be)  # importable (the CUDA extension built)
+    mod = importlib.import_module(f"{be}_impl")
+    assert set(BACKEND_API) <= set(mod.__all__)
+    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    assert not missing, missing
+
+
 # ---- written tensors that overlap themselves -----------------------------------------------
 
 

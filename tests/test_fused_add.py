@@ -28,6 +28,8 @@ from rmsnorm_api import check_fused_inputs, check_in_place
 
 IMPLS = OP.registry()
 BACKENDS = ["triton", "cuda"]
+#: the fused add's name among the Triton forward ops (triton_impl.launch.plan)
+FUSED = "fused_add_rms_norm"
 CASES = [c.cpu_cap() for c in fused_add_cases()] if DEVICE == "cpu" else fused_add_cases()
 
 
@@ -129,13 +131,13 @@ def test_triton_sharded_kernel(n, rdtype, in_place):
     it from the residual_out its peers stored): both forms, a partial last shard (12289)."""
     impl_or_skip("triton")
     from triton_impl import Config, fused_add_rms_norm_with_config
-    from triton_impl.launch import launch, plan_fused_add
+    from triton_impl.launch import launch, plan
 
     x, r, w = inputs(5, n, torch.bfloat16, rdtype)
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
     cfg = Config("sharded", 1024, 4, stages=2, stream_y=True)
     if in_place:
-        launch(plan_fused_add(x, r, w, 1e-6, x, r, cfg))
+        launch(plan(FUSED, (x, r), w, 1e-6, (x, r), cfg))
         y, ro = x, r
     else:
         y, ro = fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
@@ -173,12 +175,12 @@ def test_triton_sharded_waiting_schedule(rdtype, reload):
     import dataclasses
 
     from triton_impl import Config
-    from triton_impl.launch import launch, plan_fused_add
+    from triton_impl.launch import launch, plan
 
     x, r, w = inputs(5, 12289, torch.bfloat16, rdtype)
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
-    p = plan_fused_add(x, r, w, 1e-6, torch.empty_like(x), torch.empty_like(r),
-                       Config("sharded", 2048, 4, stream_y=True))  # fmt: skip
+    outs = (torch.empty_like(x), torch.empty_like(r))
+    p = plan(FUSED, (x, r), w, 1e-6, outs, Config("sharded", 2048, 4, stream_y=True))
     launch(p)
     xi, ri = x.clone(), r.clone()
     args = (xi, ri, w, xi, ri, *p.args[5:])
@@ -208,14 +210,14 @@ def test_triton_sharded_in_place_many_times(shape, rdtype):
     launch: a program that read a partial sum or residual_out before a peer stored it, or
     a store into x before a peer loaded it, shows as a wrong row in some run."""
     impl_or_skip("triton")
-    from triton_impl.launch import launch, plan_fused_add
+    from triton_impl.launch import launch, plan
 
     x0, r0, w = inputs(*shape, torch.bfloat16, rdtype)
     want_y, want_r = fused_add_rms_norm_ref(x0, r0, w, 1e-6)
     for cfg in sharded_to_stress(shape[1], 2):
         for _ in range(10):
             x, r = x0.clone(), r0.clone()
-            p = plan_fused_add(x, r, w, 1e-6, x, r, cfg)
+            p = plan(FUSED, (x, r), w, 1e-6, (x, r), cfg)
             p.args[5].fill_(float("nan"))  # the partial sums
             launch(p)
             tol = TOL[torch.bfloat16]
@@ -251,7 +253,7 @@ def test_triton_split_kernel_any_alignment(n, rdtype, offsets):
     and residual_out each at its own offset and odd row stride stay correct."""
     impl_or_skip("triton")
     from triton_impl import kernels
-    from triton_impl.configs import Config, fused_add_kernel_for
+    from triton_impl.configs import Config, kernel_for
     from triton_impl.launch import Launch, launch
 
     dtype = torch.bfloat16
@@ -267,7 +269,7 @@ def test_triton_split_kernel_any_alignment(n, rdtype, offsets):
     w = (1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype)
     cfg = Config("split", 1 << (n - 1).bit_length(), 2)
     by_hand = kernels.INTERPRET and rdtype == torch.bfloat16
-    kernel, meta = fused_add_kernel_for(cfg, 2, True, n, by_hand)
+    kernel, meta = kernel_for(FUSED, cfg, 2, True, n, by_hand)
     strides = (x.stride(0), r.stride(0), y.stride(0), ro.stride(0))
     launch(Launch(cfg, kernel, (6,), (x, r, w, y, ro, *strides, n, 1e-6), meta))
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
@@ -296,11 +298,11 @@ def test_triton_fused_add_dtype_keyed_wide_rows():
     """The dtype-keyed wide entries (fp16's reload) apply when x and the residual share
     that dtype, the case the sweep measured; an fp32 residual keeps the element-size rule."""
     impl_or_skip("triton")
-    from triton_impl.launch import plan_fused_add
+    from triton_impl.launch import plan
 
     x = torch.randn(2, 65536, device=DEVICE).half()
     for r, reload in ((x.clone(), True), (x.float(), False)):
-        p = plan_fused_add(x, r, None, 1e-6, torch.empty_like(x), torch.empty_like(r))
+        p = plan(FUSED, (x, r), None, 1e-6, (torch.empty_like(x), torch.empty_like(r)))
         assert p.cfg.kernel == "sharded" and p.cfg.reload == reload, r.dtype
 
 

@@ -18,8 +18,6 @@ from harness import analysis, bench, hardware, measure, plan, plot, records, tim
 from harness.cases import Case
 from harness.impls import (
     BASELINES,
-    FUSED_ADD_BASELINES,
-    FUSED_ADD_OURS,
     OURS,
     fused_add_registry,
     registry,
@@ -517,7 +515,7 @@ def test_sweep_takes_its_grid_from_plan():
     from harness import sweep
 
     assert sweep.grid is plan.grid and sweep.parse_shapes is plan.parse_shapes
-    assert sweep.DTYPES is plan.DTYPES and sweep.EPS == plan.EPS
+    assert sweep.DTYPES is plan.DTYPES  # eps: the op's inputs carry plan.EPS
     bench_grid = [(p.m, p.n) for p in plan.plan(["bf16"]) if "grid" in p.sections]
     assert plan.grid() == bench_grid
     root = Path(__file__).resolve().parent.parent
@@ -747,10 +745,10 @@ def test_forced_configs_compute_the_same_function():
         cands = sweep.candidates("triton", n, 2)
         assert any(c.kernel == "split" for c in cands)
         for cfg in cands[:4] + [c for c in cands if c.kernel == "split"][:2]:
-            y = sweep.runner("triton", cfg)(x, w)
+            y = sweep.runner("triton", cfg)(x, w, eps)  # the op's inputs, as sweep_shape calls it
             torch.testing.assert_close(y, rms_norm_ref(x, w, eps), **TOL[torch.bfloat16])
     with pytest.raises(ValueError, match="narrower than the row"):
-        sweep.runner("triton", Config("fused", 512, 4))(x, w)
+        sweep.runner("triton", Config("fused", 512, 4))(x, w, eps)
 
 
 def test_report_lists_registers_and_first_calls_of_our_kernels(tmp_path):
@@ -792,15 +790,15 @@ def test_fused_add_bytes_model_of_its_inputs():
 
 def test_fused_add_registry_names():
     op = FUSED_ADD_RMS_NORM
-    assert FUSED_ADD_OURS == ("triton", "cuda") and op.ours == FUSED_ADD_OURS
-    assert op.baselines == FUSED_ADD_BASELINES == BASELINES  # the plain op's names, one each
-    assert set(op.registry()) == set(FUSED_ADD_OURS)
+    assert op.ours == OURS == ("triton", "cuda")
+    assert op.baselines == BASELINES  # the plain op's names, one each
+    assert set(op.registry()) == set(OURS)
     full = fused_add_registry(baselines=True)
     assert list(full) == list(op.order)
-    for name in FUSED_ADD_OURS:
+    for name in OURS:
         impl = full[name]
         assert impl.ours and (impl.unavailable or impl.in_place is not None)
-    for name in FUSED_ADD_BASELINES:
+    for name in BASELINES:
         impl = full[name]
         assert not impl.ours and impl.in_place is None
         assert runnable(impl, "cpu")  # CUDA-only, with a reason, never a crash

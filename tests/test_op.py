@@ -260,12 +260,12 @@ def test_triton_eager_plan_cache(case, dtype, weight):
         n = x.shape[-1]
         w = None if weight is None else (1 + torch.randn(n, device=DEVICE))
         w = w if weight != "same" or w is None else w.to(dtype)
-        got = eager.eager_rms_norm(x, w, 1e-6, "triton_impl.rms_norm")
+        got = eager.eager_forward(x, None, w, 1e-6, "triton_impl.rms_norm")
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
     assert len(eager.PLANS) == (0 if case == "3d-transposed" else 1)
     for eps in (float("nan"), 1e-50, 1e39):  # a cached plan still checks eps
         with pytest.raises(ValueError, match="eps is"):
-            eager.eager_rms_norm(x, w, eps, "triton_impl.rms_norm")
+            eager.eager_forward(x, None, w, eps, "triton_impl.rms_norm")
 
 
 @pytest.mark.parametrize("case", [c for c in PLAN_CASES if c != "3d-transposed"])
@@ -286,16 +286,16 @@ def test_triton_eager_fused_add_plan_cache(case, dtype, rdtype, weight):
         r = torch.randn(x.shape, device=DEVICE).to(dtype if rdtype == "same" else torch.float32)
         n = x.shape[-1]
         w = None if weight is None else (1 + torch.randn(n, device=DEVICE)).to(dtype)
-        y, ro = eager.eager_fused_add(x, r, w, 1e-6, "triton_impl.fused_add_rms_norm")
+        y, ro = eager.eager_forward(x, r, w, 1e-6, "triton_impl.fused_add_rms_norm")
         want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
         torch.testing.assert_close(y, want_y, **TOL[dtype])
         torch.testing.assert_close(ro, want_r, **TOL[r.dtype])
     assert len(eager.PLANS) == 1
     for eps in (float("nan"), 1e-50, 1e39):
         with pytest.raises(ValueError, match="eps is"):
-            eager.eager_fused_add(x, r, w, eps, "triton_impl.fused_add_rms_norm")
+            eager.eager_forward(x, r, w, eps, "triton_impl.fused_add_rms_norm")
     with pytest.raises(ValueError, match="residual"):  # another layout: checked, not cached
-        eager.eager_fused_add(x, r[..., :-1], w, 1e-6, "triton_impl.fused_add_rms_norm")
+        eager.eager_forward(x, r[..., :-1], w, 1e-6, "triton_impl.fused_add_rms_norm")
     eager.PLANS.clear()
 
 
@@ -324,7 +324,7 @@ def test_triton_eager_fallback_launch(monkeypatch, why):
     for _ in range(3):  # a miss, then hits
         x = torch.randn(33, 4097, device=DEVICE).to(torch.bfloat16)
         w = (1 + torch.randn(4097, device=DEVICE)).to(x.dtype)
-        got = eager.eager_rms_norm(x, w, 1e-6, "triton_impl.rms_norm")
+        got = eager.eager_forward(x, None, w, 1e-6, "triton_impl.rms_norm")
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[x.dtype])
     (plan,) = eager.PLANS.values()
     assert not plan.direct and not any(plan.compiled.values())

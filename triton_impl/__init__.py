@@ -5,36 +5,26 @@ backward ops are public too: ``rms_norm_backward(dy, x, weight, eps) -> (dx, dwe
 and ``fused_add_rms_norm_backward(dy, d_residual_out, residual_out, weight, eps)``.
 
 For kernel work: ``kernel_info(x)`` (the kernel and config a call launches),
-``default_config(n, element_size)`` (the default rule, triton_impl.configs) and
+``default_config(n, element_size, op)`` (the default rule, triton_impl.configs) and
 ``rms_norm_with_config(x, weight, eps, cfg)`` and
 ``fused_add_rms_norm_with_config(x, residual, weight, eps, cfg)`` (a forced ``Config``, what
 harness.sweep times; ``search_space(n, element_size, op)`` lists the candidates).
 """
 
-from rmsnorm_api import register_autograd
+from rmsnorm_api import BACKEND_API, register_autograd
 from triton_impl.backward import fused_add_rms_norm_backward, rms_norm_backward
 from triton_impl.configs import Config, default_config, search_space
-from triton_impl.fused_add_rms_norm_op import (
+from triton_impl.ops import (
+    RMSNorm,
     fused_add_rms_norm,
     fused_add_rms_norm_,
     fused_add_rms_norm_with_config,
+    kernel_info,
+    rms_norm,
+    rms_norm_with_config,
 )
-from triton_impl.rms_norm_op import RMSNorm, kernel_info, rms_norm, rms_norm_with_config
 
 # gradients of both functional ops, once the forward and backward ops are all registered
 register_autograd("triton_impl")
 
-__all__ = [
-    "Config",
-    "RMSNorm",
-    "default_config",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_",
-    "fused_add_rms_norm_backward",
-    "fused_add_rms_norm_with_config",
-    "kernel_info",
-    "rms_norm",
-    "rms_norm_backward",
-    "rms_norm_with_config",
-    "search_space",
-]
+__all__ = list(BACKEND_API)

@@ -49,25 +49,19 @@ import triton.language as tl
 from rmsnorm_api import as_rows, call_backward, check_backward_inputs
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
+from triton_impl.tuning import (
+    BWD_CHUNK,
+    BWD_MAX_N,
+    BWD_PIPELINED,
+    BWD_PIPELINED_MAX_N,
+    BWD_THREAD_ELEMS,
+    BWD_WARPS_PER_SM,
+    DW_BLOCK_N,
+    DW_BLOCK_P,
+)
 
-#: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
-BWD_MAX_N = 16384
-BWD_CHUNK = 4096
-#: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
-BWD_THREAD_ELEMS = 8
-#: Warps of a program the register-resident rows aim at an SM, and the programs that makes.
-BWD_WARPS_PER_SM = 32
-#: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
-#: each row's loads when its turn comes, 3 keeps the next two rows' loads in flight (through
-#: shared memory) while one is reduced (bwd_stages says where).
-#: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
-BWD_PIPELINED_MAX_N = 8192
-BWD_PIPELINED = 3
 #: 32-bit registers of an SM (sm_80 and sm_90 alike), shared by the programs resident on it.
 SM_REGISTERS = 65536
-#: The final reduction's tile: partial rows and dweight columns a program loads at once.
-DW_BLOCK_P = 64
-DW_BLOCK_N = 64
 
 
 @triton.jit

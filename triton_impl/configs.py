@@ -1,14 +1,18 @@
-"""Launch configs of the Triton RMSNorm kernels, as data.
+"""Launch configs of the Triton RMSNorm kernels: the rules that read the tuned data.
 
 - ``Config``: one launch, typed and frozen (which kernel, its tile, warps, programs an SM,
-  pipeline stages); invalid fields raise ValueError naming the field.
+  pipeline stages); invalid fields raise ValueError naming the field. ``Width``: the one
+  key type of the tuned tables. Both defined in triton_impl.config_types, importable here.
 - ``default_config(n, element_size, ...)``: the one rule the launcher, ``kernel_info``,
-  the tests and the report use. Tuned tables below, keyed by named fields (``Width``), for
-  the widths the sweep measured; a formula for the rest.
+  the tests and the report use; ``fused_add_config`` / ``fused_add_default_config`` the
+  fused add's. They look the widths the sweep measured up in the tuned tables, and use a
+  formula for the rest.
 - ``search_space(n, element_size, op)``: the candidates ``python -m harness.sweep`` times.
 - ``kernel_for(cfg, ...)``: the @triton.jit function and compile-time arguments of a config.
 
-Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) -> these tables ->
+The tuned data (tables and constants, forward, fused add and backward) lives in
+triton_impl.tuning, written once; the names the rules read are importable from here too.
+Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) -> tuning.py ->
 tests (every candidate computes the same function) -> the benchmark. Why each entry is what
 it is, with the measurements: docs/PERF_NOTES.md.
 """
@@ -17,210 +21,32 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import asdict, dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import triton
 
 from rmsnorm_api import MAX_N
-from triton_impl.kernels import FUSED_ADD_KERNELS, KERNELS
-
-#: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
-FUSED_MAX_N = {4: 32768, 2: 16384}
-
-
-def _pow2(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
-
-
-@dataclass(frozen=True)
-class Config:
-    """One launch of a Triton kernel.
-
-    kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
-    program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
-    block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
-    loads in flight) or "sharded" (a row's block_n-wide shards summed by one program
-    each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
-    stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
-    reverse (chunked only): the second sweep from the row's end; stream_y (chunked,
-    sharded): y stored evict_first (so y's lines do not take L2 from the x lines a second
-    sweep re-reads); wait (sharded only): each program waits for its row's sum and
-    normalises its own shard (held, or with reload read again), else the last program of a
-    row to arrive normalises the whole row from L2 (the only schedule under the interpreter,
-    whose programs run one after another); weight_first (rms_norm's fused kernel only): the
-    weight loaded beside x, before the reduction, so that a decode-sized call waits on one
-    L2 round trip, not two (the latency rule's configs); reload (sharded, waiting only):
-    each program reads its shard again once its row's sum is complete (from L2, where it has
-    just been: the wait's acquire invalidates L1) instead of holding it in registers through
-    the wait, so that more programs share an SM.
-    """
-
-    kernel: str
-    block_n: int
-    num_warps: int
-    block_m: int = 1
-    programs_per_sm: int = 0
-    stages: int = 1
-    reverse: bool = False
-    stream_y: bool = False
-    wait: bool = False
-    reload: bool = False
-    weight_first: bool = False
-
-    def __post_init__(self) -> None:
-        where = "triton_impl Config"
-        if self.kernel not in KERNELS:
-            raise ValueError(
-                f"{where}: kernel is {self.kernel!r}; expected one of {sorted(KERNELS)}"
-            )
-        for name, hi in (("block_n", MAX_N), ("num_warps", 32), ("block_m", 1024)):
-            v = getattr(self, name)
-            if not (_pow2(v) and v <= hi):
-                raise ValueError(f"{where}: {name} is {v!r}; expected a power of two in [1, {hi}]")
-        if self.kernel != "fused" and self.block_m != 1:
-            raise ValueError(f"{where}: block_m is {self.block_m}; only the fused kernel has rows")
-        if self.kernel == "sharded" and self.programs_per_sm:
-            raise ValueError(
-                f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"
-                " one program a shard (0)"
-            )
-        for name, lo in (("programs_per_sm", 0), ("stages", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
-        for name, kernels in (
-            ("reverse", ("chunked",)),
-            ("stream_y", ("chunked", "sharded")),
-            ("wait", ("sharded",)),
-            ("reload", ("sharded",)),
-            ("weight_first", ("fused",)),
-        ):
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise ValueError(f"{where}: {name} is {v!r}; expected a bool")
-            if v and self.kernel not in kernels:
-                have = " and ".join(kernels) + (" kernels have" if kernels[1:] else " kernel has")
-                raise ValueError(f"{where}: {name} is set; only the {have} it")
-        if self.reload and not self.wait:
-            raise ValueError(
-                f"{where}: reload is set without wait; only the waiting schedule has it"
-            )
-
-    def as_dict(self) -> dict:
-        """The config as records and the sweep write it."""
-        return asdict(self)
-
-    @classmethod
-    def of(cls, cfg: Union[Config, dict], where: str = "Config.of") -> Config:
-        """A Config, from a Config or its as_dict() form (ValueError naming the function,
-        what is off and the fields a Config has)."""
-        if isinstance(cfg, cls):
-            return cfg
-        if not isinstance(cfg, dict):
-            raise ValueError(f"{where}: cfg must be a Config or a dict, got {type(cfg).__name__}")
-        fields = list(cls.__dataclass_fields__)
-        unknown = set(cfg) - set(fields)
-        if unknown:
-            raise ValueError(
-                f"{where}: cfg has unknown fields {sorted(unknown)}; a Config's fields are {fields}"
-            )
-        try:
-            return cls(**cfg)
-        except TypeError as e:  # a missing required field
-            raise ValueError(f"{where}: cfg: {e}; a Config's fields are {fields}") from None
-
-    @classmethod
-    def forced(cls, cfg: Union[Config, dict], n: int, element_size: int, where: str) -> Config:
-        """A forced config (Config.of) that holds a row of n elements, else ValueError."""
-        cfg = cls.of(cfg, where)
-        if not cfg.holds(n, element_size):
-            raise ValueError(
-                f"{where}: cfg's block_n = {cfg.block_n} is narrower than the row (N = {n}) for"
-                f" the {cfg.kernel} kernel"
-            )
-        return cfg
-
-    def holds(self, n: int, element_size: int) -> bool:
-        """Whether the tile holds a row of n elements (the chunked and sharded kernels hold
-        any row)."""
-        vec = 16 // element_size
-        need = {"fused": n, "persistent": n, "split": n // vec * vec}
-        return self.block_n >= need.get(self.kernel, 0)
-
-
-@dataclass(frozen=True)
-class Width:
-    """A tuned table's key: element size in bytes, the row's power-of-two tile, and whether
-    the row is narrower than it (padded: N < block_n)."""
-
-    element_size: int
-    block_n: int
-    padded: bool = False
-
-
-def _fused(block_n: int, block_m: int, warps: int) -> Config:
-    return Config("fused", block_n, warps, block_m=block_m)
-
-
-#: The fused kernel's tile and warps per width the sweep measured (docs/PERF_NOTES.md).
-FUSED_TUNED = {
-    Width(2, 128): _fused(128, 16, 8),
-    Width(2, 512): _fused(512, 4, 4),
-    Width(2, 1024): _fused(1024, 2, 2),
-    Width(2, 2048): _fused(2048, 1, 4),
-    Width(2, 4096): _fused(4096, 4, 16),
-    Width(2, 8192): _fused(8192, 2, 4),
-    Width(2, 16384): _fused(16384, 1, 8),
-    Width(2, 8192, padded=True): _fused(8192, 1, 4),
-    Width(2, 16384, padded=True): _fused(16384, 1, 8),
-    Width(4, 128): _fused(128, 8, 4),
-    Width(4, 512): _fused(512, 2, 4),
-    Width(4, 1024): _fused(1024, 1, 4),
-    Width(4, 2048): _fused(2048, 1, 4),
-    Width(4, 4096): _fused(4096, 2, 32),
-    Width(4, 8192): _fused(8192, 1, 32),
-    Width(4, 16384): _fused(16384, 2, 32),
-    Width(4, 32768): _fused(32768, 1, 16),
-    Width(4, 1024, padded=True): _fused(1024, 1, 1),
-    Width(4, 8192, padded=True): _fused(8192, 4, 32),
-    Width(4, 16384, padded=True): _fused(16384, 2, 32),
-}
-#: The sharded kernel's shipped configs per element size: each program waits for its row's
-#: sum, then reads its shard again rather than holding it through the wait (PERF_NOTES v24,
-#: v26).
-SHARDED = {
-    2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
-    4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
-}
-#: Rows wider than FUSED_MAX_N per width (and widths up to it where the sweep measured these
-#: ahead of the fused kernel): the chunked kernel where it still leads (16-bit 32768, fp32
-#: 16384), with short chunks cut as torch.compile's looped reduction at fp32 2048 and 4096,
-#: the sharded one from 65536; rows wider than the table's take SHARDED.
-WIDE_TUNED = {
-    Width(2, 32768): Config("chunked", 8192, 16),
-    Width(2, 65536): SHARDED[2],
-    Width(2, 131072): SHARDED[2],
-    Width(4, 2048): Config("chunked", 1024, 8),
-    Width(4, 4096): Config("chunked", 2048, 16),
-    Width(4, 16384): Config("chunked", 4096, 32),
-    Width(4, 65536): SHARDED[4],
-    Width(4, 131072): SHARDED[4],
-}
-#: The persistent kernel where the sweep measured it ahead of the fused kernel.
-PERSISTENT_TUNED = {
-    Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
-}
-#: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
-THREAD_BYTES = {2: 64, 4: 32}
-#: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
-#: a row takes there; rows of the fused kernel up to LATENCY_FIRST_MAX_BYTES (the widths
-#: the decode probe measured: bf16 4096 and 8192) load the weight first, on at most
-#: LATENCY_FIRST_MAX_WARPS warps.
-LATENCY_THREAD_BYTES = 32
-LATENCY_MAX_WARPS = 16
-LATENCY_FIRST_MAX_BYTES = 16384
-LATENCY_FIRST_MAX_WARPS = 8
+from triton_impl.config_types import Config, Width
+from triton_impl.config_types import fused_config as _fused
+from triton_impl.kernels import FORWARD_KERNELS
+from triton_impl.tuning import (
+    FUSED_ADD_LATENCY_THREAD_BYTES,
+    FUSED_ADD_LATENCY_WARPS,
+    FUSED_ADD_SPLIT_THREAD_BYTES,
+    FUSED_ADD_TUNED,
+    FUSED_ADD_WIDE,
+    FUSED_ADD_WIDE_TUNED,
+    FUSED_MAX_N,
+    FUSED_TUNED,
+    LATENCY_FIRST_MAX_BYTES,
+    LATENCY_FIRST_MAX_WARPS,
+    LATENCY_MAX_WARPS,
+    LATENCY_THREAD_BYTES,
+    PERSISTENT_TUNED,
+    SHARDED,
+    THREAD_BYTES,
+    WIDE_TUNED,
+)
 
 
 def formula_tile(block_n: int, element_size: int) -> Config:
@@ -303,16 +129,27 @@ def latency_config(cfg: Config, element_size: int) -> Config:
 def default_config(
     n: int,
     element_size: int,
+    op: str = "rms_norm",
     *,
     split_ok: bool = True,
+    dtype: Optional[str] = None,
     rows: Optional[int] = None,
     sms: Optional[int] = None,
 ) -> Config:
-    """The config rms_norm launches for rows of n elements of element_size bytes: the
-    throughput rule, and for `rows` fewer programs than `sms` (both given: a real GPU) the
-    latency rule (rows the fused kernel holds start from its tile there, the chunked
-    kernel's widths up to FUSED_MAX_N included). split_ok: x's and y's rows share their
-    16-byte alignment."""
+    """The config forward op ``op`` launches for rows of n elements of element_size bytes,
+    the one rule the launcher, ``kernel_info``, the sweep and the tests use. split_ok: the
+    rows read and written share their 16-byte alignment; dtype: x's (and the residual's)
+    name where they are one (the fused add's dtype-keyed entries); rows and sms (both
+    given: a real GPU): the latency rule's inputs. The fused add: fused_add_default_config.
+    rms_norm: the throughput rule, and for `rows` fewer programs than `sms` the latency
+    rule (rows the fused kernel holds start from its tile there, the chunked kernel's
+    widths up to FUSED_MAX_N included)."""
+    if op == "fused_add_rms_norm":
+        return fused_add_default_config(n, element_size, split_ok, dtype, rows=rows, sms=sms)
+    if op != "rms_norm":
+        raise ValueError(
+            f"default_config: op is {op!r}; expected one of {', '.join(FORWARD_KERNELS)}"
+        )
     cfg = throughput_config(n, element_size, split_ok)
     if rows is None or not sms:
         return cfg
@@ -351,13 +188,27 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
                 STREAM_Y=cfg.stream_y, WAIT=cfg.wait, RELOAD=cfg.reload)  # fmt: skip
 
 
-def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tuple:
-    """(kernel, meta) for a config and rows of n elements: the @triton.jit function and its
-    compile-time arguments (constexprs and num_warps), shared by the launch and
-    scripts/triton_ptx.py."""
+def kernel_for(
+    op: str, cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
+) -> tuple:
+    """(kernel, meta) of forward op ``op`` for a config and rows of n elements: the
+    @triton.jit function (kernels.FORWARD_KERNELS) and its compile-time arguments
+    (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py.
+    round_by_hand, the fused add's: residual_out is bf16 and the kernel runs in the
+    interpreter (kernels._round_to)."""
+    kernels = FORWARD_KERNELS[op]
+    if cfg.kernel not in kernels:
+        raise ValueError(f"{op}: no {cfg.kernel!r} kernel; expected one of {sorted(kernels)}")
+    fused_add = op == "fused_add_rms_norm"
+    if fused_add and cfg.weight_first:
+        raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
+    if fused_add:
+        meta["ROUND_BY_HAND"] = round_by_hand
     if cfg.kernel == "fused":
-        meta.update(BLOCK_M=cfg.block_m, W_FIRST=cfg.weight_first)
+        meta["BLOCK_M"] = cfg.block_m
+        if not fused_add:
+            meta["W_FIRST"] = cfg.weight_first
     elif cfg.kernel == "split":
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
@@ -366,34 +217,10 @@ def kernel_for(cfg: Config, element_size: int, has_weight: bool, n: int) -> tupl
         meta["STAGES"] = cfg.stages
         if cfg.kernel == "chunked":
             meta.update(REVERSE=cfg.reverse, STREAM_Y=cfg.stream_y)
-    return KERNELS[cfg.kernel], meta
+    return kernels[cfg.kernel], meta
 
 
 # ---- the fused residual add -------------------------------------------------------------
-#: The fused add's rows wider than FUSED_MAX_N: the sharded kernel, its programs waiting for
-#: their row's sum (PERF_NOTES v24).
-FUSED_ADD_WIDE = {
-    2: Config("sharded", 8192, 4, stream_y=True, wait=True),
-    4: Config("sharded", 4096, 4, stream_y=True, wait=True),
-}
-#: Widths where one dtype's wide rows take another config, by (dtype name, power-of-two
-#: width), for x and residual of that dtype: fp16 reads its shard again after the wait at
-#: 65536 and 131072, where the held shard's registers leave it fewer programs an SM than
-#: bf16 (PERF_NOTES v29).
-FUSED_ADD_WIDE_TUNED = {
-    ("fp16", 65536): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
-    ("fp16", 131072): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
-}
-
-
-#: The fused add's fused tiles where its sweep measured one ahead of the formula's
-#: (PERF_NOTES v36): fp32 12288 on 8 warps, more bytes a thread in flight than 32 warps hold.
-FUSED_ADD_TUNED = {Width(4, 16384, padded=True): _fused(16384, 1, 8)}
-#: Bytes of x's row a thread holds in the fused add's split kernel: the sweep's best at
-#: 4095 / 4097 in every dtype (PERF_NOTES v36); twice the warps left loads waiting.
-FUSED_ADD_SPLIT_THREAD_BYTES = 64
-
-
 @functools.cache
 def fused_add_config(
     n: int, element_size: int, split_ok: bool = True, dtype: Optional[str] = None
@@ -409,19 +236,15 @@ def fused_add_config(
     check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
-        return FUSED_ADD_WIDE_TUNED.get((dtype, block_n), FUSED_ADD_WIDE[element_size])
+        # the entry for this dtype, else one for every dtype of the element size
+        for key in (Width(element_size, block_n, dtype=dtype), Width(element_size, block_n)):
+            if key in FUSED_ADD_WIDE_TUNED:
+                return FUSED_ADD_WIDE_TUNED[key]
+        return FUSED_ADD_WIDE[element_size]
     if split_ok and split_kernel_wins(n, element_size):
         return _split(n, element_size, FUSED_ADD_SPLIT_THREAD_BYTES)
     key = Width(element_size, block_n, n < block_n)
     return FUSED_ADD_TUNED.get(key) or formula_tile(block_n, element_size)
-
-
-#: The fused add's decode-sized calls (fewer programs than SMs): one row a program on these
-#: warps for the widths the decode probe measured (bf16 4096 and 8192, PERF_NOTES v36), else
-#: FUSED_ADD_LATENCY_THREAD_BYTES of x's row a thread (x's and the residual's both in
-#: flight: half rms_norm's LATENCY_THREAD_BYTES), up to 32 warps.
-FUSED_ADD_LATENCY_WARPS = {Width(2, 4096): 8, Width(2, 8192): 32}
-FUSED_ADD_LATENCY_THREAD_BYTES = 16
 
 
 def fused_add_default_config(
@@ -446,29 +269,6 @@ def fused_add_default_config(
     if warps is None:
         warps = max(1, min(32, row_bytes // (32 * FUSED_ADD_LATENCY_THREAD_BYTES)))
     return dataclasses.replace(cfg, block_m=1, num_warps=warps)
-
-
-def fused_add_kernel_for(
-    cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
-) -> tuple:
-    """(kernel, meta) of the fused add for a config (fused, split or sharded
-    kernel) and rows of n elements; round_by_hand: residual_out is bf16 and the kernel runs
-    in the interpreter (kernels._round_to)."""
-    if cfg.kernel not in FUSED_ADD_KERNELS:
-        raise ValueError(
-            f"fused add: no {cfg.kernel!r} kernel; expected one of {sorted(FUSED_ADD_KERNELS)}"
-        )
-    if cfg.weight_first:
-        raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
-    meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps,
-                ROUND_BY_HAND=round_by_hand)  # fmt: skip
-    if cfg.kernel == "fused":
-        meta["BLOCK_M"] = cfg.block_m
-    elif cfg.kernel == "split":
-        meta["VEC"] = 16 // element_size
-    elif cfg.kernel == "sharded":
-        meta.update(_sharded_meta(cfg, n))
-    return FUSED_ADD_KERNELS[cfg.kernel], meta
 
 
 # ---- the sweep's search space ----------------------------------------------------------

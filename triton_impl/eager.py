@@ -35,7 +35,7 @@ import triton
 
 from rmsnorm_api import EPS_MAX, EPS_MIN, bypass_ok, check_fused_inputs, check_inputs
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import plan, plan_fused_add
+from triton_impl.launch import plan
 
 #: (major, minor) Triton versions whose launcher this module's direct launch matches.
 VERIFIED_TRITON = ((3, 6), (3, 8))
@@ -84,10 +84,6 @@ def _tensor_key(t: Optional[torch.Tensor]) -> Optional[tuple]:
     return (t.shape, t.stride(), t.storage_offset() % 8, t.dtype, t.get_device())
 
 
-def _key(x: torch.Tensor, weight: Optional[torch.Tensor]) -> tuple:
-    return (_tensor_key(x), _tensor_key(weight))
-
-
 def _hook(hook):
     """A launch hook as the launcher should get it: None for an empty hook chain (Triton's
     hooks are chains, never None, so JITFunction.run builds the launch metadata and calls
@@ -123,7 +119,7 @@ def eager_ok(x, weight, out) -> bool:
 def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, make_launch) -> None:
     """Launch through the plan cache: p is PLANS' entry for key (None: a miss), tensors the
     kernel's pointer arguments in signature order (a dummy in place of an absent weight),
-    make_launch plans the launch on a miss (launch.plan or plan_fused_add)."""
+    make_launch plans the launch on a miss (launch.plan)."""
     if p is None:
         launch = make_launch()
         k = len(tensors)
@@ -162,35 +158,30 @@ def _eps_ok(eps) -> bool:
     return type(eps) is float and EPS_MIN <= eps <= EPS_MAX
 
 
-def eager_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str) -> torch.Tensor:
-    """rms_norm for real CUDA tensors outside tracing (see eager_ok)."""
-    key = _key(x, weight)
+def eager_forward(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    eps,
+    impl: str,
+):
+    """rms_norm (residual None: y) or the functional fused add ((y, residual_out)) for real
+    CUDA tensors outside tracing (bypass_ok of every tensor), through the plan cache."""
+    key = (_tensor_key(x), _tensor_key(weight), _tensor_key(residual))
     p = PLANS.get(key)
     if p is None or not _eps_ok(eps):
-        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+        if residual is None:
+            check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+        else:
+            check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
     y = _empty(x, x)
+    if residual is None:
+        op, ins, outs = "rms_norm", (x,), (y,)
+    else:
+        op, ins, outs = "fused_add_rms_norm", (x, residual), (y, _empty(residual, x))
     if x.numel() > 0:
         w = x if weight is None else weight  # a dummy pointer when there is no weight
-        _cached_launch(p, key, (x, w, y), eps, lambda: plan(x, weight, eps, y))
-    return y
-
-
-def eager_fused_add(
-    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps, impl: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The functional fused add for real CUDA tensors outside tracing (bypass_ok of all
-    three): (y, residual_out) through the same plan cache as rms_norm."""
-    key = ("add", _key(x, weight), _tensor_key(residual))
-    p = PLANS.get(key)
-    if p is None or not _eps_ok(eps):
-        check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
-    eps = float(eps)
-    y, ro = _empty(x, x), _empty(residual, x)
-    if x.numel() > 0:
-        w = x if weight is None else weight
-        _cached_launch(
-            p, key, (x, residual, w, y, ro), eps,
-            lambda: plan_fused_add(x, residual, weight, eps, y, ro),
-        )  # fmt: skip
-    return y, ro
+        tensors = (*ins, w, *outs)
+        _cached_launch(p, key, tensors, eps, lambda: plan(op, ins, weight, eps, outs))
+    return y if residual is None else outs

@@ -486,16 +486,20 @@ def _fused_add_rms_norm_fwd_sharded(
                     STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
-KERNELS = {
-    "fused": _rms_norm_fwd_fused,
-    "split": _rms_norm_fwd_split,
-    "chunked": _rms_norm_fwd_chunked,
-    "persistent": _rms_norm_fwd_persistent,
-    "sharded": _rms_norm_fwd_sharded,
+#: Each forward op's kernels, by kind (Config.kernel): the one table the launch reads.
+FORWARD_KERNELS = {
+    "rms_norm": {
+        "fused": _rms_norm_fwd_fused,
+        "split": _rms_norm_fwd_split,
+        "chunked": _rms_norm_fwd_chunked,
+        "persistent": _rms_norm_fwd_persistent,
+        "sharded": _rms_norm_fwd_sharded,
+    },
+    "fused_add_rms_norm": {
+        "fused": _fused_add_rms_norm_fwd_fused,
+        "split": _fused_add_rms_norm_fwd_split,
+        "sharded": _fused_add_rms_norm_fwd_sharded,
+    },
 }
-#: The fused add's kernels, by the same kind names.
-FUSED_ADD_KERNELS = {
-    "fused": _fused_add_rms_norm_fwd_fused,
-    "split": _fused_add_rms_norm_fwd_split,
-    "sharded": _fused_add_rms_norm_fwd_sharded,
-}
+#: Every kernel kind a Config may name (rms_norm's are every op's).
+KERNEL_KINDS = tuple(FORWARD_KERNELS["rms_norm"])

@@ -1,8 +1,9 @@
 """Planning and launching a Triton RMSNorm: rows as (M, N), the config, grid and arguments.
 
-``plan(x, weight, eps, y, cfg=None)`` is the one place a launch is decided: the generic
-launch (``launch(plan(...))``), the eager fast path (triton_impl.eager) and ``kernel_info``
-all take its answer, so what is reported is what runs.
+``plan(op, ins, weight, eps, outs, cfg=None)`` is the one place a launch of either forward
+op is decided: the generic launch (``launch(plan(...))``), the eager fast path
+(triton_impl.eager) and ``kernel_info`` all take its answer, so what is reported is what
+runs.
 """
 
 from __future__ import annotations
@@ -17,13 +18,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import DTYPE_NAMES, as_rows
-from triton_impl.configs import (
-    Config,
-    default_config,
-    fused_add_default_config,
-    fused_add_kernel_for,
-    kernel_for,
-)
+from triton_impl.configs import Config, default_config, kernel_for
 from triton_impl.kernels import INTERPRET
 
 
@@ -96,31 +91,45 @@ def _sharded_launch(
 
 
 def plan(
-    x: torch.Tensor,
+    op: str,
+    ins: tuple,
     weight: Optional[torch.Tensor],
     eps: float,
-    y: torch.Tensor,
+    outs: tuple,
     cfg: Optional[Config] = None,
 ) -> Launch:
-    """The launch of rms_norm(x, weight, eps) into the contiguous y: default_config's
-    choice (the latency rule included, on a GPU), or a forced ``cfg``."""
-    x2, y2 = as_rows(x), y.view(-1, x.shape[-1])
-    m, n = x2.shape
+    """The launch of forward op ``op`` (kernels.FORWARD_KERNELS' name) reading the row
+    tensors ins (x, and the fused add's residual) and writing outs (y, and the fused add's
+    residual_out; any row strides: the in-place form passes ins themselves): the op's
+    default rule (the latency rule included, on a GPU), or a forced ``cfg``. The kernels
+    of both ops take (ins, weight, outs, [workspace,] their row strides, [M,] N, eps)."""
+    x = ins[0]
+    n = int(x.shape[-1])
     # Block shape and warps are compile-time choices: under dynamic-shape tracing this
     # specialises on the row width (a guard), while M may stay symbolic.
-    n = int(n)
+    in2 = tuple(as_rows(t) for t in ins)
+    out2 = tuple(t.view(-1, n) for t in outs)
+    rows = (*in2, *out2)
+    m = in2[0].shape[0]
     has_weight = weight is not None
-    w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
+    w = weight.contiguous() if has_weight else in2[0]  # dummy pointer, never read
     if cfg is None:
-        rows, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
-        cfg = default_config(n, x.element_size(), split_ok=split_ok(x2, y2), rows=rows, sms=sms)
-    kernel, meta = kernel_for(cfg, x.element_size(), has_weight, n)
-    strides = (x2.stride(0), y2.stride(0))
+        # the dtype-keyed entries were measured with every input row in x's dtype
+        same = all(t.dtype == x.dtype for t in ins)
+        dtype = DTYPE_NAMES.get(x.dtype) if same else None
+        rows_at, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
+        cfg = default_config(
+            n, x.element_size(), op, split_ok=split_ok(*rows), dtype=dtype, rows=rows_at, sms=sms
+        )
+    by_hand = INTERPRET and outs[-1].dtype == torch.bfloat16
+    kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand)
+    tensors = (*in2, w, *out2)
+    strides = tuple(t.stride(0) for t in rows)
     if cfg.kernel == "split":
-        return Launch(cfg, kernel, (m,), (x2, w, y2, *strides, n, eps), meta)
+        return Launch(cfg, kernel, (m,), (*tensors, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
-        return _sharded_launch(cfg, kernel, meta, m, x, (x2, w, y2), (*strides, m, n, eps))
-    args = (x2, w, y2, *strides, m, n, eps)
+        return _sharded_launch(cfg, kernel, meta, m, x, tensors, (*strides, m, n, eps))
+    args = (*tensors, *strides, m, n, eps)
     if cfg.kernel == "fused":
         return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
     programs = m
@@ -128,43 +137,6 @@ def plan(
         sms = sm_count(x.device.index) if x.is_cuda else 2
         programs = min(m, cfg.programs_per_sm * sms)
     return Launch(cfg, kernel, (max(programs, 1),), args, meta)
-
-
-def plan_fused_add(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    eps: float,
-    y: torch.Tensor,
-    residual_out: torch.Tensor,
-    cfg: Optional[Config] = None,
-) -> Launch:
-    """The launch of the fused add into y and residual_out (any row strides; the in-place
-    form passes x and residual themselves): fused_add_default_config's choice (the latency
-    rule included, on a GPU), or a forced ``cfg``."""
-    n = int(x.shape[-1])
-    x2, r2 = as_rows(x), as_rows(residual)
-    y2, ro2 = y.view(-1, n), residual_out.view(-1, n)
-    m = x2.shape[0]
-    has_weight = weight is not None
-    w = weight.contiguous() if has_weight else x2  # dummy pointer, never read
-    if cfg is None:
-        # the dtype-keyed entries were measured with the residual in x's dtype
-        same = residual.dtype == x.dtype
-        dtype = DTYPE_NAMES.get(x.dtype) if same else None
-        rows, sms = (m, sm_count(x.device.index)) if x.is_cuda else (None, None)
-        ok = split_ok(x2, r2, y2, ro2)
-        cfg = fused_add_default_config(n, x.element_size(), ok, dtype, rows=rows, sms=sms)
-    by_hand = INTERPRET and residual_out.dtype == torch.bfloat16
-    kernel, meta = fused_add_kernel_for(cfg, x.element_size(), has_weight, n, by_hand)
-    strides = (x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0))
-    if cfg.kernel == "split":
-        return Launch(cfg, kernel, (m,), (x2, r2, w, y2, ro2, *strides, n, eps), meta)
-    if cfg.kernel == "sharded":
-        rows = (x2, r2, w, y2, ro2)
-        return _sharded_launch(cfg, kernel, meta, m, x, rows, (*strides, m, n, eps))
-    args = (x2, r2, w, y2, ro2, *strides, m, n, eps)
-    return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
 
 
 def has_work(x: torch.Tensor) -> bool:

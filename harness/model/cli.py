@@ -5,8 +5,6 @@ then the GPU run where there is a CUDA GPU, else the CPU path (unless --require-
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -111,25 +109,16 @@ def parse_args(
     given = args.variants if args.variants is not None else ",".join(VARIANTS)
     chosen = set(names_arg(p, "--variants", given, VARIANTS)) | {"native"}
     args.variants = [v for v in VARIANTS if v in chosen]
-    records.refuse_bad_run_args(p, args)
-    return args
+    return records.refuse_bad_run_args(p, args)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = build_parser()
-    args = parse_args(argv, p)
+    args = parse_args(argv, p := build_parser())
+    if hardware.no_gpu_refused(args):
+        return 1
     if not torch.cuda.is_available():
-        if args.require_gpu:
-            print("no CUDA GPU on this machine, and --require-gpu was given", file=sys.stderr)
-            return 1
         return run_cpu(args)
-    out = (
-        Path(args.out)
-        if args.out is not None
-        else REPO / "results" / hardware.gpu_slug(torch.cuda.get_device_name()) / "model"
-    )
-    if why := records.out_dir_problem(out):
-        p.error(f"--out {out} {why}")
+    out = hardware.gpu_out_dir(p, args, "model")
     if args.budget_s is None:
         args.budget_s = DEFAULT_BUDGET_S
     return run_gpu(args, out)

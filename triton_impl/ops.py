@@ -1,0 +1,229 @@
+"""The Triton forward ops: their torch.library registration, public functions, forced-config
+forms for sweeps, ``kernel_info`` and the ``RMSNorm`` module.
+
+    rms_norm(x, weight=None, eps=1e-6, *, out=None) -> y
+    fused_add_rms_norm(x, residual, weight=None, eps=1e-6) -> (y, residual_out)
+    fused_add_rms_norm_(x, residual, weight=None, eps=1e-6) -> None   (y into x,
+                                                                      residual_out into residual)
+
+y = x / sqrt(mean(x^2) + eps) * weight over x's last dimension; the fused add normalises
+residual_out = x + residual (an fp32 add rounded once to residual's dtype; residual in x's
+dtype or float32), reading x and residual once and writing y and residual_out once.
+Registered as ``triton_impl::rms_norm``, ``rms_norm_out``, ``fused_add_rms_norm`` and the
+in-place ``fused_add_rms_norm_`` (its mutation declared in the schema, so it captures in
+CUDA graphs with no output allocated; the sharded kernel's rows, past FUSED_MAX_N, allocate
+a small workspace a launch, from the graph's pool there). The functional forms are
+differentiable (triton_impl.backward); the in-place one refuses inputs that require grad.
+
+Layers, each importing only those before it: kernels.py (the @triton.jit kernels),
+configs.py (typed launch configs and the rules), launch.py (one launch planned for either
+op), eager.py (the eager fast path), and this file. Semantics, precision and accepted
+input: rmsnorm_api; the kernels' parallelisation: kernels.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from rmsnorm_api import (
+    DEFAULT_EPS,
+    RMSNormModule,
+    bypass_ok,
+    call_op,
+    check_fused_inputs,
+    check_in_place,
+    check_inputs,
+    check_out,
+)
+from triton_impl.configs import Config
+from triton_impl.eager import eager_forward, eager_ok
+from triton_impl.kernels import INTERPRET
+from triton_impl.launch import has_work, launch, op, plan
+
+_IMPL = "triton_impl.rms_norm"
+_FUSED = "triton_impl.fused_add_rms_norm"
+_FUSED_ = "triton_impl.fused_add_rms_norm_"
+
+
+def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> None:
+    """The forward op of ins (x, or x and residual) into outs (checked by the caller); no
+    launch for an empty x."""
+    if has_work(ins[0]):
+        op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
+        launch(plan(op_name, ins, weight, eps, outs, cfg))
+
+
+def _fused_outputs(x, residual) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return y, torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+
+
+def _check_fused(x, residual, weight, eps, impl: str) -> None:
+    check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
+
+
+@op("triton_impl::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run((x,), weight, eps, (y,))
+    return y
+
+
+@op("triton_impl::rms_norm_out", mutates_args={"out"})
+def _rms_norm_out_op(
+    out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> None:
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    check_out(out, x, weight, impl=_IMPL)
+    _run((x,), weight, eps, (out,))
+
+
+@op("triton_impl::fused_add_rms_norm", mutates_args=())
+def _fused_add_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_fused(x, residual, weight, eps, _FUSED)
+    outs = _fused_outputs(x, residual)
+    _run((x, residual), weight, eps, outs)
+    return outs
+
+
+@op("triton_impl::fused_add_rms_norm_", mutates_args={"x", "residual"})
+def _fused_add_in_place_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> None:
+    _check_fused(x, residual, weight, eps, _FUSED_)
+    check_in_place(x, residual, weight, impl=_FUSED_)
+    _run((x, residual), weight, eps, (x, residual))
+
+
+# Nested tensors stop at their autograd key, which rms_norm's ops have no kernel for: there
+# the checks name x instead of the dispatcher's "could not run" (as on the CUDA side).
+_NESTED_KEY = "AutogradNestedTensor"
+_NESTED = torch.library.Library("triton_impl", "IMPL")
+_NESTED.impl("rms_norm", lambda x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY)
+_NESTED.impl(
+    "rms_norm_out", lambda out, x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY
+)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """RMSNorm over x's last dim with the Triton kernel; semantics as in rmsnorm_api.
+
+    Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` (a
+    contiguous tensor of x's shape, dtype and device) and returns it. Raises
+    TypeError/ValueError naming the argument for unsupported input.
+    """
+    if not INTERPRET and eager_ok(x, weight, out):
+        return eager_forward(x, None, weight, eps, _IMPL)
+    ops = torch.ops.triton_impl
+    return call_op(
+        ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
+    )
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out) = (RMSNorm(x + residual), x + residual); see the module docstring.
+    Raises TypeError/ValueError naming the argument for unsupported input."""
+    if not INTERPRET and bypass_ok(x, residual, weight):
+        return eager_forward(x, residual, weight, eps, _FUSED)
+    _check_fused(x, residual, weight, eps, _FUSED)
+    return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
+
+
+def fused_add_rms_norm_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = DEFAULT_EPS,
+) -> None:
+    """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op. Raises
+    TypeError/ValueError naming the argument for unsupported input (x and residual must
+    view as rows in place and not overlap)."""
+    _check_fused(x, residual, weight, eps, _FUSED_)
+    check_in_place(x, residual, weight, impl=_FUSED_)
+    torch.ops.triton_impl.fused_add_rms_norm_(x, residual, weight, float(eps))
+
+
+def _forced(cfg: Union[Config, dict], x: torch.Tensor, fn: str) -> Config:
+    return Config.forced(cfg, x.shape[-1], x.element_size(), fn)
+
+
+def rms_norm_with_config(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Union[Config, dict]
+) -> torch.Tensor:
+    """rms_norm with a forced launch config (a triton_impl.configs.Config, or its as_dict()
+    form), for sweeps; same result. ValueError names a field no kernel can run."""
+    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    cfg = _forced(cfg, x, "rms_norm_with_config")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run((x,), weight, float(eps), (y,), cfg)
+    return y
+
+
+def fused_add_rms_norm_with_config(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    cfg: Union[Config, dict],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm with a forced launch config, as rms_norm_with_config."""
+    _check_fused(x, residual, weight, eps, _FUSED)
+    cfg = _forced(cfg, x, "fused_add_rms_norm_with_config")
+    outs = _fused_outputs(x, residual)
+    _run((x, residual), weight, float(eps), outs, cfg)
+    return outs
+
+
+_GPU_ONLY = " (kernel_info reads a compiled GPU kernel's metadata; the interpreter compiles none)"
+
+
+def kernel_info(x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> dict:
+    """The compiled kernel rms_norm runs for x (GPU only): its name, the launch config it
+    was planned with (the latency rule included), registers and spills a thread, warps and
+    shared memory, from Triton's metadata."""
+    check_inputs(x, weight, DEFAULT_EPS, impl="triton_impl.kernel_info", device_hint=_GPU_ONLY)
+    if x.device.type != "cuda":
+        raise ValueError(f"triton_impl.kernel_info: x is on device '{x.device}'; expected a"
+                         f" CUDA tensor{_GPU_ONLY}")  # fmt: skip
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    p = plan("rms_norm", (x,), weight, DEFAULT_EPS, (y,))
+    compiled = p.kernel.warmup(*p.args, grid=p.grid, **p.meta)
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:  # registers and spills are read when the binary is loaded
+        init()
+    md = compiled.metadata
+    config = p.cfg.as_dict()
+    if "WAIT" in p.meta:  # the sharded kernel's schedule as launched (launch.wait_if_resident)
+        config.update(wait=p.meta["WAIT"], reload=p.meta["RELOAD"])
+    return dict(
+        name=getattr(md, "name", p.kernel.__name__),
+        config=config,
+        grid=list(p.grid),
+        n_regs=getattr(compiled, "n_regs", None),
+        n_spills=getattr(compiled, "n_spills", None),
+        num_warps=getattr(md, "num_warps", None),
+        shared_bytes=getattr(md, "shared", None),
+    )
+
+
+class RMSNorm(RMSNormModule):
+    """torch.nn.RMSNorm drop-in (1-D normalized_shape) running the Triton kernel."""
+
+    _fn = staticmethod(rms_norm)
+    _fused_fn = staticmethod(fused_add_rms_norm)

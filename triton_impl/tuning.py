@@ -1,0 +1,121 @@
+"""The tuned data of the Triton kernels, written once: the forward's tables and constants,
+the fused residual add's, and the backward's. Nothing here decides; the rules that read
+this data are triton_impl.configs (default_config, fused_add_config and their latency
+rules) and triton_impl.backward (bwd_config, bwd_stages, programs_per_sm).
+
+Every table is keyed by one type, ``Width(element_size, block_n, padded, dtype)``
+(triton_impl.config_types): dtype is set only on an entry the sweep measured for one dtype.
+
+Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) and the probes ->
+this file -> tests (every candidate computes the same function; the rules pick what they
+say) -> the benchmark. Why each entry is what it is, with the measurements:
+docs/PERF_NOTES.md, by the version each comment names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from triton_impl.config_types import Config, Width
+from triton_impl.config_types import fused_config as _fused
+
+# ---- the forward ------------------------------------------------------------------------
+#: Widest power-of-two row the fused kernel keeps in registers, per element size in bytes.
+FUSED_MAX_N = {4: 32768, 2: 16384}
+
+#: The fused kernel's tile and warps per width where the sweep measured one other than
+#: formula_tile's (docs/PERF_NOTES.md); the other widths take the formula's.
+FUSED_TUNED = {
+    Width(2, 128): _fused(128, 16, 8),
+    Width(2, 512): _fused(512, 4, 4),
+    Width(2, 2048): _fused(2048, 1, 4),
+    Width(2, 4096): _fused(4096, 4, 16),
+    Width(2, 8192): _fused(8192, 2, 4),
+    Width(2, 16384): _fused(16384, 1, 8),
+    Width(2, 8192, padded=True): _fused(8192, 1, 4),
+    Width(4, 4096): _fused(4096, 2, 32),
+    Width(4, 16384): _fused(16384, 2, 32),
+    Width(4, 32768): _fused(32768, 1, 16),
+    Width(4, 1024, padded=True): _fused(1024, 1, 1),
+    Width(4, 8192, padded=True): _fused(8192, 4, 32),
+    Width(4, 16384, padded=True): _fused(16384, 2, 32),
+}
+#: The sharded kernel's shipped configs per element size: each program waits for its row's
+#: sum, then reads its shard again rather than holding it through the wait (PERF_NOTES v24,
+#: v26).
+SHARDED = {
+    2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
+    4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
+}
+#: Rows wider than FUSED_MAX_N per width (and widths up to it where the sweep measured these
+#: ahead of the fused kernel): the chunked kernel where it still leads (16-bit 32768, fp32
+#: 16384), with short chunks cut as torch.compile's looped reduction at fp32 2048 and 4096;
+#: wider rows (from 65536) take SHARDED.
+WIDE_TUNED = {
+    Width(2, 32768): Config("chunked", 8192, 16),
+    Width(4, 2048): Config("chunked", 1024, 8),
+    Width(4, 4096): Config("chunked", 2048, 16),
+    Width(4, 16384): Config("chunked", 4096, 32),
+}
+#: The persistent kernel where the sweep measured it ahead of the fused kernel.
+PERSISTENT_TUNED = {
+    Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
+}
+#: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
+THREAD_BYTES = {2: 64, 4: 32}
+#: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
+#: a row takes there; rows of the fused kernel up to LATENCY_FIRST_MAX_BYTES (the widths
+#: the decode probe measured: bf16 4096 and 8192) load the weight first, on at most
+#: LATENCY_FIRST_MAX_WARPS warps.
+LATENCY_THREAD_BYTES = 32
+LATENCY_MAX_WARPS = 16
+LATENCY_FIRST_MAX_BYTES = 16384
+LATENCY_FIRST_MAX_WARPS = 8
+
+# ---- the fused residual add -------------------------------------------------------------
+#: The fused add's rows wider than FUSED_MAX_N: the sharded kernel, its programs waiting for
+#: their row's sum (PERF_NOTES v24).
+FUSED_ADD_WIDE = {
+    2: Config("sharded", 8192, 4, stream_y=True, wait=True),
+    4: Config("sharded", 4096, 4, stream_y=True, wait=True),
+}
+#: Widths where one dtype's wide rows take another config than FUSED_ADD_WIDE's, keyed by
+#: the power-of-two width with that dtype (Width.dtype), for x and residual of that dtype:
+#: fp16 reads its shard again after the wait at 65536 and 131072, where the held shard's
+#: registers leave it fewer programs an SM than bf16 (PERF_NOTES v29).
+FUSED_ADD_WIDE_TUNED = {
+    Width(2, 65536, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
+    Width(2, 131072, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
+}
+#: The fused add's fused tiles where its sweep measured one ahead of the formula's
+#: (PERF_NOTES v36): fp32 12288 on 8 warps, more bytes a thread in flight than 32 warps hold.
+FUSED_ADD_TUNED = {Width(4, 16384, padded=True): _fused(16384, 1, 8)}
+#: Bytes of x's row a thread holds in the fused add's split kernel: the sweep's best at
+#: 4095 / 4097 in every dtype (PERF_NOTES v36); twice the warps left loads waiting.
+FUSED_ADD_SPLIT_THREAD_BYTES = 64
+#: The fused add's decode-sized calls (fewer programs than SMs): one row a program on these
+#: warps for the widths the decode probe measured (bf16 4096 and 8192, PERF_NOTES v36), else
+#: FUSED_ADD_LATENCY_THREAD_BYTES of x's row a thread (x's and the residual's both in
+#: flight: half rms_norm's LATENCY_THREAD_BYTES), up to 32 warps.
+FUSED_ADD_LATENCY_WARPS = {Width(2, 4096): 8, Width(2, 8192): 32}
+FUSED_ADD_LATENCY_THREAD_BYTES = 16
+
+# ---- the backward (both ops) ------------------------------------------------------------
+#: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
+BWD_MAX_N = 16384
+BWD_CHUNK = 4096
+#: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
+BWD_THREAD_ELEMS = 8
+#: Warps of a program the register-resident rows aim at an SM, and the programs that makes
+#: (PERF_NOTES v16: more or fewer programs an SM did not move the chunked rows).
+BWD_WARPS_PER_SM = 32
+#: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
+#: each row's loads when its turn comes, 3 keeps the next two rows' loads in flight (through
+#: shared memory) while one is reduced (backward.bwd_stages says where; PERF_NOTES v16).
+#: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
+BWD_PIPELINED_MAX_N = 8192
+BWD_PIPELINED = 3
+#: The final reduction's tile: partial rows and dweight columns a program loads at once
+#: (many loads in flight, not one dependent load a partial row: PERF_NOTES v14).
+DW_BLOCK_P = 64
+DW_BLOCK_N = 64
