@@ -126,11 +126,15 @@ if mode all || mode sanitizers; then
   # only our kernels are instrumented (PyTorch's own reductions in the reference are not ours)
   SAN="--kernel-regex kns=rms_norm"
   compute-sanitizer $SAN /bin/true >/dev/null 2>&1 || { echo "(no kernel filter)"; SAN=""; }
+  # SKIP_MEMCHECK=1, SKIP_RACECHECK=1: not that one (each a few minutes, serial)
+  if [[ "${SKIP_MEMCHECK:-0}" != 1 ]]; then
   step "compute-sanitizer memcheck, our kernels only (cuda numerics + errors)"
   # the profiler (CUPTI) sees no kernels under the sanitizer: its test runs in pytest above
   compute-sanitizer --tool memcheck --error-exitcode 9 $SAN $PY -m pytest -q -p no:cacheprovider -n 0 -m "" \
     tests/test_numerics.py tests/test_errors.py tests/test_configs.py tests/test_fused_add.py \
     -k "cuda and not kernel_info_is_what_runs" 2>&1 | grep -v "^DEBUG" | tail -60 || status=1
+  fi
+  if [[ "${SKIP_RACECHECK:-0}" != 1 ]]; then
   step "compute-sanitizer racecheck (odd/strided/wide cases, every forced config but the variants)"
   # Judged on our kernels alone: when the filter is not accepted, PyTorch's own reduction
   # (the reference's mean) reports hazards that are not ours.
@@ -142,6 +146,7 @@ if mode all || mode sanitizers; then
   ours=$(grep -c "Race reported.*rms_norm" /tmp/racecheck.log || true)
   echo "racecheck hazards in our kernels: $ours"
   [[ "$ours" == 0 ]] || status=1
+  fi
 fi
 
 if mode all || mode bench || mode quick; then

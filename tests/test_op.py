@@ -360,7 +360,7 @@ def test_triton_sharded_kernel_as_an_op(dtype):
         x.copy_(torch.randn_like(x))
         got = triton_impl.rms_norm(x, w, 1e-6)
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **tol)
-    assert eager._key(x, w) not in eager.PLANS
+    assert (eager._tensor_key(x), eager._tensor_key(w), None) not in eager.PLANS
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, w: triton_impl.rms_norm(x * 2.0, w, 1e-6), fullgraph=True)
     torch.testing.assert_close(compiled(x, w), rms_norm_ref(x * 2.0, w, 1e-6), **tol)

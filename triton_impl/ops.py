@@ -139,7 +139,9 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out) = (RMSNorm(x + residual), x + residual); see the module docstring.
     Raises TypeError/ValueError naming the argument for unsupported input."""
-    if not INTERPRET and bypass_ok(x, residual, weight):
+    # residual=None is refused by the checks (bypass_ok takes None for an absent tensor, and
+    # eager_forward would run rms_norm)
+    if not INTERPRET and residual is not None and bypass_ok(x, residual, weight):
         return eager_forward(x, residual, weight, eps, _FUSED)
     _check_fused(x, residual, weight, eps, _FUSED)
     return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
