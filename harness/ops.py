@@ -359,29 +359,32 @@ _GRADS = dict(
     cases=grad_cases,
 )
 
-RMS_NORM_FWD_BWD = Op(
-    name="rms_norm_fwd_bwd",
-    title="RMSNorm forward + backward",
+#: rms_norm's two gradient ops compute the same gradients from the same inputs; they
+#: differ only in what is timed (forward and backward, or the backward alone).
+_RMS_NORM_GRADS = dict(
     make_inputs=rms_norm_grad_inputs,
-    bytes_moved=_grads_bytes_of(rms_norm_fwd_bwd_bytes),
-    bytes_text="read x + weight, write y; read x + dy + weight, write dx + dweight "
-    "(5 M N e + 3 N w)",
-    registry=impls.rms_norm_fwd_bwd_registry,
     reference=rms_norm_grads_ref,
     outputs=("dx", "dweight"),
     **_GRADS,
 )
 
+RMS_NORM_FWD_BWD = Op(
+    name="rms_norm_fwd_bwd",
+    title="RMSNorm forward + backward",
+    bytes_moved=_grads_bytes_of(rms_norm_fwd_bwd_bytes),
+    bytes_text="read x + weight, write y; read x + dy + weight, write dx + dweight "
+    "(5 M N e + 3 N w)",
+    registry=impls.rms_norm_fwd_bwd_registry,
+    **_RMS_NORM_GRADS,
+)
+
 RMS_NORM_BWD = Op(
     name="rms_norm_bwd",
     title="RMSNorm backward",
-    make_inputs=rms_norm_grad_inputs,
     bytes_moved=_grads_bytes_of(rms_norm_bwd_bytes),
     bytes_text="read x + dy + weight, write dx + dweight (3 M N e + 2 N w)",
     registry=impls.rms_norm_bwd_registry,
-    reference=rms_norm_grads_ref,
-    outputs=("dx", "dweight"),
-    **_GRADS,
+    **_RMS_NORM_GRADS,
 )
 
 FUSED_ADD_RMS_NORM_FWD_BWD = Op(
