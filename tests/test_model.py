@@ -69,6 +69,19 @@ def _train_rows(norm, seed=0):
     return model.check_train_block(shape, vs, w, ["native", "mine"], seed, DEVICE)
 
 
+class _ForwardOnly(torch.autograd.Function):
+    """The identity, whose backward refuses as a forward-only kernel does: a norm or variant
+    built on it has a right forward and a backward that is a skip, not a failure."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("ours: the kernels are forward-only for now (no backward yet)")
+
+
 def test_a_wrong_backward_fails_the_train_check():
     """A norm whose forward is right but whose backward drops the variance's gradient (the
     projection term of dx): the step's outputs pass, its gradients do not."""
@@ -85,17 +98,8 @@ def test_a_wrong_backward_fails_the_train_check():
 
 
 def test_a_forward_only_backward_is_a_skip():
-    class ForwardOnly(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, grad):
-            raise RuntimeError("mine: the kernels are forward-only for now (no backward yet)")
-
     def norm(x, weight, eps):
-        return model.llama_rms_norm(ForwardOnly.apply(x), weight, eps)
+        return model.llama_rms_norm(_ForwardOnly.apply(x), weight, eps)
 
     _, mine = _train_rows(norm)
     assert "forward-only" in mine["skipped"] and "passed" not in mine
@@ -603,16 +607,7 @@ def test_a_forward_only_variant_is_a_skip_in_the_train_job(dry_run, monkeypatch)
     monkeypatch.setattr(model.job, "kernel_times", _fake_train_kernels)
 
     def forward_only(x, residual, weight, eps):
-        class Refuse(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.clone()
-
-            @staticmethod
-            def backward(ctx, grad):
-                raise RuntimeError("ours: the kernels are forward-only for now")
-
-        return model.fused_add_rms_norm_ref(Refuse.apply(x), residual, weight, eps)
+        return model.fused_add_rms_norm_ref(_ForwardOnly.apply(x), residual, weight, eps)
 
     run.variants = {
         "native": run.variants["native"],
