@@ -860,6 +860,22 @@ def _fake_module(monkeypatch, name: str, **attrs):
     return mod
 
 
+def _fake_liger_function(monkeypatch, module: str, name: str, ref, n_args: int) -> list:
+    """Install Liger's autograd Function ``module.name`` as a stand-in that answers with the
+    reference on its first n_args arguments; returns the list each call's arguments go to,
+    so a test sees how the wrapper called Liger."""
+    calls = []
+
+    class Fn:
+        @staticmethod
+        def apply(*args):
+            calls.append(args)
+            return ref(*args[:n_args])
+
+    _fake_module(monkeypatch, module, **{name: Fn})
+    return calls
+
+
 def test_fused_add_peers_missing_are_unavailable(monkeypatch):
     for module in ("liger_kernel", "quack"):
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
@@ -872,16 +888,12 @@ def test_fused_add_peers_missing_are_unavailable(monkeypatch):
 def test_fused_add_liger_wrapper(monkeypatch):
     """Liger's fused add is called in gemma mode with a weight always, and refuses an fp32
     residual (its residual_out would come back in x's dtype) with an error naming it."""
-    calls = []
-
-    class Fn:
-        @staticmethod
-        def apply(*args):
-            calls.append(args)
-            return fused_add_rms_norm_ref(*args[:4])
-
-    _fake_module(
-        monkeypatch, "liger_kernel.ops.fused_add_rms_norm", LigerFusedAddRMSNormFunction=Fn
+    calls = _fake_liger_function(
+        monkeypatch,
+        "liger_kernel.ops.fused_add_rms_norm",
+        "LigerFusedAddRMSNormFunction",
+        fused_add_rms_norm_ref,
+        4,
     )
     liger = fused_add_registry(baselines=True)["liger"]
     assert liger.unavailable is None

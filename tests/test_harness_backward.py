@@ -15,7 +15,14 @@ import sys
 
 import pytest
 import torch
-from test_harness import ENV, _fake_module, _fake_run, _measured, synthetic_records
+from test_harness import (
+    ENV,
+    _fake_liger_function,
+    _fake_module,
+    _fake_run,
+    _measured,
+    synthetic_records,
+)
 
 from conftest import DEVICE, impl_or_skip, refusal
 from harness import analysis, bench, impls, measure, plan, plot, records, timing
@@ -388,15 +395,9 @@ def test_grad_peers_missing_are_unavailable(monkeypatch):
 def test_liger_backward_keeps_dy(monkeypatch):
     """Liger is called in gemma mode with in_place=False (True would write dX over dY, the
     gradient every implementation is checked on), a weight always."""
-    calls = []
-
-    class Fn:
-        @staticmethod
-        def apply(*args):
-            calls.append(args)
-            return rms_norm_ref(*args[:3])
-
-    _fake_module(monkeypatch, "liger_kernel.ops.rms_norm", LigerRMSNormFunction=Fn)
+    calls = _fake_liger_function(
+        monkeypatch, "liger_kernel.ops.rms_norm", "LigerRMSNormFunction", rms_norm_ref, 3
+    )
     for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD):
         liger = op.registry(baselines=True)["liger"]
         inputs = op.make_inputs(Case("c", (4, 64), torch.float32), "cpu", 0)
