@@ -1,8 +1,9 @@
 """The benchmark harness's logic on CPU: the op descriptions (input factory, bytes model,
 both ops' registries and calling conventions), statistics, record schema (the op field,
 sweep records), analysis, plots and report from a small SYNTHETIC records file of one op
-or both (written to a tmp dir, never under results/), CLI argument errors, the run's
-schedule and budget across ops, and the no-GPU path of ``python -m harness.bench``.
+or both (written to a tmp dir, never under results/), bench's argument defaults (its
+argument errors are test_cli's), the run's schedule and budget across ops, and the no-GPU
+path of ``python -m harness.bench``.
 """
 
 import json
@@ -13,7 +14,7 @@ import types
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU, refusal
+from conftest import DEVICE, HAS_GPU
 from harness import analysis, bench, hardware, measure, plan, plot, records, timing
 from harness.cases import Case
 from harness.impls import (
@@ -625,22 +626,6 @@ def test_plan():
         (3, 5000, ["custom"]),
     ]
     assert plan.shape_class("bf16", 4097, False) == "bf16,large,N<=8192,odd"
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--dtypes", "fp8"], "--dtypes"),
-        (["--impls", "triton,bogus"], "--impls"),
-        (["--shapes", "4096by4096"], "--shapes"),
-        (["--shapes", "0x4096"], "--shapes"),
-        (["--quick", "--shapes", "8x8"], "exclusive"),
-        (["--budget-s", "0"], "--budget-s"),
-        (["--no-such-flag"], "unrecognized"),
-    ],
-)
-def test_bench_argument_errors(argv, message, capsys):
-    assert message in refusal(bench.main, argv, capsys)
 
 
 def test_bench_argument_defaults():
