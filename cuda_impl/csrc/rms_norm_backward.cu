@@ -50,9 +50,12 @@
 
 #include "rms_norm.h"
 #include "rms_norm_device.cuh"
+#include "tuning/backward.h"
 
 namespace cuda_impl {
 namespace {
+
+using namespace bwd_tuning;
 
 // VEC consecutive elements of E at p as floats: 16-byte loads when VEC * sizeof(E) is a
 // whole number of them (the caller guarantees alignment), element loads otherwise.
@@ -323,7 +326,6 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
 // `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
 // CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
-constexpr int kMaxRanks = 8;  // portable cluster size
 
 // The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
 // `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
@@ -333,7 +335,7 @@ constexpr int kMaxRanks = 8;  // portable cluster size
 // the slow CTA reaches only after its reads. `first`: the first exchange also completes
 // the barrier phase every CTA opened at its start (so none writes into a peer that is not
 // running yet).
-__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxRanks], int set,
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks], int set,
                                                 int rank, int ranks, bool first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
@@ -363,7 +365,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxRanks];
+  __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxClusterRanks];
   const int t = threadIdx.x;
   const int N = a.N;
   const int cap = a.cap;
@@ -548,37 +550,31 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
 }
 
 // dweight[c] = sum over the P partials rows, cast once. A block takes 32 columns (a warp's
-// coalesced 128 bytes) and kSlices warps: warp j sums rows j, j + kSlices, ... in order,
-// then one thread a column adds the warps' sums in order; the same order every run.
-constexpr int kSlices = 8;
+// coalesced 128 bytes) and kReduceSlices warps: warp j sums rows j, j + kReduceSlices, ...
+// in order, then one thread a column adds the warps' sums in order; the same order every run.
 template <typename W>
-__global__ void __launch_bounds__(32 * kSlices) dw_reduce_kernel(const float* __restrict__ dwp,
+__global__ void __launch_bounds__(32 * kReduceSlices) dw_reduce_kernel(const float* __restrict__ dwp,
                                                                  W* dw, int P, int N) {
-  __shared__ float part[kSlices][32];
+  __shared__ float part[kReduceSlices][32];
   const int lane = threadIdx.x % 32;
   const int slice = threadIdx.x / 32;
   const int c = blockIdx.x * 32 + lane;
   float acc = 0.f;
   if (c < N) {
 #pragma unroll 4
-    for (int p = slice; p < P; p += kSlices) acc += dwp[static_cast<int64_t>(p) * N + c];
+    for (int p = slice; p < P; p += kReduceSlices) acc += dwp[static_cast<int64_t>(p) * N + c];
   }
   part[slice][lane] = acc;
   __syncthreads();
   if (slice == 0 && c < N) {
     float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kSlices; ++j) sum += part[j][lane];
+    for (int j = 0; j < kReduceSlices; ++j) sum += part[j][lane];
     dw[c] = from_float<W>(sum);
   }
 }
 
 // ---- launch ---------------------------------------------------------------------------
-// Groups a thread for the staged and register-resident rows; the widest such row is 1024
-// threads' worth.
-constexpr int kVpt = 2;
-constexpr int kScalarVpt = 4;  // elements a thread a chunk, one-element groups
-
 using KernelPtr = void (*)(BwdArgs);
 
 // The most shared memory a CTA may ask for on a device, asked once per device.
@@ -652,17 +648,14 @@ Launch by_threads(int cap, Make make) {
   return make(std::integral_constant<int, 1024>{});
 }
 
-// Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of `cap` groups
-// (`stage_bytes` of s and dy a row). A row must stay in flight while the one before it is
-// reduced and stored, and a short row is done before the next one lands: the fewer bytes a
-// row, the more rows ahead. 4 to 16 KB a row (3 rows ahead; the fused add, whose
-// d_residual_out loads keep bytes in flight too, 2), 3 to 32 KB; 2 past that, and for 16-bit
-// rows off a 16-byte boundary, whose spare lanes deeper rings only slowed (fp32's: 3).
-// Figures in docs/PERF_NOTES.md (v16).
+// Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of
+// `stage_bytes` of s and dy: a row must stay in flight while the one before it is reduced
+// and stored, and a short row is done before the next one lands (bwd_tuning::kRings).
 int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
-  if (!aligned) return fp32 ? 3 : 2;
-  if (stage_bytes <= 16384) return fused ? 3 : 4;
-  return stage_bytes <= 32768 && !fused ? 3 : 2;
+  if (!aligned) return fp32 ? kUnalignedRing32 : kUnalignedRing16;
+  for (const Ring& ring : kRings)
+    if (stage_bytes <= ring.max_row_bytes) return fused ? ring.fused : ring.plain;
+  return 2;
 }
 
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
@@ -716,24 +709,23 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // (a cluster's CTAs: 1024), where it measured faster; on the deeper rings it spilled and
   // lost, and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
   auto in_t = [&](int cap, int stages, bool cluster) {
-    return r.w16 && r.vec_ok && stages == 2 && (cluster || cap > 256 * kVpt);
+    return r.w16 && r.vec_ok && stages == 2 && (cluster || cap > kWeightInTMinThreads * kVpt);
   };
   // (the static shared memory, the row sums' 2 floats a warp, within the margin)
   auto smem = [&](int cap, int stages, bool cluster = false) {
     return staged_smem_bytes<T, S>(cap, stages, in_t(cap, stages, cluster) ? 2 : 4);
   };
   auto fits = [&](int cap, int stages, bool cluster = false) {
-    return cap <= 1024 * kVpt && smem(cap, stages, cluster) <= r.smem_optin - 1024;
+    return cap <= 1024 * kVpt && smem(cap, stages, cluster) <= r.smem_optin - kStaticSmemMargin;
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
   int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
-  // 16-bit rows off a 16-byte boundary just past 512 groups (N = 4095, 4097: 513) take 256
-  // threads of 3 groups, not 512 threads of 2 with half their lanes idle: twice the CTAs an
-  // SM, measured faster (PERF_NOTES v18).
+  // 16-bit rows off a 16-byte boundary in the odd band (bwd_tuning::kOdd*)
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
-    if (!r.vec_ok && row_groups > 512 && row_groups <= 768 && fits(row_groups, 2)) {
-      l.kernel = rms_norm_bwd_staged<T, S, 256, 3, 2, false, false>;
-      l.threads = 256;
+    if (!r.vec_ok && row_groups >= kOddMinGroups && row_groups <= kOddMaxGroups &&
+        fits(row_groups, 2)) {
+      l.kernel = rms_norm_bwd_staged<T, S, kOddThreads, kOddVpt, 2, false, false>;
+      l.threads = kOddThreads;
       l.cap = row_groups;
       l.smem = smem(row_groups, 2);
       return true;
@@ -754,7 +746,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     return true;
   }
   if (!r.clusters) return false;
-  for (int ranks = 2; ranks <= kMaxRanks; ranks *= 2) {
+  for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
     const int cap = (row_groups + ranks - 1) / ranks;
     if (!fits(cap, 2, true)) continue;
     l.cap = cap;
@@ -911,7 +903,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   at::Tensor dw = at::empty({N}, weight->options().memory_format(at::MemoryFormat::Contiguous));
   if (M == 0) return dw.zero_();
   const int blocks = (N + 31) / 32;
-  constexpr int kReduceThreads = 32 * kSlices;
+  constexpr int kReduceThreads = 32 * kReduceSlices;
   switch (weight->scalar_type()) {
     case at::kFloat:
       dw_reduce_kernel<float><<<blocks, kReduceThreads, 0, stream>>>(dwp.data_ptr<float>(),

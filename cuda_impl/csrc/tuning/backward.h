@@ -1,0 +1,60 @@
+// The CUDA backward's launch choices, as data (both ops): read by rms_norm_backward.cu's
+// rules (pick, pick_staged, staged_stages, by_threads), and nowhere else; a change here
+// rebuilds that unit only. Why each value is what it is, with the measurements:
+// docs/PERF_NOTES.md (v14-v18).
+#pragma once
+
+#include <climits>
+
+namespace cuda_impl {
+namespace bwd_tuning {
+
+// 16-byte groups a thread holds of a staged or register-resident row: the widest row one
+// CTA takes is 1024 threads' worth, and the thread counts climb 64, 128, ... 1024.
+constexpr int kVpt = 2;
+// Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
+// tensors differ in alignment).
+constexpr int kScalarVpt = 4;
+// Warps of the dweight reduction: warp j sums the partials rows j, j + kReduceSlices, ...
+constexpr int kReduceSlices = 8;
+// CTAs a cluster may hold for rows wider than one CTA stages: the portable size.
+constexpr int kMaxClusterRanks = 8;
+// Shared memory left for the static part (the row sums, 2 floats a warp) under the opt-in
+// most a CTA may ask for.
+constexpr int kStaticSmemMargin = 1024;
+
+// Rows of s and dy a CTA of the staged kernel keeps (the one reduced and the copies in
+// flight), by the bytes of s and dy a row: the first entry whose max_row_bytes holds the row.
+// The fewer bytes a row, the more rows ahead; the fused add, whose d_residual_out loads keep
+// bytes in flight too, one fewer. Depths the kernel is not built for fall back to the next
+// one built (rms_norm_backward.cu, staged_kernel).
+struct Ring {
+  int max_row_bytes;
+  int plain;  // rms_norm
+  int fused;  // fused_add_rms_norm
+};
+constexpr Ring kRings[] = {
+    {16384, 4, 3},
+    {32768, 3, 2},
+    {INT_MAX, 2, 2},
+};
+// Rows off a 16-byte boundary: deeper rings only slowed 16-bit rows (their spare lanes);
+// fp32's kept one more.
+constexpr int kUnalignedRing16 = 2;
+constexpr int kUnalignedRing32 = 3;
+
+// 16-bit rows off a 16-byte boundary of this many groups (N = 4095, 4097: 513) take
+// kOddThreads threads of kOddVpt groups, not 512 threads of kVpt with half their lanes idle:
+// twice the CTAs an SM.
+constexpr int kOddMinGroups = 513;
+constexpr int kOddMaxGroups = 768;
+constexpr int kOddThreads = 256;
+constexpr int kOddVpt = 3;
+
+// A 16-bit weight of dy's dtype stays in that dtype in the staged kernel's 2-row rings of
+// aligned rows on more than this many threads (a cluster's CTAs always); on the deeper rings
+// it spilled, and on rows off a 16-byte boundary it lost.
+constexpr int kWeightInTMinThreads = 256;
+
+}  // namespace bwd_tuning
+}  // namespace cuda_impl
