@@ -19,8 +19,8 @@ from cuda_impl.configs import Config
 from rmsnorm_api import (
     DEFAULT_EPS,
     RMSNormModule,
+    backward_functions,
     bypass_ok,
-    call_backward,
     call_op,
     check_backward_inputs,
     check_fused_inputs,
@@ -222,30 +222,7 @@ def fused_add_rms_norm_(
     _FUSED_OP_(x, residual, weight, float(eps))
 
 
-def rms_norm_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor] = None,
-    eps: float = DEFAULT_EPS,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
-    dweight in weight's dtype, None without a weight. Deterministic. Raises
-    TypeError/ValueError naming the argument for unsupported input."""
-    return call_backward("cuda_impl", dy, x, weight, eps, impl=_BWD)
-
-
-def fused_add_rms_norm_backward(
-    dy: torch.Tensor,
-    d_residual_out: Optional[torch.Tensor],
-    residual_out: torch.Tensor,
-    weight: Optional[torch.Tensor] = None,
-    eps: float = DEFAULT_EPS,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype) and
-    of residual_out (None: zero), given the forward's residual_out. Deterministic."""
-    return call_backward(
-        "cuda_impl", dy, residual_out, weight, eps, d_residual_out, fused=True, impl=_FUSED_BWD
-    )
+rms_norm_backward, fused_add_rms_norm_backward = backward_functions("cuda_impl")
 
 
 def fused_add_rms_norm_with_config(

@@ -176,6 +176,17 @@ def _check_dense(t: torch.Tensor, name: str, impl: str) -> None:
         )
 
 
+def _check_shaped_like_x(t: torch.Tensor, name: str, x: torch.Tensor, impl: str) -> None:
+    """A tensor of x's shape beside it (out, residual): a dense tensor, that shape."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{impl}: {name} must be a torch.Tensor, got {_type_name(t)}")
+    _check_dense(t, name, impl)
+    if t.shape != x.shape:
+        raise ValueError(
+            f"{impl}: {name} has shape {tuple(t.shape)} but x has shape {tuple(x.shape)}"
+        )
+
+
 def check_x(x: torch.Tensor, *, impl: str = "rms_norm", name: str = "x") -> None:
     """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules
     and the backward (name: dy there)."""
@@ -278,13 +289,7 @@ def check_out(
 ) -> None:
     """Checks for the out= form: a contiguous tensor of x's shape, dtype and device, apart
     from x and weight in memory (or x itself), and no autograd (run after check_inputs)."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{impl}: out must be a torch.Tensor, got {_type_name(out)}")
-    _check_dense(out, "out", impl)
-    if out.shape != x.shape:
-        raise ValueError(
-            f"{impl}: out has shape {tuple(out.shape)} but x has shape {tuple(x.shape)}"
-        )
+    _check_shaped_like_x(out, "out", x, impl)
     if out.dtype != x.dtype:
         raise TypeError(f"{impl}: out has dtype {out.dtype} but x has dtype {x.dtype}")
     if out.device != x.device:
@@ -423,13 +428,7 @@ def check_residual(
     """The fused add's residual: x's shape and device, x's dtype or float32 (an fp32
     residual stream beside 16-bit activations), stride 1 in the last dimension, any row
     stride (check_fused_inputs runs it)."""
-    if not isinstance(residual, torch.Tensor):
-        raise TypeError(f"{impl}: residual must be a torch.Tensor, got {_type_name(residual)}")
-    _check_dense(residual, "residual", impl)
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"{impl}: residual has shape {tuple(residual.shape)} but x has shape {tuple(x.shape)}"
-        )
+    _check_shaped_like_x(residual, "residual", x, impl)
     _check_beside_x(residual, "residual", x, impl)
     if residual.numel() > 0 and residual.stride(-1) != 1:
         raise ValueError(
@@ -457,19 +456,48 @@ def check_in_place(
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
-def call_backward(ns: str, *args, fused: bool = False, impl: str, allow_cpu: bool = False) -> tuple:
-    """The body of both backends' public backward functions: check the arguments (those of
-    check_backward_inputs: dy, saved, weight, eps and, fused, d_residual_out), run
-    ``<ns>::rms_norm_backward`` (saved: x) or, fused, ``<ns>::fused_add_rms_norm_backward``
-    (saved: residual_out), and give dweight as None without a weight."""
-    check_backward_inputs(*args, fused=fused, allow_cpu=allow_cpu, impl=impl)
-    dy, saved, weight, eps, *d_residual_out = args
+def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable]:
+    """A backend's two public backward functions, rms_norm_backward and
+    fused_add_rms_norm_backward, over its ops ``<ns>::rms_norm_backward`` and
+    ``<ns>::fused_add_rms_norm_backward``: the arguments checked (check_backward_inputs),
+    the op run, and dweight given as None without a weight. allow_cpu: the backend runs on
+    CPU tensors (the Triton interpreter)."""
     ops = getattr(torch.ops, ns)
-    if fused:
-        grads = ops.fused_add_rms_norm_backward(dy, *d_residual_out, saved, weight, float(eps))
-    else:
-        grads = ops.rms_norm_backward(dy, saved, weight, float(eps))
-    return (*grads[:-1], grads[-1] if weight is not None else None)
+    bwd_impl, fused_impl = f"{ns}.rms_norm_backward", f"{ns}.fused_add_rms_norm_backward"
+
+    def rms_norm_backward(
+        dy: torch.Tensor,
+        x: torch.Tensor,
+        weight: Optional[torch.Tensor] = None,
+        eps: float = DEFAULT_EPS,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any
+        strides); dweight in weight's dtype, None without a weight. Deterministic. Raises
+        TypeError/ValueError naming the argument for unsupported input."""
+        check_backward_inputs(dy, x, weight, eps, allow_cpu=allow_cpu, impl=bwd_impl)
+        dx, dw = ops.rms_norm_backward(dy, x, weight, float(eps))
+        return dx, dw if weight is not None else None
+
+    def fused_add_rms_norm_backward(
+        dy: torch.Tensor,
+        d_residual_out: Optional[torch.Tensor],
+        residual_out: torch.Tensor,
+        weight: Optional[torch.Tensor] = None,
+        eps: float = DEFAULT_EPS,
+    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype)
+        and of residual_out (None: zero), given the forward's residual_out; dweight as
+        rms_norm_backward's. Deterministic. Raises TypeError/ValueError naming the argument
+        for unsupported input."""
+        check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
+                              allow_cpu=allow_cpu, impl=fused_impl)  # fmt: skip
+        grads = ops.fused_add_rms_norm_backward(dy, d_residual_out, residual_out, weight,
+                                                float(eps))  # fmt: skip
+        return grads[0], grads[1], grads[2] if weight is not None else None
+
+    for fn in (rms_norm_backward, fused_add_rms_norm_backward):
+        fn.__module__, fn.__qualname__ = ns, fn.__name__
+    return rms_norm_backward, fused_add_rms_norm_backward
 
 
 def call_op(

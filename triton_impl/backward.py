@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_api import as_rows, call_backward, check_backward_inputs
+from rmsnorm_api import as_rows, backward_functions, check_backward_inputs
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
@@ -400,24 +400,6 @@ def _fused_add_backward_op(
     return dx, dres, dw if dw is not None else s.new_empty(0)
 
 
-
-def rms_norm_backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any strides);
-    dweight in weight's dtype, None without a weight. Deterministic. Raises
-    TypeError/ValueError naming the argument for unsupported input."""
-    return call_backward("triton_impl", dy, x, weight, eps, impl=_BWD, allow_cpu=INTERPRET)
-
-
-def fused_add_rms_norm_backward(
-    dy: torch.Tensor,
-    d_residual_out: Optional[torch.Tensor],
-    residual_out: torch.Tensor,
-    weight: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype) and
-    of residual_out (None: zero), given the forward's residual_out. Deterministic."""
-    return call_backward("triton_impl", dy, residual_out, weight, eps, d_residual_out,
-                         fused=True, impl=_FUSED_BWD, allow_cpu=INTERPRET)  # fmt: skip
+rms_norm_backward, fused_add_rms_norm_backward = backward_functions(
+    "triton_impl", allow_cpu=INTERPRET
+)
