@@ -150,36 +150,53 @@ def test_fused_kernel_weight_first(n, dtype):
 
 
 def test_latency_rule_weight_first_where_measured():
-    """The latency rule loads the weight first, on at most 8 warps, only for the fused
-    kernel's rows up to 16 KiB (the widths the decode probe measured); wider rows and the
-    split kernel keep the rule's 32 bytes a thread up to 16 warps, the weight after the sum."""
+    """The latency rule, read from the tuning data: one row a program; the weight loaded
+    first only by the fused kernel's rows up to LATENCY_FIRST_MAX_BYTES, on at most
+    LATENCY_FIRST_MAX_WARPS warps; wider rows and the split kernel keep LATENCY_THREAD_BYTES
+    a thread, up to LATENCY_MAX_WARPS, the weight after the sum."""
+    from triton_impl import tuning
     from triton_impl.configs import default_config
 
     def rule(n, elem, split_ok=True):  # a decode-sized call: 8 rows on 132 SMs
         return default_config(n, elem, split_ok=split_ok, rows=8, sms=132)
 
-    for n, elem in ((4096, 2), (8192, 2), (1000, 2), (4096, 4)):
-        c = rule(n, elem, split_ok=False)
-        assert c.weight_first and c.num_warps <= 8 and c.block_m == 1, (n, elem, c)
-    for n, elem, warps in ((8192, 4, 16), (32768, 4, 16), (16384, 2, 16)):
-        c = rule(n, elem)
-        assert not c.weight_first and c.num_warps == warps, (n, elem, c)
-    c = rule(8191, 2)  # the split kernel
-    assert c.kernel == "split" and not c.weight_first and c.num_warps == 16, c
+    def thread_warps(c, elem):  # the warps LATENCY_THREAD_BYTES a thread spreads the row on
+        return min(tuning.LATENCY_MAX_WARPS, c.block_n * elem // (32 * tuning.LATENCY_THREAD_BYTES))
+
+    for n, elem, split_ok in ((1000, 2, False), (4096, 2, False), (8191, 2, True),
+                              (8192, 2, False), (16384, 2, True), (4096, 4, False),
+                              (8192, 4, True), (32768, 4, True)):  # fmt: skip
+        c = rule(n, elem, split_ok)
+        assert c.block_m == 1, (n, elem, c)
+        first = c.kernel == "fused" and c.block_n * elem <= tuning.LATENCY_FIRST_MAX_BYTES
+        assert c.weight_first == first, (n, elem, c)
+        if first:
+            assert 1 <= c.num_warps <= tuning.LATENCY_FIRST_MAX_WARPS, (n, elem, c)
+        else:
+            assert c.num_warps == thread_warps(c, elem), (n, elem, c)
+    assert rule(8191, 2).kernel == "split" and rule(4096, 2, split_ok=False).weight_first
 
 
 def test_fused_add_latency_rule():
-    """The fused add's decode-sized calls take one row a program on the measured warps (bf16
-    4096: 8, 8192: 32), else 16 bytes of x a thread; many rows, the split kernel and the
-    sharded one keep the throughput rule's configs."""
-    from triton_impl.configs import fused_add_config, fused_add_default_config
+    """The fused add's decode-sized calls take one row a program of its fused kernel, on
+    FUSED_ADD_LATENCY_WARPS where the tuning data names the width, else
+    FUSED_ADD_LATENCY_THREAD_BYTES of x a thread; many rows, the split kernel and the sharded
+    one keep the throughput rule's configs."""
+    from triton_impl import tuning
+    from triton_impl.configs import Width, fused_add_config, fused_add_default_config
 
     def rule(n, elem, rows=8, split_ok=True):
         return fused_add_default_config(n, elem, split_ok, rows=rows, sms=132)
 
-    for n, elem, warps in ((4096, 2, 8), (8192, 2, 32), (4096, 4, 32), (1024, 2, 4)):
+    for key, warps in tuning.FUSED_ADD_LATENCY_WARPS.items():
+        c = rule(key.block_n, key.element_size)
+        assert (c.kernel, c.block_m, c.num_warps) == ("fused", 1, warps), (key, c)
+    for n, elem in ((4096, 4), (1024, 2)):
+        assert Width(elem, n) not in tuning.FUSED_ADD_LATENCY_WARPS
         c = rule(n, elem)
-        assert (c.kernel, c.block_m, c.num_warps) == ("fused", 1, warps), (n, elem, c)
+        bytes_a_thread = n * elem // (32 * c.num_warps)
+        assert (c.kernel, c.block_m) == ("fused", 1), (n, elem, c)
+        assert bytes_a_thread == tuning.FUSED_ADD_LATENCY_THREAD_BYTES or c.num_warps == 32
     for n, elem, rows in ((4096, 2, 4096), (4095, 2, 8), (65536, 2, 8)):
         assert rule(n, elem, rows) == fused_add_config(n, elem), (n, elem, rows)
     assert fused_add_default_config(4096, 2) == fused_add_config(4096, 2)  # no GPU at hand
