@@ -2,7 +2,7 @@
 
     python -m harness.sweep [--op rms_norm] [--kernels triton,cuda] [--dtypes bf16,fp16,fp32]
                             [--shapes 32768x4096,...] [--out sweep.jsonl] [--budget-s 420]
-                            [--where triton:reverse=True --where triton:stream_y=True ...]
+                            [--where triton:kernel=sharded --where triton:reload=True ...]
 
 For each shape (default: the benchmark's large grid, harness.plan.grid: M = 2^27 / N) the
 op's inputs come from its factory (harness.ops), each candidate is checked against the
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KERNEL:FIELD=VALUE[,FIELD=VALUE]",
         help="of KERNEL's candidates only those with these config values, and today's "
-        "(repeatable: any one matching; e.g. triton:reverse=True)",
+        "(repeatable: any one matching; e.g. triton:reload=True)",
     )
     return p
 

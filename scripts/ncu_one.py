@@ -11,7 +11,7 @@ profiled after the implementations, the same way (--triton-fused: rms_norm only)
 
     --cuda-configs 128x4x1x0/128x4x1x1     row_threads x vpt x cluster x variant, each
     --triton-fused 1x4/4x16                 the fused Triton kernel: BLOCK_M x num_warps
-    --triton-like reverse=True/stream_y=True,reverse=True
+    --triton-like reload=False/num_warps=16,reload=False
                                             today's Triton config with these fields changed
 """
 

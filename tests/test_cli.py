@@ -355,11 +355,11 @@ def test_sweep_refuses_bad_arguments_on_any_machine(capsys):
         assert f"{flag}: {message}" in refusal(sweep.main, [flag, value], capsys)
     assert "--op: invalid choice: 'backward'" in refusal(sweep.main, ["--op", "backward"], capsys)
     for value, message in (
-        ("reverse=True", "expected KERNEL:FIELD=VALUE"),
-        ("tpu:reverse=True", "expected KERNEL:FIELD=VALUE"),
-        ("triton:reverse", "expected FIELD=VALUE, got 'reverse'"),
-        ("triton:reverse=True,", "expected FIELD=VALUE, got ''"),
-        ("cuda:reverse=True", "cuda configs have no field reverse"),
+        ("reload=True", "expected KERNEL:FIELD=VALUE"),
+        ("tpu:reload=True", "expected KERNEL:FIELD=VALUE"),
+        ("triton:reload", "expected FIELD=VALUE, got 'reload'"),
+        ("triton:reload=True,", "expected FIELD=VALUE, got ''"),
+        ("cuda:reload=True", "cuda configs have no field reload"),
     ):
         assert f"--where: '{value}': {message}" in refusal(sweep.main, ["--where", value], capsys)
 

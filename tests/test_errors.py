@@ -372,12 +372,16 @@ def test_one_wording_for_both_sides(case):
         (dict(kernel="chunked", block_n=64, num_warps=1, stages=0), r"stages is 0"),
         (dict(kernel="chunked", block_n=64, num_warps=1, programs_per_sm=-1), r"programs_per_sm"),
         (
-            dict(kernel="chunked", block_n=64, num_warps=1, reverse=1),
-            r"reverse is 1; expected a bool",
+            dict(kernel="sharded", block_n=64, num_warps=1, reload=1),
+            r"reload is 1; expected a bool",
         ),
         (
-            dict(kernel="fused", block_n=64, num_warps=1, stream_y=True),
-            r"stream_y is set; only the chunked and sharded kernels have it",
+            dict(kernel="chunked", block_n=64, num_warps=1, stages=2),
+            r"stages is 2; only the persistent and sharded kernels pipeline",
+        ),
+        (
+            dict(kernel="chunked", block_n=64, num_warps=1, stream_y=True),
+            r"stream_y is set; only the sharded kernel has it",
         ),
         (
             dict(kernel="chunked", block_n=64, num_warps=1, wait=True),

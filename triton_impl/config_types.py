@@ -26,18 +26,17 @@ class Config:
     block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
     loads in flight) or "sharded" (a row's block_n-wide shards summed by one program
     each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
-    stages: loads in flight through shared memory (Triton's pipeliner), 1 for none;
-    reverse (chunked only): the second sweep from the row's end; stream_y (chunked,
-    sharded): y stored evict_first (so y's lines do not take L2 from the x lines a second
-    sweep re-reads); wait (sharded only): each program waits for its row's sum and
-    normalises its own shard (held, or with reload read again), else the last program of a
-    row to arrive normalises the whole row from L2 (the only schedule under the interpreter,
-    whose programs run one after another); weight_first (rms_norm's fused kernel only): the
-    weight loaded beside x, before the reduction, so that a decode-sized call waits on one
-    L2 round trip, not two (the latency rule's configs); reload (sharded, waiting only):
-    each program reads its shard again once its row's sum is complete (from L2, where it has
-    just been: the wait's acquire invalidates L1) instead of holding it in registers through
-    the wait, so that more programs share an SM.
+    stages (persistent, sharded): loads in flight through shared memory (Triton's
+    pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so y's lines do
+    not take L2 from the x lines a re-read needs); wait (sharded only): each program waits
+    for its row's sum and normalises its own shard (held, or with reload read again), else
+    the last program of a row to arrive normalises the whole row from L2 (the only schedule
+    under the interpreter, whose programs run one after another); weight_first (rms_norm's
+    fused kernel only): the weight loaded beside x, before the reduction, so that a
+    decode-sized call waits on one L2 round trip, not two (the latency rule's configs);
+    reload (sharded, waiting only): each program reads its shard again once its row's sum
+    is complete (from L2, where it has just been: the wait's acquire invalidates L1) instead
+    of holding it in registers through the wait, so that more programs share an SM.
     """
 
     kernel: str
@@ -46,7 +45,6 @@ class Config:
     block_m: int = 1
     programs_per_sm: int = 0
     stages: int = 1
-    reverse: bool = False
     stream_y: bool = False
     wait: bool = False
     reload: bool = False
@@ -73,9 +71,13 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
+        if self.stages > 1 and self.kernel not in ("persistent", "sharded"):
+            raise ValueError(
+                f"{where}: stages is {self.stages}; only the persistent and sharded kernels"
+                " pipeline (1 for the others)"
+            )
         for name, kernels in (
-            ("reverse", ("chunked",)),
-            ("stream_y", ("chunked", "sharded")),
+            ("stream_y", ("sharded",)),
             ("wait", ("sharded",)),
             ("reload", ("sharded",)),
             ("weight_first", ("fused",)),

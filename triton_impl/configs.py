@@ -213,10 +213,8 @@ def kernel_for(
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
         meta.update(_sharded_meta(cfg, n))
-    else:  # chunked, persistent
+    elif cfg.kernel == "persistent":
         meta["STAGES"] = cfg.stages
-        if cfg.kernel == "chunked":
-            meta.update(REVERSE=cfg.reverse, STREAM_Y=cfg.stream_y)
     return kernels[cfg.kernel], meta
 
 
@@ -282,7 +280,6 @@ SEARCH_CHUNK_WARPS = (8, 16, 32)
 SEARCH_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
 SEARCH_PERSISTENT_PER_SM = (1, 2, 4)
 SEARCH_STAGES = (2, 3)
-SEARCH_CHUNK_STAGES = (1, 2, 3)  # 1: one chunk at a time
 #: Short chunks, as torch.compile's looped reductions cut a row (512 threads, 4-8 elements a
 #: thread, one row a program): from rows of two such chunks up, one program a row.
 SEARCH_SHORT_CHUNKS = (1024, 2048)
@@ -339,8 +336,8 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
     that are not whole 16-byte vectors, the persistent kernel where a row fits shared
-    memory, the chunked kernel for rows of two or more chunks from 8192 elements up (its
-    chunk loads pipelined 1-3 deep), and with short chunks for rows of two or more, and the
+    memory, the chunked kernel for rows of two or more chunks from 8192 elements up, and with
+    short chunks for rows of two or more, and the
     sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
     config, the same fused tiles and split kernels, and the sharded kernel's candidates."""
     check_width(n, element_size, "search_space")
@@ -367,26 +364,10 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
         for chunk in SEARCH_CHUNKS:
             for warps in SEARCH_CHUNK_WARPS:
                 for per_sm in SEARCH_PROGRAMS_PER_SM:
-                    if not (chunk < n and lo <= chunk * elem // (32 * warps) <= hi):
-                        continue
-                    for stages in SEARCH_CHUNK_STAGES:
-                        # shared memory: stages - 1 chunks in flight in each of two sweeps;
-                        # pipelined only with one program an SM or one a row (sweep time)
-                        staged = 2 * (stages - 1) * chunk * elem
-                        if stages == 1 or (per_sm < 2 and staged <= SEARCH_STAGED_BYTES):
-                            out.append(Config("chunked", chunk, warps, programs_per_sm=per_sm,
-                                              stages=stages))  # fmt: skip
+                    if chunk < n and lo <= chunk * elem // (32 * warps) <= hi:
+                        out.append(Config("chunked", chunk, warps, programs_per_sm=per_sm))
     for chunk in SEARCH_SHORT_CHUNKS:
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
-    out += [c for c in sharded_candidates(n, elem) if c not in out]
-    # the shipped chunked config with each order of the second sweep and store of y
-    shipped = throughput_config(n, elem, True)
-    if shipped.kernel == "chunked":
-        for reverse in (False, True):
-            for stream_y in (False, True):
-                cfg = dataclasses.replace(shipped, reverse=reverse, stream_y=stream_y)
-                if cfg not in out:
-                    out.append(cfg)
-    return out
+    return out + [c for c in sharded_candidates(n, elem) if c not in out]

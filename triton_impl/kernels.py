@@ -90,19 +90,14 @@ def _rms_norm_fwd_chunked(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
-    REVERSE: tl.constexpr, STREAM_Y: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
     # fmt: on
     # rows too wide for registers: a program walks its rows (row, row + programs, ...) in
-    # BLOCK_N chunks, twice each. With few programs in flight the rows being normalised
-    # fit in L2, so the second sweep re-reads x from L2, not HBM; the hints keep x's lines
-    # there for it (evict_last) and let them go after (evict_first). STAGES > 1: Triton's
-    # pipeliner keeps the next STAGES - 1 chunks' loads in flight (through shared memory)
-    # while one is summed or scaled; 1: one chunk at a time. REVERSE: the second sweep from
-    # the row's end (the chunks loaded last, the likeliest still in L2, re-read first: for
-    # more rows in flight than L2 holds); STREAM_Y: y stored evict_first (its lines, as many
-    # as x's, not kept in L2 in x's place). Where each is on: configs.WIDE_TUNED.
+    # BLOCK_N chunks, twice each, one chunk at a time (num_stages=1: deeper pipelining lost
+    # in the sweep). With few programs in flight the rows being normalised fit in L2, so the
+    # second sweep re-reads x from L2, not HBM; the hints keep x's lines there for it
+    # (evict_last) and let them go after (evict_first).
     cols = tl.arange(0, BLOCK_N)
     first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
     for row in range(first, M, tl.num_programs(0)):
@@ -110,35 +105,21 @@ def _rms_norm_fwd_chunked(
         y_row = y_ptr + row * stride_y
         # sweep 1: per-lane fp32 partial sums, reduced once at the end
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+        for start in tl.range(0, N, BLOCK_N, num_stages=1):
             c = start + cols
             x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
             x = x.to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
         # sweep 2: re-read (L2-resident), scale, cast, store
-        if REVERSE:
-            last = tl.cdiv(N, BLOCK_N) - 1
-            for i in tl.range(0, last + 1, num_stages=STAGES):
-                _scale_chunk(x_row, w_ptr, y_row, (last - i) * BLOCK_N + cols, N, rstd,
-                             HAS_WEIGHT, STREAM_Y)  # fmt: skip
-        else:
-            for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
-                _scale_chunk(x_row, w_ptr, y_row, start + cols, N, rstd, HAS_WEIGHT, STREAM_Y)
-
-
-@triton.jit
-def _scale_chunk(x_row, w_ptr, y_row, c, N, rstd, HAS_WEIGHT: tl.constexpr, STREAM_Y: tl.constexpr):
-    # one chunk of the chunked kernel's second sweep, columns c: re-read, scale, cast, store
-    ok = c < N
-    x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
-    y = x.to(tl.float32) * rstd
-    if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    if STREAM_Y:
-        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok, eviction_policy="evict_first")
-    else:
-        tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+        for start in tl.range(0, N, BLOCK_N, num_stages=1):
+            c = start + cols
+            ok = c < N
+            x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+            y = x.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+            tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
 
 
 # fmt: off
