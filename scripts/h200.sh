@@ -64,16 +64,25 @@ build_variant() {
 # Optional peers, carried as wheels (the device machine has no registry); fetch them here
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
-#   .qk1/, .qk3/, .qk4/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB)
-#   is larger than one call carries beside the working tree, so it is in three parts
-#   (.qk1, .qk3, .qk4), each carried in a call of its own (`bash scripts/h200.sh stage`,
-#   to a warm machine); .qk2 holds QuACK's other wheels and travels with the real call.
+#   .qk1/, .qk3/, .qk4/, ..., .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel
+#   (92 MB) is larger than one call carries beside the working tree, so it is in parts
+#   (.qk1, .qk3, .qk4, ...), each carried in a call of its own (with other work, or
+#   `bash scripts/h200.sh stage`, to a warm machine); .qk2 holds QuACK's other wheels and
+#   travels with the real call.
 mkdir -p /tmp/qk
-for d in .qk1 .qk3 .qk4; do [[ -d $d ]] && cp $d/* /tmp/qk/; done
+for d in .qk[0-9]*; do [[ -d $d && $d != .qk2 ]] && cp "$d"/* /tmp/qk/; done
 mode stage && { ls -la /tmp/qk; exit 0; }
 [[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
+# the parts joined once the last has come (the joined file reads as a whole zip)
 for part in /tmp/qk/*.whl.part-aa; do
-  [[ -e "$part" ]] && cat "${part%.part-aa}".part-* >"${part%.part-aa}" && rm "${part%.part-aa}".part-*
+  [[ -e "$part" ]] || continue
+  whl=${part%.part-aa}
+  cat "$whl".part-* >"$whl.joined"
+  if $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).testzip()" "$whl.joined" 2>/dev/null; then
+    mv "$whl.joined" "$whl" && rm "$whl".part-*
+  else
+    rm "$whl.joined"; echo "QuACK's library wheel: $(ls "$whl".part-* | wc -l) parts here, not all yet"
+  fi
 done
 wheels=$(ls .whl/*.whl /tmp/qk/*.whl 2>/dev/null)
 if [[ -n "$wheels" ]]; then
