@@ -482,6 +482,8 @@ def _retainable(compiled: Fn) -> Fn:
     the backward alone is timed with. Decided at that compile; the calls after it (the
     timed backward) run as compiled, with no patch."""
 
+    import torch._functorch.config  # a submodule torch does not import by itself
+
     def fn(*args):
         with torch._functorch.config.patch(donated_buffer=False):
             return compiled(*args)
