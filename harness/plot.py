@@ -313,14 +313,15 @@ def _save(fig, path: Path) -> Path:
 
 
 def redraw(records_path: str | Path, out: str | Path) -> list[Path]:
-    """Draw the four plots and report.md from a records file; return the files written.
+    """Draw the four plots and the report (report.md, and a page an op with several) from a
+    records file; return the files written.
 
     RecordError for a malformed file; analysis.NoMeasurements for one without timings."""
     return draw(analysis.load(records_path), out)
 
 
 def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
-    """Each op's four plots and report.md from records already loaded (analysis.load)."""
+    """Each op's four plots and the report from records already loaded (analysis.load)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = []
@@ -329,7 +330,7 @@ def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
             p = draw_one(op_recs, out, op)
             if p is not None:
                 plots.append(p)
-    return plots + [report.write_report(recs, out, plots)]
+    return plots + report.write_report(recs, out, plots)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,11 @@
     python -m harness.report RECORDS [--out DIR]
 
 A pure function of the records (like the plots): the numbers come from harness.analysis,
-which harness.plot shares; this module only renders them, one function a section. Each
-op in the records gets its own sections (with one op, the page has no op headings); a
-model/model.md beside it (python -m harness.model's table) is included after them.
+which harness.plot shares; this module only renders them, one function a section. With
+one op in the records, report.md holds its sections; with several, report.md is the
+short page (environment, each op's summary table with a link) and each op's sections are
+a page of their own, report-<op>.md, so each file is short enough to read. A
+model/model.md beside it (python -m harness.model's table) is included in report.md.
 """
 
 from __future__ import annotations
@@ -423,24 +425,38 @@ def _model(out: Path) -> list[str]:
     ]
 
 
-def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = ()) -> Path:
-    """Write out/report.md from records (already deduplicated); return its path. Each op
-    gets its sections, with the plots of its names (analysis.plot_names)."""
+def op_page(op: Op) -> str:
+    """The file name of op's own page when the records hold several ops."""
+    return f"report-{op.name}.md"
+
+
+def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = ()) -> list[Path]:
+    """Write out/report.md from records (already deduplicated), and with several ops a page
+    each (op_page); return the paths written, report.md first. Each op's sections come with
+    the plots of its names (analysis.plot_names)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     env = analysis.env_of(recs)
     groups = analysis.by_op(recs)
     ops = list(groups)
     lines = _title(env, ops) + _environment(env, ops, recs)
+    pages = []
     for op, op_recs in groups.items():
-        if len(ops) > 1:
-            lines += [f"# {op.title} ({op.name})", ""]
         mine = [p for p in plots if p.name in analysis.plot_names(op)]
-        lines += _op_sections(op_recs, op, env, mine)
+        sections = _op_sections(op_recs, op, env, mine)
+        if len(ops) == 1:
+            lines += sections
+            continue
+        page = out / op_page(op)
+        head = [f"# {op.title} ({op.name})", ""]
+        page.write_text("\n".join(head + sections), encoding="utf-8")
+        pages.append(page)
+        lines += head + _summary_table(op_recs, op)
+        lines += [f"Every table of this op, its plots and kernels: [{page.name}]({page.name}).", ""]
     lines += _model(out) + _clocks(recs) + _caveats(ops)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return [path] + pages
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -484,7 +500,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     recs, out = got
     names = [name for op in analysis.by_op(recs) for name in analysis.plot_names(op)]
     plots = [out / name for name in names if (out / name).is_file()]
-    print(f"wrote {write_report(recs, out, plots)}")
+    for path in write_report(recs, out, plots):
+        print(f"wrote {path}")
     return 0
 
 

@@ -993,19 +993,26 @@ def test_analysis_per_op(tmp_path):
 
 
 def test_report_and_plots_have_a_section_per_op(tmp_path):
+    """Several ops: report.md is the short page (each op's heading, summary table and the
+    link to its own page), and each op's sections are its page, report-<op>.md."""
     path = tmp_path / "both.jsonl"
     synthetic_records(path, fused=True)
     out = tmp_path / "drawn"
     written = {p.name for p in plot.redraw(path, out)}
     assert written == set(analysis.PLOT_NAMES) | {
         f"fused_add_rms_norm-{n}" for n in analysis.PLOT_NAMES
-    } | {"report.md"}
+    } | {"report.md", "report-rms_norm.md", "report-fused_add_rms_norm.md"}
     text = (out / "report.md").read_text()
     plain_head = "# RMSNorm forward (rms_norm)"
     fused_head = "# fused residual add + RMSNorm forward (fused_add_rms_norm)"
     assert text.count(plain_head) == 1 and text.count(fused_head) == 1
-    plain, fused = text.split(fused_head)
-    assert plain_head in plain
+    assert text.count("## Summary: grid shapes, cold") == 2
+    assert "[report-rms_norm.md](report-rms_norm.md)" in text.split(fused_head)[0]
+    assert "[report-fused_add_rms_norm.md](report-fused_add_rms_norm.md)" in text
+    assert "## Kernels each implementation ran" not in text  # on the ops' pages
+    plain = (out / "report-rms_norm.md").read_text()
+    fused = (out / "report-fused_add_rms_norm.md").read_text()
+    assert plain.startswith(plain_head) and fused.startswith(fused_head)
     for part in (plain, fused):
         for heading in (
             "## Summary: grid shapes, cold",
@@ -1017,16 +1024,17 @@ def test_report_and_plots_have_a_section_per_op(tmp_path):
         ):
             assert heading in part, heading
     assert "(fused_add_rms_norm-speedup.png)" in fused and "(speedup.png)" in plain
-    assert "fused_add_rms_norm-" not in plain.split("## Environment")[1]
+    assert "fused_add_rms_norm-" not in plain
     assert "ValueError: liger: no" in fused and "ValueError: liger: no" not in plain
     assert "Cannot launch Triton kernel" in plain and "Cannot launch Triton kernel" not in fused
     assert "quack GB/s" in fused  # its peers' columns
     assert "read x + residual + weight, write y + residual_out" in text
-    # the plain op's page alone is what it was: no op headings
+    # the plain op's page alone is what it was: one page, no op headings
     alone = tmp_path / "plain.jsonl"
     synthetic_records(alone)
-    plot.redraw(alone, tmp_path / "plain")
+    assert [p.name for p in plot.redraw(alone, tmp_path / "plain")][-1] == "report.md"
     assert "(rms_norm)" not in (tmp_path / "plain" / "report.md").read_text()
+    assert not list((tmp_path / "plain").glob("report-*.md"))
 
 
 def _fake_run(monkeypatch, tmp_path, step_s: float):
