@@ -12,7 +12,7 @@
 
 The tuned data (tables and constants, forward, fused add and backward) lives in
 triton_impl.tuning, written once; the names the rules read are importable from here too.
-Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) -> tuning.py ->
+Tuning flows one way: the sweep's records (results/h200/sweeps/*.jsonl) -> tuning.py ->
 tests (every candidate computes the same function) -> the benchmark. Why each entry is what
 it is, with the measurements: docs/PERF_NOTES.md.
 """

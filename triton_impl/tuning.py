@@ -6,7 +6,7 @@ rules) and triton_impl.backward (bwd_config, bwd_stages, programs_per_sm).
 Every table is keyed by one type, ``Width(element_size, block_n, padded, dtype)``
 (triton_impl.config_types): dtype is set only on an entry the sweep measured for one dtype.
 
-Tuning flows one way: the sweep's records (results/h200/sweep-*.jsonl) and the probes ->
+Tuning flows one way: the sweep's records (results/h200/sweeps/*.jsonl) and the probes (probes/) ->
 this file -> tests (every candidate computes the same function; the rules pick what they
 say) -> the benchmark. Why each entry is what it is, with the measurements:
 docs/PERF_NOTES.md, by the version each comment names.
