@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch._functorch.config  # _retainable's patch; torch does not import it by itself
 
 from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
 
@@ -481,8 +482,6 @@ def _retainable(compiled: Fn) -> Fn:
     a backward that may write into its saved tensors refuses ``retain_graph=True``, which
     the backward alone is timed with. Decided at that compile; the calls after it (the
     timed backward) run as compiled, with no patch."""
-
-    import torch._functorch.config  # a submodule torch does not import by itself
 
     def fn(*args):
         with torch._functorch.config.patch(donated_buffer=False):
