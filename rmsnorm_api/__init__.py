@@ -280,6 +280,15 @@ def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
         )
 
 
+def _memory_checked_later() -> bool:
+    """Whether the memory checks of a form that writes (check_out, check_in_place) step
+    aside: while dynamo traces a public function, where storage queries
+    (torch._C._is_alias_of, a tensor's storage offset) do not trace and would break the
+    graph. They are not lost: the op the function calls runs the same checks on the traced
+    tensors (the CUDA op's fake, the Triton op's body), where this is False."""
+    return torch.compiler.is_compiling()
+
+
 def check_out(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -296,6 +305,9 @@ def check_out(
         raise ValueError(f"{impl}: out is on device '{out.device}' but x is on '{x.device}'")
     if not out.is_contiguous():
         raise ValueError(f"{impl}: out must be contiguous")
+    _refuse_grad("out=", impl, x=x, weight=weight, out=out)
+    if _memory_checked_later():
+        return
     _check_written(out, "out", impl, "pass a plain tensor (out.resolve_neg() is a copy)")
     # A row written while another program still reads it gives wrong rows, silently; only
     # out=x itself is safe (each row is read whole before it is written).
@@ -307,7 +319,6 @@ def check_out(
         )
     if weight is not None and _overlaps(out, weight):
         raise ValueError(f"{impl}: out overlaps weight in memory; pass a separate tensor")
-    _refuse_grad("out=", impl, x=x, weight=weight, out=out)
 
 
 def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> None:
@@ -447,13 +458,15 @@ def check_in_place(
     """The in-place fused add writes y into x and residual_out into residual: both must be
     viewable as rows in place, apart from each other and from weight in memory, and not
     require grad (run after check_fused_inputs)."""
+    _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
+    if _memory_checked_later():
+        return
     for name, t in (("x", x), ("residual", residual)):
         _check_written(t, name, impl, f"pass {name}.clone() (the in-place form writes {name})")
     if _overlaps(x, residual):
         raise ValueError(f"{impl}: x and residual overlap in memory; both are written")
     if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
         raise ValueError(f"{impl}: weight overlaps x or residual in memory; both are written")
-    _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
 
 
 def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable]:

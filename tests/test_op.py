@@ -61,6 +61,70 @@ def test_compile_fullgraph(name):
         torch.testing.assert_close(got, want, rtol=tol["rtol"], atol=atol)
 
 
+#: Every public function and form, called on (x, r, w, dy) through a backend (_Backend):
+#: what it returns, and (the forms that write) the tensors it writes.
+PUBLIC_FORMS = {
+    "rms_norm": lambda b, x, r, w, dy: b.mod.rms_norm(x, w, 1e-6),
+    "rms_norm out=": lambda b, x, r, w, dy: b.mod.rms_norm(x, w, 1e-6, out=dy),
+    "fused_add_rms_norm": lambda b, x, r, w, dy: b.mod.fused_add_rms_norm(x, r, w, 1e-6),
+    "fused_add_rms_norm_": lambda b, x, r, w, dy: b.mod.fused_add_rms_norm_(x, r, w, 1e-6),
+    "rms_norm_backward": lambda b, x, r, w, dy: b.mod.rms_norm_backward(dy, x, w, 1e-6),
+    "fused_add_rms_norm_backward": lambda b, x, r, w, dy: b.mod.fused_add_rms_norm_backward(
+        dy, x, r, w, 1e-6
+    ),
+    "RMSNorm": lambda b, x, r, w, dy: b.norm(x),
+    "RMSNorm fused": lambda b, x, r, w, dy: b.norm(x, r),
+}
+
+
+class _Backend:
+    """A backend's module and an RMSNorm module of it (built outside the compiled code)."""
+
+    def __init__(self, mod, n: int, dtype):
+        self.mod = mod
+        self.norm = mod.RMSNorm(n, eps=1e-6, device=DEVICE, dtype=dtype)
+
+
+#: The forms autograd differentiates: what a training step compiles.
+GRAD_FORMS = ["rms_norm", "fused_add_rms_norm", "RMSNorm", "RMSNorm fused"]
+#: Backends: on a GPU Inductor itself; on CPU (the Triton interpreter) aot_eager, which
+#: traces the ops' fakes and functionalises the forms that write as Inductor does.
+COMPILE_BACKEND = "inductor" if HAS_GPU else "aot_eager"
+
+
+@pytest.mark.parametrize("form", PUBLIC_FORMS)
+@pytest.mark.parametrize("name", GPU_IMPLS)
+def test_every_public_form_compiles_fullgraph(name, form):
+    """Each public function, each form (plain, out=, fused, in place, the backward ops, the
+    module; with gradients through autograd where it has them) compiles without a graph
+    break and computes what it computes in eager, the tensors it writes included."""
+    impl_or_skip(name)
+    call = PUBLIC_FORMS[form]
+    dtype = torch.bfloat16 if HAS_GPU else torch.float32
+    m, n = 6, 1000
+    backend = _Backend(importlib.import_module(OPS[name]), n, dtype)
+    fresh = [torch.randn(m, n, device=DEVICE).to(dtype) for _ in range(2)]
+    fresh += [(1 + 0.5 * torch.randn(n, device=DEVICE)).to(dtype), torch.randn(m, n).to(fresh[0])]
+    grad = form in GRAD_FORMS
+
+    def run(fn):
+        args = [t.clone().requires_grad_(grad and i < 3) for i, t in enumerate(fresh)]
+        got = fn(backend, *args)
+        got = got if isinstance(got, tuple) else (got,)
+        if grad:
+            outs = [g for g in got if g is not None]
+            torch.autograd.backward(outs, [torch.ones_like(g) for g in outs])
+            got += tuple(a.grad for a in args[: 2 if form.startswith("rms") else 3])
+        return [g for g in got if g is not None] + args  # the inputs: what a form writes
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, dynamic=False, backend=COMPILE_BACKEND)
+    want = run(call)
+    for got, ref in zip(run(compiled), want, strict=True):
+        if ref is not None:
+            torch.testing.assert_close(got, ref, **TOL[dtype])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["triton", "cuda"])
 def test_cuda_graph_capture(name):

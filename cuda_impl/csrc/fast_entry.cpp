@@ -34,4 +34,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out)");
   m.def("fused_add_rms_norm_", &fused_add_rms_norm_in_place,
         "fused_add_rms_norm_(x, residual, weight, eps): in place");
+  m.def("_pretend_no_clusters", &cuda_impl::pretend_no_clusters,
+        "tests only: plan as on a GPU without thread-block clusters (pre-sm_90)");
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -30,6 +31,17 @@ KernelFn<T, W, R> kernel_at(int i);
 
 // SMs of a device, asked once per device.
 int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
+
+namespace {
+std::atomic<bool> g_no_clusters{false};
+}  // namespace
+
+void pretend_no_clusters(bool on) { g_no_clusters.store(on, std::memory_order_relaxed); }
+
+bool has_clusters(int device) {
+  return !g_no_clusters.load(std::memory_order_relaxed) &&
+         device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
+}
 
 namespace {
 
@@ -66,16 +78,29 @@ inline int fewest_ranks(const Config& c, int vecs) {
   return ranks;
 }
 
+// The config of the last rung of `ladder`, or -1 where the table has none.
+template <typename Tb>
+int last_rung(Ladder ladder) {
+  int c = -1;
+  for (int i = 0; i < kNumRungs<Tb>; ++i) {
+    if (Tb::kRungs[i].ladder == ladder) c = kRungConfig<Tb>[i];
+  }
+  return c;
+}
+
 // The default plan for rows of `vecs` vectors of `elem`-byte elements, `rows` of them on a
 // GPU of `sms` SMs (rows = 0: many); `vectors`: every access of every row a whole aligned
-// 16-byte vector (row_vectors, and y's rows aligned).
+// 16-byte vector (row_vectors, and y's rows aligned); `clusters`: the GPU has thread-block
+// clusters. Without them a row past the many-row ladder takes the row-chunk body, which
+// walks a row of any width and alignment in one CTA (rms_norm), or no config (-1: the fused
+// add has no such body).
 template <typename Tb>
-Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
+Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors, bool clusters) {
   if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
   }
-  if (vectors && vecs * (16 / elem) >= kWholeMinN) {
+  if (clusters && vectors && vecs * (16 / elem) >= kWholeMinN) {
     const int c = climb<Tb>(Ladder::kWhole, vecs);
     if (c >= 0) return {c, fewest_ranks(kConfigs<Tb>[c], vecs)};
   }
@@ -92,6 +117,7 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors) {
     if (groups < sms && few >= 0) config = few;
   }
   if (config >= 0) return {config, 1};
+  if (!clusters) return {last_rung<Tb>(Ladder::kRows16), 1};
   const int cluster = climb<Tb>(elem == 4 ? Ladder::kCluster32 : Ladder::kCluster16, vecs);
   return {cluster, fewest_ranks(kConfigs<Tb>[cluster], vecs)};
 }
@@ -152,26 +178,29 @@ Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>&
               bool vectors) {
   const int N = static_cast<int>(x2.size(1));
   const int vecs = N / kVec<T>;  // body vectors a row can have, at most
-  const int sms = sm_count(x2.device().index());
-  const Plan plan = forced.has_value()
-                        ? *forced
-                        : default_plan<Tb>(vecs, sizeof(T), x2.size(0), sms, vectors);
+  const int device = x2.device().index();
+  const bool clusters = has_clusters(device);
+  const Plan plan =
+      forced.has_value()
+          ? *forced
+          : default_plan<Tb>(vecs, sizeof(T), x2.size(0), sm_count(device), vectors, clusters);
+  if (plan.config < 0) {
+    const int many = last_rung<Tb>(sizeof(T) == 4 ? Ladder::kMany32 : Ladder::kMany16);
+    TORCH_CHECK_VALUE(false, impl, ": N = ", num(N),
+                      " needs thread-block clusters (sm_90 or newer), which this GPU has not; "
+                      "without them a row holds at most ",
+                      num(capacity<Tb>({many, 1}) * kVec<T>), " elements");
+  }
+  TORCH_CHECK_VALUE(clusters || !kConfigs<Tb>[plan.config].cluster, impl, ": config (",
+                    num(kConfigs<Tb>[plan.config].row_threads), ", ",
+                    num(kConfigs<Tb>[plan.config].vpt),
+                    ") is a cluster config; this GPU has no thread-block clusters (sm_90 or "
+                    "newer)");
   const Config& c = kConfigs<Tb>[plan.config];
   TORCH_CHECK_VALUE(vecs <= capacity<Tb>(plan), impl, ": config (", num(c.row_threads), ", ",
                     num(c.vpt), ", cluster ", num(plan.ranks), ") holds ",
                     num(capacity<Tb>(plan) * kVec<T>), " elements a row; N is ", num(N));
   return plan;
-}
-
-template <typename Tb>
-void check_clusters(const char* impl, const Plan& plan, int N) {
-  if (!kConfigs<Tb>[plan.config].cluster) return;
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                        c10::cuda::current_device()));
-  TORCH_CHECK_VALUE(major >= 9, impl, ": N = ", num(N),
-                    " needs thread-block clusters (sm_90 or newer); this GPU is sm_", num(major),
-                    "x");
 }
 
 template <typename T, typename W>
@@ -183,7 +212,6 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   const int N = static_cast<int>(x2.size(1));
   const bool vectors = row_vectors<T>(x2, weight) && rows_aligned<T>(y2);
   const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, vectors);
-  check_clusters<PlainTable>(kImpl, plan, N);
   launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16,
                 kernel_at<T, W, void>(plan.config),
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
@@ -203,7 +231,6 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
   const bool vectors = sizeof(R) == sizeof(T) && row_vectors<T>(x2, weight) &&
                        rows_aligned<T>(y2) && rows_aligned<R>(r2) && rows_aligned<R>(ro2);
   const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, vectors);
-  check_clusters<FusedTable>(kImpl, plan, N);
   const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
   // only a forced config can be one the default build leaves out for this dtype
   TORCH_CHECK_VALUE(kernel != nullptr, "cuda_impl.fused_add_rms_norm_with_config: config (",
@@ -432,7 +459,8 @@ std::vector<int64_t> default_config_of(const char* fn, int64_t n, int64_t elemen
                     num(kMaxN), "]");
   // rows as a contiguous, aligned tensor has them: whole vectors where n allows
   const Plan p = default_plan<Tb>(static_cast<int>(n * element_size / 16),
-                                  static_cast<int>(element_size), 0, 0, n * element_size % 16 == 0);
+                                  static_cast<int>(element_size), 0, 0, n * element_size % 16 == 0,
+                                  true);
   const Config& c = kConfigs<Tb>[p.config];
   return {c.row_threads, c.vpt, p.ranks, c.variant};
 }

@@ -630,12 +630,18 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   // are in flight). A relaxed arrive: fence.mbarrier_init orders the init before the
   // barrier; a releasing arrive was slower at every cluster shape (PERF_NOTES v23).
   if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
                    : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cluster_arrive_relaxed();
+#else
+    // built for a GPU without clusters, where the host never launches it (has_clusters):
+    // stop rather than write rows whose sum no peer shared
+    __trap();
+#endif
   }
   if constexpr ((VARIANT & kWholeVectors) != 0) {
     static_assert(CLUSTER && (VARIANT & kStagedRow) != 0, "whole vectors: a cluster a row, staged");

@@ -60,6 +60,12 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
 
 // SMs of a device, asked once per device (forward.cu).
 int sm_count(int device);
+// Whether a device has thread-block clusters (sm_90 or newer), asked once per device; what
+// both ops plan by: without them no cluster config is picked (forward.cu).
+bool has_clusters(int device);
+// Tests only: plan as if no GPU had clusters (true), or as each device says (false), so
+// the paths a pre-sm_90 GPU takes run and are checked on an sm_90 one.
+void pretend_no_clusters(bool on);
 
 // The backward ops (rms_norm_backward.cu): (dx, dweight), and the fused add's (dx,
 // dresidual, dweight); dweight is empty without a weight.

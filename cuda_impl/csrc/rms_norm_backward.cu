@@ -349,6 +349,8 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
     v.x += slots[set][r].x;
     v.y += slots[set][r].y;
   }
+#else
+  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
 #endif
   return v;
 }
@@ -850,7 +852,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
                vec_ok,
                dro.defined() || ds2 != nullptr,
                smem_optin(device),
-               device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9,
+               has_clusters(device),
                w16};
   Launch l;
   const bool s32 = s.scalar_type() == at::kFloat;
