@@ -66,6 +66,7 @@ def test_compile_fullgraph(name):
 PUBLIC_FORMS = {
     "rms_norm": lambda b, x, r, w, dy: b.mod.rms_norm(x, w, 1e-6),
     "rms_norm out=": lambda b, x, r, w, dy: b.mod.rms_norm(x, w, 1e-6, out=dy),
+    "rms_norm out=x": lambda b, x, r, w, dy: b.mod.rms_norm(x, w, 1e-6, out=x),
     "fused_add_rms_norm": lambda b, x, r, w, dy: b.mod.fused_add_rms_norm(x, r, w, 1e-6),
     "fused_add_rms_norm_": lambda b, x, r, w, dy: b.mod.fused_add_rms_norm_(x, r, w, 1e-6),
     "rms_norm_backward": lambda b, x, r, w, dy: b.mod.rms_norm_backward(dy, x, w, 1e-6),

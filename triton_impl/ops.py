@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from rmsnorm_api import (
     DEFAULT_EPS,
@@ -49,10 +50,24 @@ _FUSED_ = "triton_impl.fused_add_rms_norm_"
 
 def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> None:
     """The forward op of ins (x, or x and residual) into outs (checked by the caller); no
-    launch for an empty x."""
-    if has_work(ins[0]):
-        op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
-        launch(plan(op_name, ins, weight, eps, outs, cfg))
+    launch for an empty x.
+
+    Traced (fake tensors: torch.compile's view of the op's body), outputs that are also
+    inputs (the in-place fused add, out=x) are written to new tensors and copied back:
+    Inductor's functional form of a Triton kernel that takes one tensor as two arguments
+    can keep the unwritten one's value (seen with the split kernel, whose stores its
+    mutation analysis does not read: every argument counts as written), and a compiled
+    out=x or in-place call would then leave x as it was."""
+    if not has_work(ins[0]):
+        return
+    op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
+    if is_fake(ins[0]) and any(o is i for o in outs for i in ins):
+        fresh = tuple(torch.empty_like(o) for o in outs)
+        launch(plan(op_name, ins, weight, eps, fresh, cfg))
+        for o, f in zip(outs, fresh, strict=True):
+            o.copy_(f)
+        return
+    launch(plan(op_name, ins, weight, eps, outs, cfg))
 
 
 def _fused_outputs(x, residual) -> tuple[torch.Tensor, torch.Tensor]:
