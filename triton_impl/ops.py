@@ -54,10 +54,9 @@ def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> 
 
     Traced (fake tensors: torch.compile's view of the op's body), outputs that are also
     inputs (the in-place fused add, out=x) are written to new tensors and copied back:
-    Inductor's functional form of a Triton kernel that takes one tensor as two arguments
-    can keep the unwritten one's value (seen with the split kernel, whose stores its
-    mutation analysis does not read: every argument counts as written), and a compiled
-    out=x or in-place call would then leave x as it was."""
+    given one tensor as two arguments of a Triton kernel, Inductor's functional form of the
+    kernel can write y into a clone of x and never copy it back (the split kernel, torch
+    2.11 on the H200), and a compiled out=x or in-place call would leave x as it was."""
     if not has_work(ins[0]):
         return
     op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
