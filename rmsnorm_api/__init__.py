@@ -26,7 +26,8 @@ ops' arguments.
 This module imports neither Triton nor the CUDA extension, so both kernels (and callers
 that have only one of them) share one vocabulary of errors. ``swap_rms_norm(model,
 module_cls)`` (rmsnorm_api.swap) puts either backend's module in place of a model's
-RMSNorm modules.
+RMSNorm modules; ``enable_compile_fusion(backend)`` (rmsnorm_api.fusion) has torch.compile
+rewrite a residual add and the RMSNorm after it into the backend's fused op.
 """
 
 from __future__ import annotations
@@ -685,3 +686,12 @@ class RMSNormModule(torch.nn.Module):
 # of both backends
 from rmsnorm_api.autograd import register_autograd as register_autograd  # noqa: E402
 from rmsnorm_api.swap import swap_rms_norm as swap_rms_norm  # noqa: E402
+
+
+def __getattr__(name: str):
+    # the compile fusion pass on first use: it imports Inductor, seconds a process
+    if name in ("enable_compile_fusion", "disable_compile_fusion"):
+        from rmsnorm_api import fusion
+
+        return getattr(fusion, name)
+    raise AttributeError(f"module 'rmsnorm_api' has no attribute {name!r}")

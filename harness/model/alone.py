@@ -17,7 +17,7 @@ import torch
 from harness import measure, timing
 from harness.measure import kernel_times
 from harness.model.block import Variant
-from harness.model.config import COMPILED_NORMS
+from harness.model.config import COMPILED_NORMS, PASS
 from harness.model.shares import _total, kernels_beyond
 from harness.model.state import Piece, Run, ShapeState, _enter_compile_shape
 from harness.model.train import _forward, _step
@@ -136,7 +136,8 @@ def pieces(run: Run, st: ShapeState, family: str) -> dict:
     inputs = _piece_inputs(run, st)
     out: dict[tuple[str, str], Piece] = {}
     for v in run.variants.values():
-        if v.unavailable or (family == "compile" and v.name not in COMPILED_NORMS):
+        ours_compiled = family == "compile" and v.name not in COMPILED_NORMS
+        if v.unavailable or v.compile_pass or ours_compiled:
             continue
         for what in ("step",) if v.fused else ("norm", "step"):
             p = out[(what, v.name)] = Piece()
@@ -248,7 +249,8 @@ def train_bytes(what: str, inputs: tuple) -> int:
 
 def _piece(st: ShapeState, family: str, what: str, name: str) -> Optional[Piece]:
     """A piece in a family; ours are looked up in the eager family (their kernel is the same
-    whether eager or compiled code launches it)."""
+    whether eager or compiled code launches it; a pass variant's are its fused variant's)."""
+    name = PASS.get(name, name)
     if family == "compile" and name not in COMPILED_NORMS:
         family = "eager"
     p = st.pieces.get(family, {}).get((what, name))

@@ -11,7 +11,8 @@ an add (the next block's first norm would fuse this block's last add):
 ``add_norm`` is ``r = x + r; h = norm(r)`` for the plain variants and one kernel for the
 fused ones. Variants: native (F.rms_norm), eager (the composite transformers' LlamaRMSNorm
 runs: float, pow, mean, rsqrt, mul, cast, weight mul), triton and cuda (ours), triton_fused
-and cuda_fused (our fused add).
+and cuda_fused (our fused add), triton_pass and cuda_pass (native's block, compiled with
+rmsnorm_api.enable_compile_fusion: our fused add put in by Inductor's pattern matcher).
 
 Every block is checked on its outputs against the block computed in fp32 from the same
 bf16 weights and inputs (fp32_block), as close to it as native's eager block within
@@ -69,6 +70,7 @@ class Variant:
     cpu: bool = False  # runs on CPU tensors
     unavailable: Optional[str] = None
     module: Optional[type] = None  # its nn.Module, what the transformers layer swaps in
+    compile_pass: Optional[str] = None  # the backend enable_compile_fusion installs to compile
 
     @property
     def fused(self) -> bool:
@@ -109,6 +111,11 @@ def variants() -> dict[str, Variant]:
         fused = getattr(mod, "fused_add_rms_norm", None)
         missing = None if fused else f"{package} has no fused_add_rms_norm (a build before it)"
         out[f"{name}_fused"] = Variant(f"{name}_fused", fused, None, cpu, missing)
+    for name in ("triton", "cuda"):  # native's block, our fused op put in by the pass
+        why = out[f"{name}_fused"].unavailable
+        add_norm = unfused(impls.native_rms_norm)
+        out[f"{name}_pass"] = Variant(f"{name}_pass", add_norm, None, unavailable=why,
+                                      compile_pass=name)  # fmt: skip
     return out
 
 

@@ -17,8 +17,21 @@ REPO = Path(__file__).resolve().parents[2]  # harness/model/config.py: the repos
 COMMITTED = REPO / "results" / "h200" / "model"
 RECORDS_NAME, REPORT_NAME = "records.jsonl", "model.md"
 
-VARIANTS = ("native", "eager", "triton", "cuda", "triton_fused", "cuda_fused")
-FUSED = ("triton_fused", "cuda_fused")
+VARIANTS = (
+    "native",
+    "eager",
+    "triton",
+    "cuda",
+    "triton_fused",
+    "cuda_fused",
+    "triton_pass",
+    "cuda_pass",
+)
+#: The variants that are native's block as written, compiled with
+#: rmsnorm_api.enable_compile_fusion(backend): the pass puts the backend's fused add + norm
+#: in it, so their pieces alone are the fused variants'. Compiled modes only.
+PASS = {"triton_pass": "triton_fused", "cuda_pass": "cuda_fused"}
+FUSED = ("triton_fused", "cuda_fused", *PASS)
 MODES = ("eager", "graph", "compile", "compile_graph")
 SHAPE_NAMES = ("prefill", "decode", "train")
 #: The modes of the training step: the CUDA-graph ones are for inference here.

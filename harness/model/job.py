@@ -109,11 +109,12 @@ def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
     for name in names:
         v = run.variants[name]
         where = f"{shape.name}/{mode}/{name}"
-        if v.unavailable:
-            _write_block(
-                run, st.shape, mode, name, status="SKIP", notes=[f"not run: {v.unavailable}"]
-            )
-            run.say(f"{where}: skip ({v.unavailable})")
+        why = v.unavailable
+        if v.compile_pass and not mode.startswith("compile"):
+            why = "not applicable: the pass rewrites compiled graphs (eagerly it is native)"
+        if why:
+            _write_block(run, st.shape, mode, name, status="SKIP", notes=[f"not run: {why}"])
+            run.say(f"{where}: skip ({why})")
             continue
         if run.over_budget():
             _write_block(

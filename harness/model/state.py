@@ -138,8 +138,24 @@ def _compiled(run: Run, st: ShapeState, v: Variant) -> tuple[Callable, float]:
             if st.shape.train
             else functools.partial(fn, *st.inputs.args())
         )
+        if v.compile_pass:  # the pass installed while the first call compiles, then gone
+            first = _with_pass(first, v.compile_pass)
         st.compiled[v.name] = (fn, _sync_time(first))
     return st.compiled[v.name]
+
+
+def _with_pass(call: Callable, backend: str) -> Callable:
+    """call with rmsnorm_api's compile fusion pass for backend installed while it runs."""
+    import rmsnorm_api
+
+    def passed():
+        rmsnorm_api.enable_compile_fusion(backend)
+        try:
+            return call()
+        finally:
+            rmsnorm_api.disable_compile_fusion()
+
+    return passed
 
 
 def _enter_compile_shape(run: Run, st: ShapeState) -> None:

@@ -1,0 +1,176 @@
+"""The residual add fused into the norm for a model that does not ask for it: an opt-in
+Inductor pass (torch's pattern matcher, run after autograd on each compiled graph) that
+rewrites ``h = x + residual; y = rms_norm(h)`` into one call of a backend's
+``fused_add_rms_norm``, which reads x and residual once and writes y and h once.
+
+    rmsnorm_api.enable_compile_fusion("triton")   # or "cuda"; then torch.compile as usual
+    rmsnorm_api.disable_compile_fusion()
+
+What it rewrites: the norm as F.rms_norm (torch.nn.RMSNorm) and as transformers'
+LlamaRMSNorm composite (to fp32, pow 2, mean, rsqrt, back to the input's dtype, times the
+weight) traces to, over the last dimension of a 2-D or 3-D x, with a weight; x, residual
+and weight of one dtype and shape (no broadcast). The sum may be used elsewhere too (it
+is the fused op's second output). What it leaves: a norm whose intermediate values are
+used elsewhere (a training graph that saves them for the backward), mixed dtypes, a
+broadcast add, a norm without a weight. Results equal the fused op's (one fp32 rounding);
+the composite rounds to the input's dtype before the weight, so rewritten outputs may differ
+from it by an ulp.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Optional
+
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.pattern_matcher import (
+    Match,
+    PatternMatcherPass,
+    fwd_only,
+    register_replacement,
+)
+
+BACKENDS = ("triton", "cuda")
+
+
+def _rms_norm_of_sum(x, residual, weight, eps):
+    # F.rms_norm as Inductor's graphs hold it (decomposed; the traced F.rms_norm itself
+    # holds an in-place add of an eps rounded to fp32, which matches nothing)
+    h = x + residual
+    hf = h.to(torch.float32)
+    var = torch.ops.aten.add.Scalar(hf.pow(2).mean([h.dim() - 1], keepdim=True), eps)
+    return (hf * torch.rsqrt(var) * weight).to(h.dtype), h
+
+
+def _composite_of_sum(x, residual, weight, eps):
+    h = x + residual
+    hf = h.to(torch.float32)
+    var = hf.pow(2).mean(-1, keepdim=True)
+    return weight * (hf * torch.rsqrt(var + eps)).to(h.dtype), h
+
+
+def _first(fn):
+    """fn's norm output alone: the pattern where the sum has no other use."""
+
+    def first(x, residual, weight, eps):
+        return fn(x, residual, weight, eps)[0]
+
+    return first
+
+
+def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
+    """What the patterns leave open (their traced constants are wildcards), checked on the
+    match: the square, the mean over the last dimension kept, the sum at fp32; then x,
+    residual and weight as the fused op takes them: one dtype, the residual of x's shape,
+    the weight 1-D of x's width, on a device the backend runs on (`devices`)."""
+    x, r, w = (match.kwargs[k].meta.get("val") for k in ("x", "residual", "weight"))
+    if x is None or r is None or w is None or x.device.type not in devices:
+        return False
+    aten, prims = torch.ops.aten, torch.ops.prims
+    for node in match.nodes:
+        if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
+            return False
+        if node.target is aten.mean.dim and (
+            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
+        ):
+            return False
+        if node.target is prims.convert_element_type.default and node.args[1] not in (
+            torch.float32,
+            x.dtype,
+        ):
+            return False
+    return (
+        x.dtype == r.dtype == w.dtype
+        and x.shape == r.shape
+        and w.dim() == 1
+        and w.shape[0] == x.shape[-1]
+        and x.device == r.device == w.device
+    )
+
+
+def _patterns(backend: str) -> PatternMatcherPass:
+    """The pass's patterns for a backend: every search form, dtype and rank."""
+    ns = f"{backend}_impl"
+    __import__(ns)  # registers the op
+    fused = getattr(torch.ops, ns).fused_add_rms_norm.default
+    devices = ("cuda",)
+    if backend == "triton":
+        from triton_impl.kernels import INTERPRET
+
+        devices = ("cuda", "cpu") if INTERPRET else devices
+    check = functools.partial(_is_fused_add_norm, devices)
+
+    def replace_both(x, residual, weight, eps):
+        return fused(x, residual, weight, eps)
+
+    def replace_norm(x, residual, weight, eps):
+        return fused(x, residual, weight, eps)[0]
+
+    # A 16-bit trace (casts to fp32 and back) and an fp32 one (none); traced dtypes, dims
+    # and exponents are wildcards in the patterns, which _is_fused_add_norm pins down.
+    patterns = PatternMatcherPass(pass_name=f"rmsnorm_api.fusion.{backend}")
+    for search in (_rms_norm_of_sum, _composite_of_sum):
+        for dtype in (torch.bfloat16, torch.float32):
+            args = [torch.empty(2, 8, dtype=dtype) for _ in range(2)]
+            args += [torch.empty(8, dtype=dtype), 1e-6]
+            for s, r in ((search, replace_both), (_first(search), replace_norm)):
+                register_replacement(
+                    s,
+                    r,
+                    args,
+                    fwd_only,
+                    patterns,
+                    extra_check=check,
+                    scalar_workaround={"eps": 1e-6},
+                    skip_duplicates=True,
+                )
+    return patterns
+
+
+class _FusionPass(CustomGraphPass):
+    """The post-grad pass Inductor runs on each graph; its uuid keys Inductor's caches."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.rewrites = 0  # adds and norms rewritten, over every graph (tests, the harness)
+
+    @functools.cached_property
+    def _patterns(self) -> PatternMatcherPass:
+        return _patterns(self.backend)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.rewrites += self._patterns.apply(graph)
+
+    def uuid(self) -> Optional[bytes]:
+        with open(__file__, "rb") as f:
+            return hashlib.sha256(f.read() + self.backend.encode()).digest()
+
+
+def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
+    """From now on, graphs torch.compile builds with Inductor have each residual add and the
+    RMSNorm after it rewritten into `backend`'s fused_add_rms_norm ("triton" or "cuda");
+    returns the pass. ValueError for another backend, or while another custom post-grad
+    pass is installed (Inductor runs one)."""
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"rmsnorm_api.enable_compile_fusion: backend is {backend!r}; expected one of"
+            f" {list(BACKENDS)}"
+        )
+    current = inductor_config.post_grad_custom_post_pass
+    if current is not None and not isinstance(current, _FusionPass):
+        raise ValueError(
+            "rmsnorm_api.enable_compile_fusion: torch._inductor.config."
+            f"post_grad_custom_post_pass is already set ({current!r}); Inductor runs one"
+        )
+    inductor_config.post_grad_custom_post_pass = _FusionPass(backend)
+    return inductor_config.post_grad_custom_post_pass
+
+
+def disable_compile_fusion() -> None:
+    """Graphs compiled from now on keep their add and norm (what enable_compile_fusion
+    installed goes; another pass is left as it is)."""
+    if isinstance(inductor_config.post_grad_custom_post_pass, _FusionPass):
+        inductor_config.post_grad_custom_post_pass = None

@@ -1,0 +1,177 @@
+"""The compile fusion pass (rmsnorm_api.enable_compile_fusion): an unchanged block, compiled
+with Inductor, runs the backend's fused add + norm where the graph holds a residual add and
+the RMSNorm after it, with the unrewritten block's results; what must stay is left.
+
+Without a GPU, Triton's fused op under the interpreter in Inductor's CPU graphs; on a GPU,
+both backends."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, HAS_GPU, impl_or_skip
+from harness.reference import TOL
+
+BACKENDS = ["triton", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def fusion(request):
+    """The pass for the test's backend, installed for the test alone; Inductor's caches off,
+    so that each graph runs through it (a cached graph skips the passes)."""
+    import rmsnorm_api
+
+    name = request.node.callspec.params["name"]
+    impl_or_skip(name)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield rmsnorm_api.enable_compile_fusion(name)
+    rmsnorm_api.disable_compile_fusion()
+    torch._dynamo.reset()
+
+
+def decoder(x, r, w1, w2):
+    """Two residual adds, each followed by F.rms_norm, as a decoder layer's two norms; the
+    sums go on (the residual stream)."""
+    h = x + r
+    y = F.rms_norm(h, (h.shape[-1],), w1, 1e-5)
+    h2 = y * 0.5 + h
+    return F.rms_norm(h2, (h2.shape[-1],), w2, 1e-6), h2
+
+
+def llama_composite(x, r, w):
+    """transformers' LlamaRMSNorm forward after a residual add; only the norm is used."""
+    h = x + r
+    hf = h.to(torch.float32)
+    var = hf.pow(2).mean(-1, keepdim=True)
+    return w * (hf * torch.rsqrt(var + 1e-6)).to(h.dtype)
+
+
+def module_norm(x, r, norm):
+    h = x + r
+    return norm(h), h
+
+
+def compiled_matches(fn, *args, dtype):
+    """fn compiled (the pass installed) against fn eagerly: the fused op's one rounding
+    against the composite's (an ulp of y apart at most)."""
+    with torch.no_grad():
+        got = torch.compile(fn, fullgraph=True, dynamic=False)(*args)
+        want = fn(*args)
+    got, want = (t if isinstance(t, tuple) else (t,) for t in (got, want))
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
+
+
+def rows(*shape, dtype):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_f_rms_norm_and_keeps_the_sum(fusion, name):
+    dtype = torch.bfloat16
+    x, r = rows(2, 5, 64, dtype=dtype), rows(2, 5, 64, dtype=dtype)
+    w1, w2 = rows(64, dtype=dtype), rows(64, dtype=dtype)
+    compiled_matches(decoder, x, r, w1, w2, dtype=dtype)
+    assert fusion.rewrites == 2
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_the_llama_composite_and_rms_norm_module(fusion, name):
+    dtype = torch.float32 if not HAS_GPU else torch.float16
+    x, r, w = rows(6, 96, dtype=dtype), rows(6, 96, dtype=dtype), rows(96, dtype=dtype)
+    compiled_matches(llama_composite, x, r, w, dtype=dtype)
+    norm = torch.nn.RMSNorm(96, device=DEVICE, dtype=dtype)  # eps None: finfo's
+    torch.nn.init.normal_(norm.weight)
+    compiled_matches(module_norm, x, r, norm, dtype=dtype)
+    assert fusion.rewrites == 2
+
+
+LEFT_ALONE = {
+    # a weight of another dtype than the sum (the norm's result promotes; the fused op's
+    # weight and x share one dtype)
+    "weight dtype": lambda x, r, w: F.rms_norm(x + r, (x.shape[-1],), w.float(), 1e-6),
+    # a residual broadcast over rows
+    "broadcast": lambda x, r, w: F.rms_norm(x + r[:1], (x.shape[-1],), w, 1e-6),
+    # the mean over rows, not the last dimension
+    "other dim": lambda x, r, w: (
+        (x + r) * torch.rsqrt((x + r).pow(2).mean(0, keepdim=True) + 1e-6) * w
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LEFT_ALONE)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_what_the_fused_op_does_not_compute(fusion, name, case):
+    dtype = torch.bfloat16
+    x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
+    compiled_matches(LEFT_ALONE[case], x, r, w, dtype=dtype)
+    assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_a_training_graph(fusion, name):
+    """With gradients the forward graph saves the norm's values for the backward: no match
+    (the fused op saves none of them), and the gradients are the uncompiled ones."""
+    dtype = torch.float32
+    x, r, w = (t.requires_grad_() for t in (rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype),
+                                            rows(64, dtype=dtype)))  # fmt: skip
+    f = torch.compile(decoder, fullgraph=True, dynamic=False)
+    grads = torch.autograd.grad(sum(t.sum() for t in f(x, r, w, w)), (x, r, w))
+    want = torch.autograd.grad(sum(t.sum() for t in decoder(x, r, w, w)), (x, r, w))
+    for g, v in zip(grads, want, strict=True):
+        torch.testing.assert_close(g, v, **TOL[dtype])
+    assert fusion.rewrites == 0
+
+
+def test_enable_names_the_backend_and_keeps_another_pass():
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    import rmsnorm_api
+
+    with pytest.raises(
+        ValueError, match=r"backend is 'numba'; expected one of \['triton', 'cuda'\]"
+    ):
+        rmsnorm_api.enable_compile_fusion("numba")
+
+    class Other(CustomGraphPass):
+        def __call__(self, graph):
+            pass
+
+        def uuid(self):
+            return b"other"
+
+    with config.patch(post_grad_custom_post_pass=Other()):
+        with pytest.raises(ValueError, match="post_grad_custom_post_pass is already set"):
+            rmsnorm_api.enable_compile_fusion("triton")
+        rmsnorm_api.disable_compile_fusion()  # leaves another pass alone
+        assert isinstance(config.post_grad_custom_post_pass, Other)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_transformers_llama_compiled_runs_the_fused_op(fusion, name):
+    """An unchanged transformers Llama (two layers, random weights), compiled: every add
+    followed by a LlamaRMSNorm (each layer's second norm, the second layer's first, the
+    final norm) becomes the fused op, and the hidden states are the uncompiled model's."""
+    tf = pytest.importorskip("transformers")
+    dtype = torch.bfloat16 if HAS_GPU else torch.float32
+    cfg = tf.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    torch.manual_seed(0)
+    model = tf.LlamaModel(cfg).to(DEVICE, dtype).eval()
+    for m in model.modules():
+        if type(m).__name__ == "LlamaRMSNorm":
+            torch.nn.init.normal_(m.weight, 1.0, 0.1)
+    ids = torch.randint(0, 128, (2, 16), device=DEVICE)
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        got = torch.compile(model, dynamic=False)(ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=4 * TOL[dtype]["rtol"], atol=4 * TOL[dtype]["rtol"])
+    assert fusion.rewrites == 4
