@@ -146,7 +146,12 @@ def render(recs: list[dict]) -> str:
     if not recs:
         return "no model records in this file"
     env = recs[0]["env"]
-    sha = (env.get("git_sha") or "unknown")[:10] + ("-dirty" if env.get("git_dirty") else "")
+
+    def sha_of(e: dict) -> str:
+        return (e.get("git_sha") or "unknown")[:10] + ("-dirty" if e.get("git_dirty") else "")
+
+    # a run split over calls (--append) may span commits: each is named
+    sha = ", ".join(dict.fromkeys(sha_of(r["env"]) for r in recs))
     out = [
         "## The whole model: RMSNorm in a Llama-3-8B-shaped decoder block",
         "",
