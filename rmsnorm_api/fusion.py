@@ -92,7 +92,7 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
 
 
 def _patterns(backend: str) -> PatternMatcherPass:
-    """The pass's patterns for a backend: every search form, dtype and rank."""
+    """The pass's patterns for a backend: each search form, with the sum used on and not."""
     ns = f"{backend}_impl"
     __import__(ns)  # registers the op
     fused = getattr(torch.ops, ns).fused_add_rms_norm.default
