@@ -107,8 +107,10 @@ def default_config(
     n: int, element_size: int, op: str = "rms_norm", *, dtype: Optional[str] = None
 ) -> Config:
     """The config op picks for many rows of n elements of element_size bytes, laid out as
-    a contiguous, 16-byte aligned tensor has them (the C++ ladder itself, so sweeps compare
-    against exactly what runs; ValueError for a width or element size no kernel takes).
+    a contiguous, 16-byte aligned tensor has them, on a GPU with thread-block clusters (the
+    C++ ladder itself, so sweeps compare against exactly what runs on the H200; a GPU
+    without clusters runs one-CTA configs instead; ValueError for a width or element size
+    no kernel takes).
     dtype, x's name, as triton_impl's rule takes it: the CUDA ladders key on element size
     alone."""
     rt, vpt, ranks, variant = _table_fn(op, 1, "default_config")(n, element_size)

@@ -283,11 +283,13 @@ def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
 
 def _memory_checked_later() -> bool:
     """Whether the memory checks of a form that writes (check_out, check_in_place) step
-    aside: while dynamo traces a public function, where storage queries
+    aside: while dynamo traces a public function's Python, where storage queries
     (torch._C._is_alias_of, a tensor's storage offset) do not trace and would break the
     graph. They are not lost: the op the function calls runs the same checks on the traced
-    tensors (the CUDA op's fake, the Triton op's body), where this is False."""
-    return torch.compiler.is_compiling()
+    tensors (the CUDA op's fake, the Triton op's body), where this is False
+    (is_dynamo_compiling is True in the frame dynamo traces alone; is_compiling stays True
+    through AOTAutograd and Inductor too, and would skip them there as well)."""
+    return torch.compiler.is_dynamo_compiling()
 
 
 def check_out(

@@ -63,14 +63,23 @@ def _first(fn):
 
 def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
     """What the patterns leave open (their traced constants are wildcards), checked on the
-    match: the square, the mean over the last dimension kept, the sum at fp32; then x,
-    residual and weight as the fused op takes them: one dtype, the residual of x's shape,
-    the weight 1-D of x's width, on a device the backend runs on (`devices`)."""
+    match: the square, the mean over the last dimension kept, the sum at fp32, an add
+    without alpha; then x, residual, weight and eps as the fused op takes them: one dtype,
+    the residual of x's shape, both of stride 1 along a row, the weight 1-D of x's width, on
+    a device the backend runs on (`devices`), eps in the op's range. A match the op would
+    refuse stays the graph's own norm."""
+    from rmsnorm_api import EPS_MAX, EPS_MIN
+
     x, r, w = (match.kwargs[k].meta.get("val") for k in ("x", "residual", "weight"))
     if x is None or r is None or w is None or x.device.type not in devices:
         return False
+    eps = match.kwargs["eps"]
+    if not isinstance(eps, (int, float)) or not EPS_MIN <= eps <= EPS_MAX:
+        return False  # the op refuses it; the graph keeps its own norm
     aten, prims = torch.ops.aten, torch.ops.prims
     for node in match.nodes:
+        if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
+            return False  # x + alpha * residual is not the fused op's sum
         if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
             return False
         if node.target is aten.mean.dim and (
@@ -85,6 +94,7 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
     return (
         x.dtype == r.dtype == w.dtype
         and x.shape == r.shape
+        and (x.dim() == 0 or x.stride(-1) == 1 and r.stride(-1) == 1)  # what the op reads
         and w.dim() == 1
         and w.shape[0] == x.shape[-1]
         and x.device == r.device == w.device

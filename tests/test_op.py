@@ -126,6 +126,32 @@ def test_every_public_form_compiles_fullgraph(name, form):
             torch.testing.assert_close(got, ref, **TOL[dtype])
 
 
+#: Forms that write, with what they write overlapping what they read, and the refusal:
+#: compiled, as eagerly (the checks run on the traced tensors, in the op's fake or body).
+OVERLAPPING_WRITES = {
+    "out partially overlaps x": lambda b, buf, w: b.mod.rms_norm(buf[:-1], w, 1e-6, out=buf[1:]),
+    "x and residual overlap": lambda b, buf, w: b.mod.fused_add_rms_norm_(
+        buf[:-1], buf[1:], w, 1e-6
+    ),
+}
+
+
+@pytest.mark.parametrize("refusal", OVERLAPPING_WRITES)
+@pytest.mark.parametrize("name", GPU_IMPLS)
+def test_compiled_forms_refuse_overlapping_writes(name, refusal):
+    impl_or_skip(name)
+    n = 64
+    backend = _Backend(importlib.import_module(OPS[name]), n, torch.float32)
+    buf, w = torch.randn(5, n, device=DEVICE), torch.randn(n, device=DEVICE)
+    call = OVERLAPPING_WRITES[refusal]
+    with pytest.raises(ValueError, match=refusal):
+        call(backend, buf, w)
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, dynamic=False, backend=COMPILE_BACKEND)
+    with pytest.raises(Exception, match=refusal):  # dynamo wraps it, the message kept
+        compiled(backend, buf, w)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["triton", "cuda"])
 def test_cuda_graph_capture(name):
