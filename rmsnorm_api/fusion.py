@@ -32,6 +32,7 @@ from torch._inductor.pattern_matcher import (
     fwd_only,
     register_replacement,
 )
+from torch._subclasses.functional_tensor import dispatch_functionalize
 
 BACKENDS = ("triton", "cuda")
 
@@ -113,9 +114,14 @@ def _patterns(backend: str) -> PatternMatcherPass:
         devices = ("cuda", "cpu") if INTERPRET else devices
     check = functools.partial(_is_fused_add_norm, devices)
 
+    # Traced functionalized, as AOTAutograd traces a model's own call to the op: the Triton
+    # op then decomposes into its kernel launch, which Inductor's wrapper code makes itself
+    # (an opaque op is a call back into the op's Python, 2-3x the host time of a launch).
+    @dispatch_functionalize
     def replace_both(x, residual, weight, eps):
         return fused(x, residual, weight, eps)
 
+    @dispatch_functionalize
     def replace_norm(x, residual, weight, eps):
         return fused(x, residual, weight, eps)[0]
 

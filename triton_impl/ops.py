@@ -60,7 +60,7 @@ def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> 
     if not has_work(ins[0]):
         return
     op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
-    if is_fake(ins[0]) and any(o is i for o in outs for i in ins):
+    if any(o is i for o in outs for i in ins) and is_fake(ins[0]):
         fresh = tuple(torch.empty_like(o) for o in outs)
         launch(plan(op_name, ins, weight, eps, fresh, cfg))
         for o, f in zip(outs, fresh, strict=True):
