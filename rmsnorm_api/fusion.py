@@ -74,10 +74,13 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
     x, r, w = (match.kwargs[k].meta.get("val") for k in ("x", "residual", "weight"))
     if x is None or r is None or w is None or x.device.type not in devices:
         return False
-    eps = match.kwargs["eps"]
-    if not isinstance(eps, (int, float)) or not EPS_MIN <= eps <= EPS_MAX:
-        return False  # the op refuses it; the graph keeps its own norm
     aten, prims = torch.ops.aten, torch.ops.prims
+    # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
+    # match's own values, whose kwargs then lack it
+    eps = [n.args[1] for n in match.nodes if n.target in (aten.add.Scalar, aten.add.Tensor)]
+    eps = [e for e in eps if isinstance(e, (int, float))]
+    if len(eps) != 1 or not EPS_MIN <= eps[0] <= EPS_MAX:
+        return False  # the op refuses it; the graph keeps its own norm
     for node in match.nodes:
         if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
             return False  # x + alpha * residual is not the fused op's sum
