@@ -186,14 +186,20 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
     CUDA: the op without the Python checks). Fresh inputs each call: the first call
     compiles, the repeats reuse it, and every result is the reference's."""
     impl = impl_or_skip(name)
+    if name == "triton":
+        from triton_impl import eager, launch
+
+        eager.PLANS.clear()  # what this case caches, not what earlier cases left
     for _ in range(3):
         x = torch.randn(m, n + pad, device=DEVICE).to(dtype)[:, :n]
         w = None if wdtype is None else (1 + torch.randn(n, device=DEVICE)).to(wdtype)
         torch.testing.assert_close(impl.fn(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), **TOL[dtype])
     if name == "triton":
-        from triton_impl import eager
-
         plans = [p for p in eager.PLANS.values() if p.compiled]
+        y = torch.empty_like(x)
+        if not launch.plan("rms_norm", (x,), w, 1e-6, (y,)).reusable:
+            assert not plans, "a launch with a workspace of its own was cached"
+            return
         assert plans, "the fast path cached no plan with a compiled kernel"
         assert all(all(p.compiled.values()) for p in plans) == eager.DIRECT
 
