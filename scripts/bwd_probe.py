@@ -7,6 +7,10 @@ predict-change-measure loop.
 
     python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32] [--impls cuda]
                                  [--weight dtype|fp32|none]
+                                 [--tune "BWD_SHARD_N=8192,BWD_SHARD_THREAD_ELEMS=16;..."]
+
+--tune: each ';'-separated setting of triton_impl.backward's tuning names is probed in turn
+(the Triton rows only change), for the predict-change-measure loop of a tuning value.
 """
 
 import argparse
@@ -52,9 +56,28 @@ def main() -> int:
     p.add_argument("--impls", default="triton,cuda,native")
     p.add_argument("--weight", default="dtype", choices=("dtype", "fp32", "none"),
                    help="the weight: x's dtype (default), fp32 beside x, or none")  # fmt: skip
+    p.add_argument("--tune", default="", help="';'-separated NAME=V,... settings, each probed")
     args = p.parse_args()
     import triton_impl
+    import triton_impl.backward as bwd
 
+    wrong = 0
+    for setting in args.tune.split(";"):
+        pairs = [kv.split("=") for kv in setting.split(",") if kv]
+        for name, value in pairs:
+            if not hasattr(bwd, name):
+                raise SystemExit(f"--tune: triton_impl.backward has no {name}")
+            setattr(bwd, name, int(value))
+        if pairs:
+            print(f"--- tune {setting}", flush=True)
+        wrong += probe(args, triton_impl)
+    if wrong:
+        print(f"{wrong} results differ from the reference: the probe fails")
+    return 1 if wrong else 0
+
+
+def probe(args, triton_impl) -> int:
+    """The probe's table for args' dtypes, shapes and impls; returns the wrong results."""
     impls = args.impls.split(",")
     libs = {"triton": triton_impl}
     if any(name.startswith("cuda") for name in impls):  # the extension, built
@@ -113,9 +136,7 @@ def main() -> int:
                 wrong += bool(flag)
                 print(f"{dname:6} {m:>6}x{n:<6} {name:>7} {us:9.1f} {pct:7.1f} {err:9.1e}{flag}",
                       flush=True)  # fmt: skip
-    if wrong:
-        print(f"{wrong} results differ from the reference: the probe fails")
-    return 1 if wrong else 0
+    return wrong
 
 
 if __name__ == "__main__":

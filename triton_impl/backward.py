@@ -54,6 +54,10 @@ from triton_impl.tuning import (
     BWD_MAX_N,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
+    BWD_SHARD_FROM_N,
+    BWD_SHARD_N,
+    BWD_SHARD_THREAD_ELEMS,
+    BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
     DW_BLOCK_N,
@@ -203,6 +207,63 @@ def _rms_norm_bwd(
                     tl.store(dwp_row + cc, part + dy * s * rstd, mask=ok)
 
 
+# fmt: off
+@triton.jit
+def _rms_norm_bwd_sharded(
+    s_ptr, dy_ptr, w_ptr, dro_ptr, ds_ptr, ds2_ptr, dwp_ptr,  # as _rms_norm_bwd; dwp: groups x N
+    part_ptr, count_ptr,  # fp32 row sums (M, 2, SHARDS); arrivals a row (M,), zeroed
+    stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,
+    M, N, eps,
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+):
+    # fmt: on
+    # A group of SHARDS programs walks rows group, group + groups, ...; each holds BLOCK_N
+    # columns of every row it meets, so its dweight share stays in registers over all the
+    # group's rows. The row's two sums are exchanged through global memory (the forward's
+    # sharded kernels' scheme: shard sums stored, one arrival counted, the full count
+    # acquired); the next row's shard is loaded before the wait, so HBM stays busy while
+    # the group's other programs arrive.
+    pid = tl.program_id(0)
+    group = pid // SHARDS
+    shard = pid % SHARDS
+    groups = tl.num_programs(0) // SHARDS
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes it as fp64
+    cols = shard * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    k = tl.arange(0, SHARDS_P2)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = group.to(tl.int64)
+    s, dy = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy, cols, ok & (first < M),
+                      "")  # fmt: skip
+    for row in range(group.to(tl.int64), M, groups):
+        g = dy * w if HAS_WEIGHT else dy
+        parts = part_ptr + row * 2 * SHARDS
+        tl.store(parts + shard, tl.sum(s * s, axis=0))
+        tl.store(parts + SHARDS + shard, tl.sum(g * s, axis=0))
+        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        nxt = row + groups
+        s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
+                                    ok & (nxt < M), "")  # fmt: skip
+        while arrived < SHARDS:
+            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+        # summed in shard order: the same bits on every run and in every shard
+        ss = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
+        gs = tl.sum(tl.load(parts + SHARDS + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"),
+                    axis=0)  # fmt: skip
+        rstd = tl.rsqrt(ss / N + eps)
+        c = gs / N * rstd * rstd
+        _store_ds((g - s * c) * rstd, cols, ok, dro_ptr + row * stride_dro,
+                  ds_ptr + row * stride_ds, ds2_ptr + row * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
+        if HAS_WEIGHT:
+            dw += dy * s * rstd
+        s, dy = s_next, dy_next
+    if HAS_WEIGHT:
+        tl.store(dwp_ptr + group.to(tl.int64) * N + cols, dw, mask=ok)
+
+
 @triton.jit
 def _dw_reduce(
     dwp_ptr, dw_ptr,  # partials (programs x N, fp32), dweight (N,)
@@ -328,8 +389,11 @@ def _run_backward(
     dro = as_rows(d_residual_out) if d_residual_out is not None else None
     ds2_2 = ds2.view(-1, n) if ds2 is not None else None
     m = s2.shape[0]
-    vec = split_vec(n, s2, dy2, ds_2, *(t for t in (dro, ds2_2) if t is not None))
     has_w = weight is not None
+    sharded = shard_plan(n, sm_count(s.device.index) if s.is_cuda and not INTERPRET else 0)
+    if sharded is not None:
+        return _run_sharded(sharded, s2, dy2, weight, eps, dro, ds_2, ds2_2)
+    vec = split_vec(n, s2, dy2, ds_2, *(t for t in (dro, ds2_2) if t is not None))
     meta = bwd_meta(n, s.element_size(), vec, has_w, dro is not None, ds2_2 is not None)
     if s.is_cuda:
         programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sm_count(s.device.index)))
@@ -353,9 +417,64 @@ def _run_backward(
         s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
         m, n, eps, **meta,
     )  # fmt: skip
-    if not has_w:
+    return _reduce_dw(dwp, weight, programs) if has_w else None
+
+
+def shard_plan(n: int, sms: int) -> Optional[tuple[int, int, int]]:
+    """(shards, block_n, num_warps) of the sharded kernel for rows of n elements, or None:
+    rows from BWD_SHARD_FROM_N wide, in shards of at most BWD_SHARD_N columns, when a row's
+    shards fit on the GPU's sms at once (a waiting shard whose row's last one could not
+    start would wait forever). sms = 0: the interpreter, whose programs run one after
+    another: one shard a row, which never waits on another."""
+    if triton.next_power_of_2(n) < BWD_SHARD_FROM_N:
         return None
-    dw = torch.empty(n, dtype=weight.dtype, device=s.device)
+    shards = triton.cdiv(n, BWD_SHARD_N) if sms else 1
+    if sms and shards > sms:
+        return None
+    block_n = triton.next_power_of_2(triton.cdiv(n, shards))
+    return shards, block_n, max(1, min(16, block_n // (32 * BWD_SHARD_THREAD_ELEMS)))
+
+
+def _run_sharded(
+    sharded: tuple[int, int, int],
+    s2: torch.Tensor,
+    dy2: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    dro: Optional[torch.Tensor],
+    ds_2: torch.Tensor,
+    ds2_2: Optional[torch.Tensor],
+) -> Optional[torch.Tensor]:
+    """_run_backward's rows through the sharded kernel (shard_plan's answer); returns dweight."""
+    shards, block_n, warps = sharded
+    m, n = s2.shape
+    has_w = weight is not None
+    if s2.is_cuda:
+        slots = sm_count(s2.device.index) * max(1, BWD_SHARD_WARPS_PER_SM // warps)
+        groups = max(1, min(m, slots // shards))
+    else:
+        groups = max(1, min(m, 2))  # the interpreter: dweight still sums several partials
+    if not has_work(s2):
+        return torch.zeros(n, dtype=weight.dtype, device=s2.device) if has_w else None
+    w = weight.contiguous() if has_w else s2  # dummy pointers as in _run_backward
+    dwp = torch.empty((groups if has_w else 1, n), dtype=torch.float32, device=s2.device)
+    part = torch.empty(m * 2 * shards, dtype=torch.float32, device=s2.device)
+    count = torch.zeros(m, dtype=torch.int32, device=s2.device)
+    dro_ = s2 if dro is None else dro
+    ds2_ = ds_2 if ds2_2 is None else ds2_2
+    run(
+        _rms_norm_bwd_sharded, (groups * shards,), s2, dy2, w, dro_, ds_2, ds2_, dwp, part, count,
+        s2.stride(0), dy2.stride(0), dro_.stride(0), ds_2.stride(0), ds2_.stride(0), m, n, eps,
+        BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
+        HAS_WEIGHT=has_w, HAS_DRO=dro is not None, HAS_DS2=ds2_2 is not None, num_warps=warps,
+    )  # fmt: skip
+    return _reduce_dw(dwp, weight, groups) if has_w else None
+
+
+def _reduce_dw(dwp: torch.Tensor, weight: torch.Tensor, programs: int) -> torch.Tensor:
+    """dweight: the partials rows summed in a fixed order (_dw_reduce)."""
+    n = dwp.shape[1]
+    dw = torch.empty(n, dtype=weight.dtype, device=dwp.device)
     grid = (triton.cdiv(n, DW_BLOCK_N),)
     run(_dw_reduce, grid, dwp, dw, programs, n, BLOCK_P=DW_BLOCK_P, BLOCK_N=DW_BLOCK_N, num_warps=4)
     return dw
