@@ -105,11 +105,13 @@ FUSED_ADD_LATENCY_THREAD_BYTES = 16
 BWD_MAX_N = 16384
 BWD_CHUNK = 4096
 #: Rows from this power of two wide are sharded: a row split over programs of at most
-#: BWD_SHARD_N columns that exchange its sums through global memory, BWD_SHARD_THREAD_ELEMS
-#: columns a thread, BWD_SHARD_WARPS_PER_SM warps of them an SM.
-BWD_SHARD_FROM_N = 16384
-BWD_SHARD_N = 4096
-BWD_SHARD_THREAD_ELEMS = 8
+#: BWD_SHARD_N columns that exchange its sums through global memory, BWD_SHARD_ROWS rows
+#: an exchange, BWD_SHARD_THREAD_ELEMS elements a thread, BWD_SHARD_WARPS_PER_SM warps of
+#: them an SM.
+BWD_SHARD_FROM_N = 32768
+BWD_SHARD_N = 2048
+BWD_SHARD_ROWS = 1
+BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 32
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
