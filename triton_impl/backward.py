@@ -56,7 +56,6 @@ from triton_impl.tuning import (
     BWD_PIPELINED_MAX_N,
     BWD_SHARD_FROM_N,
     BWD_SHARD_N,
-    BWD_SHARD_ROWS,
     BWD_SHARD_THREAD_ELEMS,
     BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
@@ -212,59 +211,57 @@ def _rms_norm_bwd(
 @triton.jit
 def _rms_norm_bwd_sharded(
     s_ptr, dy_ptr, w_ptr, dro_ptr, ds_ptr, ds2_ptr, dwp_ptr,  # as _rms_norm_bwd; dwp: groups x N
-    part_ptr, count_ptr,  # fp32 row sums (blocks, 2, ROWS, SHARDS); arrivals a block, zeroed
+    part_ptr, count_ptr,  # fp32 row sums (M, 2, SHARDS); arrivals a row (M,), zeroed
     stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,
     M, N, eps,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
 ):
     # fmt: on
-    # A group of SHARDS programs walks blocks of ROWS rows: group, group + groups, ...; each
-    # program holds BLOCK_N columns of every row it meets, so its dweight share stays in
-    # registers over all the group's rows. A block's row sums are exchanged through global
-    # memory (the forward's sharded kernels' scheme: shard sums stored, one arrival
-    # counted, the full count acquired), one exchange for ROWS rows; the next block is
-    # loaded before the wait, so HBM stays busy while the group's other programs arrive.
+    # A group of SHARDS programs walks rows group, group + groups, ...; each holds BLOCK_N
+    # columns of every row it meets, so its dweight share stays in registers over all the
+    # group's rows. The row's two sums are exchanged through global memory (the forward's
+    # sharded kernels' scheme: shard sums stored, one arrival counted, the full count
+    # acquired); the next row's shard is loaded before the wait, so HBM stays busy while
+    # the group's other programs arrive.
     pid = tl.program_id(0)
     group = pid // SHARDS
     shard = pid % SHARDS
     groups = tl.num_programs(0) // SHARDS
     eps = tl.cast(eps, tl.float32)  # torch.compile passes it as fp64
-    cols = (shard * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+    cols = shard * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
-    r = tl.arange(0, ROWS)
-    k = tl.arange(0, SHARDS_P2)[None, :]
+    k = tl.arange(0, SHARDS_P2)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    dw = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    rows = (group.to(tl.int64) * ROWS + r)[:, None]
-    s, dy = _load_row(s_ptr + rows * stride_s, dy_ptr + rows * stride_dy, cols, ok & (rows < M),
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = group.to(tl.int64)
+    s, dy = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy, cols, ok & (first < M),
                       "")  # fmt: skip
-    for block in range(group.to(tl.int64), tl.cdiv(M, ROWS), groups):
-        rows = (block * ROWS + r)[:, None]
+    for row in range(group.to(tl.int64), M, groups):
         g = dy * w if HAS_WEIGHT else dy
-        parts = part_ptr + block * 2 * ROWS * SHARDS + r[:, None] * SHARDS
-        tl.store(parts + shard, tl.sum(s * s, axis=1)[:, None])
-        tl.store(parts + ROWS * SHARDS + shard, tl.sum(g * s, axis=1)[:, None])
-        arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel", scope="gpu") + 1
-        nxt = rows + groups * ROWS
+        parts = part_ptr + row * 2 * SHARDS
+        tl.store(parts + shard, tl.sum(s * s, axis=0))
+        tl.store(parts + SHARDS + shard, tl.sum(g * s, axis=0))
+        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        nxt = row + groups
         s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
                                     ok & (nxt < M), "")  # fmt: skip
         while arrived < SHARDS:
-            arrived = tl.atomic_add(count_ptr + block, 0, sem="acquire", scope="gpu")
+            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         # summed in shard order: the same bits on every run and in every shard
-        ss = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=1)
-        gs = tl.sum(tl.load(parts + ROWS * SHARDS + k, mask=k < SHARDS, other=0.0,
-                            cache_modifier=".cg"), axis=1)  # fmt: skip
-        rstd = tl.rsqrt(ss / N + eps)[:, None]
-        c = gs[:, None] / N * rstd * rstd
-        _store_ds((g - s * c) * rstd, cols, ok & (rows < M), dro_ptr + rows * stride_dro,
-                  ds_ptr + rows * stride_ds, ds2_ptr + rows * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
+        ss = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
+        gs = tl.sum(tl.load(parts + SHARDS + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"),
+                    axis=0)  # fmt: skip
+        rstd = tl.rsqrt(ss / N + eps)
+        c = gs / N * rstd * rstd
+        _store_ds((g - s * c) * rstd, cols, ok, dro_ptr + row * stride_dro,
+                  ds_ptr + row * stride_ds, ds2_ptr + row * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
         if HAS_WEIGHT:
-            dw += dy * s * rstd  # rows past M hold zeros
+            dw += dy * s * rstd
         s, dy = s_next, dy_next
     if HAS_WEIGHT:
-        tl.store(dwp_ptr + group.to(tl.int64) * N + cols, tl.sum(dw, axis=0)[None, :], mask=ok)
+        tl.store(dwp_ptr + group.to(tl.int64) * N + cols, dw, mask=ok)
 
 
 @triton.jit
@@ -425,8 +422,8 @@ def _run_backward(
 
 def shard_plan(n: int, sms: int) -> Optional[tuple[int, int, int]]:
     """(shards, block_n, num_warps) of the sharded kernel for rows of n elements, or None:
-    rows from BWD_SHARD_FROM_N wide, in shards of at most BWD_SHARD_N columns (BWD_SHARD_ROWS
-    rows of them a step, BWD_SHARD_THREAD_ELEMS elements a thread), when a row's
+    rows from BWD_SHARD_FROM_N wide, in shards of at most BWD_SHARD_N columns
+    (BWD_SHARD_THREAD_ELEMS a thread), when a row's
     shards fit on the GPU's sms at once (a waiting shard whose row's last one could not
     start would wait forever). sms = 0: the interpreter, whose programs run one after
     another: one shard a row, which never waits on another."""
@@ -436,8 +433,7 @@ def shard_plan(n: int, sms: int) -> Optional[tuple[int, int, int]]:
     if sms and shards > sms:
         return None
     block_n = triton.next_power_of_2(triton.cdiv(n, shards))
-    tile = block_n * BWD_SHARD_ROWS
-    return shards, block_n, max(1, min(16, tile // (32 * BWD_SHARD_THREAD_ELEMS)))
+    return shards, block_n, max(1, min(16, block_n // (32 * BWD_SHARD_THREAD_ELEMS)))
 
 
 def _run_sharded(
@@ -454,25 +450,27 @@ def _run_sharded(
     shards, block_n, warps = sharded
     m, n = s2.shape
     has_w = weight is not None
-    blocks = triton.cdiv(m, BWD_SHARD_ROWS)
+    # per_sm programs an SM, each held to the registers that let them all be resident: a
+    # group whose programs were not all resident would wait for the others' rows to finish
+    per_sm = max(1, BWD_SHARD_WARPS_PER_SM // warps)
     if s2.is_cuda:
-        slots = sm_count(s2.device.index) * max(1, BWD_SHARD_WARPS_PER_SM // warps)
-        groups = max(1, min(blocks, slots // shards))
+        groups = max(1, min(m, sm_count(s2.device.index) * per_sm // shards))
     else:
-        groups = max(1, min(blocks, 2))  # the interpreter: dweight still sums several partials
+        groups = max(1, min(m, 2))  # the interpreter: dweight still sums several partials
     if not has_work(s2):
         return torch.zeros(n, dtype=weight.dtype, device=s2.device) if has_w else None
     w = weight.contiguous() if has_w else s2  # dummy pointers as in _run_backward
     dwp = torch.empty((groups if has_w else 1, n), dtype=torch.float32, device=s2.device)
-    part = torch.empty(blocks * 2 * BWD_SHARD_ROWS * shards, dtype=torch.float32, device=s2.device)
-    count = torch.zeros(blocks, dtype=torch.int32, device=s2.device)
+    part = torch.empty(m * 2 * shards, dtype=torch.float32, device=s2.device)
+    count = torch.zeros(m, dtype=torch.int32, device=s2.device)
     dro_ = s2 if dro is None else dro
     ds2_ = ds_2 if ds2_2 is None else ds2_2
     run(
         _rms_norm_bwd_sharded, (groups * shards,), s2, dy2, w, dro_, ds_2, ds2_, dwp, part, count,
         s2.stride(0), dy2.stride(0), dro_.stride(0), ds_2.stride(0), ds2_.stride(0), m, n, eps,
-        BLOCK_N=block_n, ROWS=BWD_SHARD_ROWS, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
+        BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
         HAS_WEIGHT=has_w, HAS_DRO=dro is not None, HAS_DS2=ds2_2 is not None, num_warps=warps,
+        maxnreg=SM_REGISTERS // (32 * warps * per_sm),
     )  # fmt: skip
     return _reduce_dw(dwp, weight, groups) if has_w else None
 

@@ -105,14 +105,13 @@ FUSED_ADD_LATENCY_THREAD_BYTES = 16
 BWD_MAX_N = 16384
 BWD_CHUNK = 4096
 #: Rows from this power of two wide are sharded: a row split over programs of at most
-#: BWD_SHARD_N columns that exchange its sums through global memory, BWD_SHARD_ROWS rows
-#: an exchange, BWD_SHARD_THREAD_ELEMS elements a thread, BWD_SHARD_WARPS_PER_SM warps of
-#: them an SM.
+#: BWD_SHARD_N columns that exchange its sums through global memory, BWD_SHARD_THREAD_ELEMS
+#: elements a thread, BWD_SHARD_WARPS_PER_SM warps of them an SM (their registers capped so
+#: that they are all resident).
 BWD_SHARD_FROM_N = 32768
 BWD_SHARD_N = 2048
-BWD_SHARD_ROWS = 1
 BWD_SHARD_THREAD_ELEMS = 16
-BWD_SHARD_WARPS_PER_SM = 32
+BWD_SHARD_WARPS_PER_SM = 16
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
 #: Warps of a program the register-resident rows aim at an SM, and the programs that makes
