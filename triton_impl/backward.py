@@ -25,7 +25,14 @@ Parallelisation
   (16-byte vectors) and a scalar tail. The programs are a multiple of VEC (a vector's
   elements), so all the rows a program walks are equally far from a boundary: one split
   holds for them all, and each lane keeps its column for the dweight sum.
-- wider rows: the row in BWD_CHUNK chunks, twice: sweep 1 takes both sums, sweep 2 re-reads
+- sharded rows (a power of two of BWD_SHARD_FROM_BYTES or more): a row split over a group
+  of programs, BWD_SHARD_N columns each, that exchange the row's two sums through global
+  memory (stored, one arrival counted, the full count acquired) as the forward's sharded
+  kernels do. A group walks rows group, group + groups, ..., so each program keeps its
+  columns' dweight share in registers over all of them and writes one partials row; the
+  next row is loaded before the wait. Registers are capped (maxnreg) so that every
+  program of the grid is resident at once.
+- wider rows (a row of more shards than SMs): the row in BWD_CHUNK chunks, twice: sweep 1 takes both sums, sweep 2 re-reads
   the chunks (from L2: the rows in flight fit in it), stores ds and adds the row's dweight
   chunk to the program's partials row in memory (its own row: no other program touches it).
 - dweight: a second kernel sums the partials rows over programs in a fixed order (tiles of
@@ -54,7 +61,7 @@ from triton_impl.tuning import (
     BWD_MAX_N,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
-    BWD_SHARD_FROM_N,
+    BWD_SHARD_FROM_BYTES,
     BWD_SHARD_N,
     BWD_SHARD_THREAD_ELEMS,
     BWD_SHARD_WARPS_PER_SM,
@@ -390,7 +397,8 @@ def _run_backward(
     ds2_2 = ds2.view(-1, n) if ds2 is not None else None
     m = s2.shape[0]
     has_w = weight is not None
-    sharded = shard_plan(n, sm_count(s.device.index) if s.is_cuda and not INTERPRET else 0)
+    sms = sm_count(s.device.index) if s.is_cuda and not INTERPRET else 0
+    sharded = shard_plan(n, s.element_size(), sms)
     if sharded is not None:
         return _run_sharded(sharded, s2, dy2, weight, eps, dro, ds_2, ds2_2)
     vec = split_vec(n, s2, dy2, ds_2, *(t for t in (dro, ds2_2) if t is not None))
@@ -420,14 +428,14 @@ def _run_backward(
     return _reduce_dw(dwp, weight, programs) if has_w else None
 
 
-def shard_plan(n: int, sms: int) -> Optional[tuple[int, int, int]]:
-    """(shards, block_n, num_warps) of the sharded kernel for rows of n elements, or None:
-    rows from BWD_SHARD_FROM_N wide, in shards of at most BWD_SHARD_N columns
-    (BWD_SHARD_THREAD_ELEMS a thread), when a row's
+def shard_plan(n: int, element_size: int, sms: int) -> Optional[tuple[int, int, int]]:
+    """(shards, block_n, num_warps) of the sharded kernel for rows of n elements of
+    element_size bytes, or None: rows whose power of two holds BWD_SHARD_FROM_BYTES, in
+    shards of at most BWD_SHARD_N columns (BWD_SHARD_THREAD_ELEMS a thread), when a row's
     shards fit on the GPU's sms at once (a waiting shard whose row's last one could not
     start would wait forever). sms = 0: the interpreter, whose programs run one after
     another: one shard a row, which never waits on another."""
-    if triton.next_power_of_2(n) < BWD_SHARD_FROM_N:
+    if triton.next_power_of_2(n) * element_size < BWD_SHARD_FROM_BYTES:
         return None
     shards = triton.cdiv(n, BWD_SHARD_N) if sms else 1
     if sms and shards > sms:

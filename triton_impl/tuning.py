@@ -104,11 +104,11 @@ FUSED_ADD_LATENCY_THREAD_BYTES = 16
 #: Widest power-of-two row a program keeps in registers; wider rows go in BWD_CHUNK chunks.
 BWD_MAX_N = 16384
 BWD_CHUNK = 4096
-#: Rows from this power of two wide are sharded: a row split over programs of at most
-#: BWD_SHARD_N columns that exchange its sums through global memory, BWD_SHARD_THREAD_ELEMS
-#: elements a thread, BWD_SHARD_WARPS_PER_SM warps of them an SM (their registers capped so
-#: that they are all resident).
-BWD_SHARD_FROM_N = 32768
+#: Rows whose power of two holds this many bytes (fp32 16384, 16-bit 32768) are sharded: a
+#: row split over programs of at most BWD_SHARD_N columns that exchange its sums through
+#: global memory, BWD_SHARD_THREAD_ELEMS elements a thread, BWD_SHARD_WARPS_PER_SM warps of
+#: them an SM (registers capped so that they are all resident). PERF_NOTES v40.
+BWD_SHARD_FROM_BYTES = 65536
 BWD_SHARD_N = 2048
 BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 16
