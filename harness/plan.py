@@ -100,30 +100,27 @@ def plan(
     dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
 ) -> list[Planned]:
     """The shapes to measure, most important first, each (dtype, M, N) once."""
-    wanted: list[tuple[str, int, int, str]] = []
     if shapes:
-        # a requested shape keeps the sections the full plan gives it (a grid shape is still
-        # one of the grid's, so a run of a few shapes appended to the records replaces
-        # their grid figures instead of hiding them), and "custom"
-        full = {(p.dtype, p.m, p.n): p.sections for p in plan(dtypes)}
-        for d in dtypes:
-            for m, n in shapes:
-                wanted += [(d, m, n, sec) for sec in full.get((d, m, n), [])]
-                wanted.append((d, m, n, "custom"))
-    else:
-        ns = QUICK_NS if quick else LARGE_NS
-        ms = QUICK_MSWEEP if quick else MSWEEP_MS
-        decode = QUICK_DECODE if quick else DECODE
-        by_dtype = {d: [(d, m, n, "grid") for m, n in grid(ns)] for d in dtypes}
-        # bf16 first (the headline), then the M sweep and decode shapes, then fp16, fp32
-        wanted += by_dtype.pop("bf16", [])
-        if "bf16" in dtypes:
-            wanted += [("bf16", m, MSWEEP_N, "msweep") for m in ms]
-            wanted += [("bf16", m, n, "decode") for m, n in decode]
-            if not quick:
-                wanted += [("bf16", m, n, "reference") for m, n in REFERENCE]
-        for d in ("fp16", "fp32"):
-            wanted += by_dtype.pop(d, [])
+        return _requested(dtypes, shapes, plan(dtypes))
+    wanted: list[tuple[str, int, int, str]] = []
+    ns = QUICK_NS if quick else LARGE_NS
+    ms = QUICK_MSWEEP if quick else MSWEEP_MS
+    decode = QUICK_DECODE if quick else DECODE
+    by_dtype = {d: [(d, m, n, "grid") for m, n in grid(ns)] for d in dtypes}
+    # bf16 first (the headline), then the M sweep and decode shapes, then fp16, fp32
+    wanted += by_dtype.pop("bf16", [])
+    if "bf16" in dtypes:
+        wanted += [("bf16", m, MSWEEP_N, "msweep") for m in ms]
+        wanted += [("bf16", m, n, "decode") for m, n in decode]
+        if not quick:
+            wanted += [("bf16", m, n, "reference") for m, n in REFERENCE]
+    for d in ("fp16", "fp32"):
+        wanted += by_dtype.pop(d, [])
+    return _merged(wanted)
+
+
+def _merged(wanted: list[tuple[str, int, int, str]]) -> list[Planned]:
+    """(dtype, M, N, section) items as Planned shapes, each (dtype, M, N) once, in order."""
     out: dict[tuple[str, int, int], Planned] = {}
     for d, m, n, section in wanted:
         p = out.setdefault((d, m, n), Planned(d, m, n))
@@ -132,13 +129,25 @@ def plan(
     return list(out.values())
 
 
+def _requested(
+    dtypes: list[str], shapes: list[tuple[int, int]], full: list[Planned]
+) -> list[Planned]:
+    """The requested shapes in each dtype, each with the sections the full plan gives it (a
+    grid shape is still one of the grid's, so a run of a few shapes appended to the records
+    replaces their grid figures instead of hiding them) and "custom"."""
+    sections = {(p.dtype, p.m, p.n): p.sections for p in full}
+    wanted = [(d, m, n, sec) for d in dtypes for m, n in shapes
+              for sec in (*sections.get((d, m, n), []), "custom")]  # fmt: skip
+    return _merged(wanted)
+
+
 def grad_plan(
     dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
 ) -> list[Planned]:
     """The gradient ops' shapes: the grid of GRAD_NS (QUICK_GRAD_NS with --quick), bf16 first,
     then fp16, fp32; ``shapes`` replaces it as in ``plan``."""
     if shapes:
-        return plan(dtypes, shapes=shapes)
+        return _requested(dtypes, shapes, grad_plan(dtypes))
     ns = QUICK_GRAD_NS if quick else GRAD_NS
     order = [d for d in ("bf16", "fp16", "fp32") if d in dtypes]
     return [Planned(d, GRAD_ELEMENTS[d] // n, n, ["grid"]) for d in order for n in ns]

@@ -489,6 +489,10 @@ def test_grad_plan():
     assert [(p.m, p.n) for p in quick] == [(2**27 // n, n) for n in plan.QUICK_NS]
     custom = plan.grad_plan(["fp16"], shapes=[(64, 4096)])
     assert [(p.dtype, p.m, p.n, p.sections) for p in custom] == [("fp16", 64, 4096, ["custom"])]
+    # a gradient grid shape asked for by name is still the grid's (fp32's M is half of the
+    # forward grid's): appended to the records, it replaces the grid figure
+    asked = plan.grad_plan(["fp32"], shapes=[(2048, 32768)])
+    assert [p.sections for p in asked] == [["grid", "custom"]]
 
 
 def test_bench_takes_the_gradient_ops_by_name(capsys):

@@ -32,9 +32,10 @@ Parallelisation
   columns' dweight share in registers over all of them and writes one partials row; the
   next row is loaded before the wait. Registers are capped (maxnreg) so that every
   program of the grid is resident at once.
-- wider rows (a row of more shards than SMs): the row in BWD_CHUNK chunks, twice: sweep 1 takes both sums, sweep 2 re-reads
-  the chunks (from L2: the rows in flight fit in it), stores ds and adds the row's dweight
-  chunk to the program's partials row in memory (its own row: no other program touches it).
+- wider rows (a row of more shards than SMs): the row in BWD_CHUNK chunks, twice: sweep 1
+  takes both sums, sweep 2 re-reads the chunks (from L2: the rows in flight fit in it),
+  stores ds and adds the row's dweight chunk to the program's partials row in memory (its
+  own row: no other program touches it).
 - dweight: a second kernel sums the partials rows over programs in a fixed order (tiles of
   rows in flight at once, each column's sum in one order). No atomics, so dweight is
   bitwise identical from run to run.
@@ -262,8 +263,9 @@ def _rms_norm_bwd_sharded(
                     axis=0)  # fmt: skip
         rstd = tl.rsqrt(ss / N + eps)
         c = gs / N * rstd * rstd
-        _store_ds((g - s * c) * rstd, cols, ok, dro_ptr + row * stride_dro,
-                  ds_ptr + row * stride_ds, ds2_ptr + row * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
+        ds_row = ds_ptr + row * stride_ds
+        _store_ds((g - s * c) * rstd, cols, ok, dro_ptr + row * stride_dro, ds_row,
+                  ds2_ptr + row * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
         if HAS_WEIGHT:
             dw += dy * s * rstd
         s, dy = s_next, dy_next
