@@ -62,7 +62,6 @@ from triton_impl.tuning import (
     BWD_MAX_N,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
-    BWD_SHARD_AHEAD,
     BWD_SHARD_FROM_BYTES,
     BWD_SHARD_N,
     BWD_SHARD_THREAD_ELEMS,
@@ -83,14 +82,6 @@ def _load_row(s_row, dy_row, cc, ok, POLICY: tl.constexpr):
     s = tl.load(s_row + cc, mask=ok, other=0.0, eviction_policy=POLICY).to(tl.float32)
     dy = tl.load(dy_row + cc, mask=ok, other=0.0, eviction_policy=POLICY).to(tl.float32)
     return s, dy
-
-
-@triton.jit
-def _load_raw(s_ptr, dy_ptr, row, stride_s, stride_dy, cc, ok, M):
-    # row's s and dy at columns cc as stored (nothing past M; masked lanes 0)
-    m = ok & (row < M)
-    s = tl.load(s_ptr + row * stride_s + cc, mask=m, other=0.0)
-    return s, tl.load(dy_ptr + row * stride_dy + cc, mask=m, other=0.0)
 
 
 @triton.jit
@@ -231,7 +222,7 @@ def _rms_norm_bwd_sharded(
     part_ptr, count_ptr,  # fp32 row sums (M, 2, SHARDS); arrivals a row (M,), zeroed
     stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,
     M, N, eps,
-    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr, AHEAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
 ):
     # fmt: on
@@ -239,7 +230,7 @@ def _rms_norm_bwd_sharded(
     # columns of every row it meets, so its dweight share stays in registers over all the
     # group's rows. The row's two sums are exchanged through global memory (the forward's
     # sharded kernels' scheme: shard sums stored, one arrival counted, the full count
-    # acquired); later rows' shards are loaded before the wait, so HBM stays busy while
+    # acquired); the next row's shard is loaded before the wait, so HBM stays busy while
     # the group's other programs arrive.
     pid = tl.program_id(0)
     group = pid // SHARDS
@@ -252,22 +243,18 @@ def _rms_norm_bwd_sharded(
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    # rows in flight as loaded (16-bit rows take half the registers): AHEAD of them, the
-    # next AHEAD - 1 held while one is reduced, one more issued before the wait
     first = group.to(tl.int64)
-    s_a, dy_a = _load_raw(s_ptr, dy_ptr, first, stride_s, stride_dy, cols, ok, M)
-    if AHEAD == 2:
-        s_b, dy_b = _load_raw(s_ptr, dy_ptr, first + groups, stride_s, stride_dy, cols, ok, M)
+    s, dy = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy, cols, ok & (first < M),
+                      "")  # fmt: skip
     for row in range(group.to(tl.int64), M, groups):
-        s = s_a.to(tl.float32)
-        dy = dy_a.to(tl.float32)
         g = dy * w if HAS_WEIGHT else dy
         parts = part_ptr + row * 2 * SHARDS
         tl.store(parts + shard, tl.sum(s * s, axis=0))
         tl.store(parts + SHARDS + shard, tl.sum(g * s, axis=0))
         arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
-        s_n, dy_n = _load_raw(s_ptr, dy_ptr, row + AHEAD * groups, stride_s, stride_dy, cols, ok,
-                              M)  # fmt: skip
+        nxt = row + groups
+        s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
+                                    ok & (nxt < M), "")  # fmt: skip
         while arrived < SHARDS:
             arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         # summed in shard order: the same bits on every run and in every shard
@@ -281,11 +268,7 @@ def _rms_norm_bwd_sharded(
                   ds2_ptr + row * stride_ds2, HAS_DRO, HAS_DS2)  # fmt: skip
         if HAS_WEIGHT:
             dw += dy * s * rstd
-        if AHEAD == 2:
-            s_a, dy_a = s_b, dy_b
-            s_b, dy_b = s_n, dy_n
-        else:
-            s_a, dy_a = s_n, dy_n
+        s, dy = s_next, dy_next
     if HAS_WEIGHT:
         tl.store(dwp_ptr + group.to(tl.int64) * N + cols, dw, mask=ok)
 
@@ -496,8 +479,8 @@ def _run_sharded(
         _rms_norm_bwd_sharded, (groups * shards,), s2, dy2, w, dro_, ds_2, ds2_, dwp, part, count,
         s2.stride(0), dy2.stride(0), dro_.stride(0), ds_2.stride(0), ds2_.stride(0), m, n, eps,
         BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
-        AHEAD=BWD_SHARD_AHEAD, HAS_WEIGHT=has_w, HAS_DRO=dro is not None,
-        HAS_DS2=ds2_2 is not None, num_warps=warps, maxnreg=SM_REGISTERS // (32 * warps * per_sm),
+        HAS_WEIGHT=has_w, HAS_DRO=dro is not None, HAS_DS2=ds2_2 is not None, num_warps=warps,
+        maxnreg=SM_REGISTERS // (32 * warps * per_sm),
     )  # fmt: skip
     return _reduce_dw(dwp, weight, groups) if has_w else None
 
