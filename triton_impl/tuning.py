@@ -107,7 +107,7 @@ BWD_CHUNK = 4096
 #: Rows whose power of two holds this many bytes (fp32 16384, 16-bit 32768) are sharded: a
 #: row split over programs of at most BWD_SHARD_N columns that exchange its sums through
 #: global memory, BWD_SHARD_THREAD_ELEMS elements a thread, BWD_SHARD_WARPS_PER_SM warps of
-#: them an SM (registers capped so that they are all resident). PERF_NOTES v40.
+#: them an SM (registers capped so that they are all resident). PERF_NOTES v41.
 BWD_SHARD_FROM_BYTES = 65536
 BWD_SHARD_N = 2048
 BWD_SHARD_THREAD_ELEMS = 16
