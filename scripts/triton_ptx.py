@@ -60,18 +60,35 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     return cfg, _compile(kernel, sig, consts, div, warps)
 
 
+#: The H200's SMs: where shard_plan's rule (a row's shards fit on the SMs) is judged.
+H200_SMS = 132
+
+
 def compile_backward(dtype: str, n: int):
     """Compile the backward's main kernel (rms_norm's, with a weight) as the launcher
-    builds it for many contiguous rows of (dtype, n): the split variant where split_vec
-    takes them."""
+    builds it for many contiguous rows of (dtype, n) on the H200: the sharded kernel where
+    shard_plan takes them, the split variant where split_vec does."""
     ty, elem = TYPES[dtype]
+    ptrs = ["s_ptr", "dy_ptr", "w_ptr", "dro_ptr", "ds_ptr", "ds2_ptr"]
+    strides = ["stride_s", "stride_dy", "stride_dro", "stride_ds", "stride_ds2"]
+    sharded = backward.shard_plan(n, elem, H200_SMS)
+    if sharded:
+        shards, block_n, warps = sharded
+        per_sm = max(1, backward.BWD_SHARD_WARPS_PER_SM // warps)  # as _run_sharded
+        options = dict(maxnreg=backward.SM_REGISTERS // (32 * warps * per_sm))
+        consts = dict(BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
+                      HAS_WEIGHT=True, HAS_DRO=False, HAS_DS2=False)  # fmt: skip
+        sig = {**{p: f"*{ty}" for p in ptrs}, "dwp_ptr": "*fp32", "part_ptr": "*fp32",
+               "count_ptr": "*i32", **{s: "i32" for s in strides}}  # fmt: skip
+        sig.update(M="i32", N="i32", eps="fp32")
+        div = ptrs + ["dwp_ptr"] + (strides + ["N"] if n % 16 == 0 else [])
+        cfg = dict(kernel="sharded", block_n=block_n, shards=shards, num_warps=warps, **options)
+        return cfg, _compile(backward._rms_norm_bwd_sharded, sig, consts, div, warps, **options)
     rows = torch.empty(2, n, dtype=TORCH_TYPES[dtype], device="meta")
     vec = backward.split_vec(n, rows, rows, rows)
     consts = backward.bwd_meta(n, elem, vec, has_weight=True)
     warps = consts.pop("num_warps")
     options = {k: consts.pop(k) for k in ("maxnreg",) if k in consts}
-    ptrs = ["s_ptr", "dy_ptr", "w_ptr", "dro_ptr", "ds_ptr", "ds2_ptr"]
-    strides = ["stride_s", "stride_dy", "stride_dro", "stride_ds", "stride_ds2"]
     sig = {**{p: f"*{ty}" for p in ptrs}, "dwp_ptr": "*fp32", **{s: "i32" for s in strides}}
     sig.update(M="i32", N="i32", eps="fp32")
     div = ptrs + ["dwp_ptr"] + (strides + ["N"] if n % 16 == 0 else [])
