@@ -91,15 +91,21 @@ def exchange_sum_ptx(C):
 
 
 @gluon.jit
+def tile_offsets(C: gl.constexpr, S: gl.constexpr, L: gl.constexpr):
+    """A row's offsets as a [C, S] tile in layout L: CTA k's row k of the tile."""
+    r_i = gl.arange(0, C, layout=gl.SliceLayout(1, L))
+    c_i = gl.arange(0, S, layout=gl.SliceLayout(0, L))
+    return r_i[:, None] * S + c_i[None, :]
+
+
+@gluon.jit
 def rms_asmx(X, W, Y, stride, eps, N: gl.constexpr, C: gl.constexpr, VEC: gl.constexpr):
     S: gl.constexpr = N // C
     L: gl.constexpr = gl.BlockedLayout(
         [1, VEC], [1, 32], [1, gl.num_warps()], [1, 0], split_bases(C, 2, 0).value
     )
     row = gl.program_id(0)  # a cluster a row
-    r_i = gl.arange(0, C, layout=gl.SliceLayout(1, L))
-    c_i = gl.arange(0, S, layout=gl.SliceLayout(0, L))
-    offs = r_i[:, None] * S + c_i[None, :]
+    offs = tile_offsets(C, S, L)
     x = gl.load(X + row * stride + offs).to(gl.float32)
     part = gl.sum(x * x, axis=1)  # CTA k holds element k: its own partial
     ss = gl.inline_asm_elementwise(
@@ -131,9 +137,7 @@ def rms_explicit(X, W, Y, stride, eps, N: gl.constexpr, C: gl.constexpr, VEC: gl
     )
     LB: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0], copy_bases(C, 1).value)
     row = gl.program_id(0)
-    r_i = gl.arange(0, C, layout=gl.SliceLayout(1, L))
-    c_i = gl.arange(0, S, layout=gl.SliceLayout(0, L))
-    offs = r_i[:, None] * S + c_i[None, :]
+    offs = tile_offsets(C, S, L)
     x = gl.load(X + row * stride + offs).to(gl.float32)
     part = gl.sum(x * x, axis=1)  # local: CTA k owns element k
     ss = gl.sum(gl.convert_layout(part, LB), axis=0)  # the exchange: every partial on every CTA
@@ -163,9 +167,7 @@ def rms_stasync(X, W, Y, stride, eps, N: gl.constexpr, C: gl.constexpr, VEC: gl.
     mbarrier.fence_init_release_cluster()
     hopper.cluster.barrier(relaxed=True)  # every peer's mbarrier ready before any store
     row = gl.program_id(0)
-    r_i = gl.arange(0, C, layout=gl.SliceLayout(1, L))
-    c_i = gl.arange(0, S, layout=gl.SliceLayout(0, L))
-    offs = r_i[:, None] * S + c_i[None, :]
+    offs = tile_offsets(C, S, L)
     x = gl.load(X + row * stride + offs).to(gl.float32)
     part = gl.convert_layout(gl.sum(x * x, axis=1), gl.SliceLayout(0, LV))
     hopper.async_store(buf, gl.zeros([C, C], gl.float32, LV) + part[None, :], bar)
