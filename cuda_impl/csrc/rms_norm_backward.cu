@@ -711,7 +711,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // (a cluster's CTAs: 1024), where it measured faster; on the deeper rings it spilled and
   // lost, and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
   auto in_t = [&](int cap, int stages, bool cluster) {
-    return r.w16 && r.vec_ok && stages == 2 && (cluster || cap > kWeightInTMinThreads * kVpt);
+    return r.w16 && r.vec_ok && (cluster || (stages == 2 && cap > kWeightInTMinThreads * kVpt));
   };
   // (the static shared memory, the row sums' 2 floats a warp, within the margin)
   auto smem = [&](int cap, int stages, bool cluster = false) {
@@ -734,7 +734,8 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     }
   }
   if (!fits(row_groups, stages)) stages = 2;
-  if (fits(row_groups, stages)) {
+  const bool cluster_first = r.clusters && stage_bytes >= kClusterFromRowBytes;
+  if (!cluster_first && fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
     l = by_threads(row_groups, [&stages, &wt](auto threads) {
       Launch one;
@@ -748,20 +749,32 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     return true;
   }
   if (!r.clusters) return false;
-  for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
-    const int cap = (row_groups + ranks - 1) / ranks;
-    if (!fits(cap, 2, true)) continue;
-    l.cap = cap;
-    l.smem = smem(cap, 2, true);
-    l.ranks = ranks;
-    l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true, false>;
-    if constexpr (sizeof(T) == 2) {
-      l.wt = in_t(cap, 2, true);
-      if (l.wt) l.kernel = rms_norm_bwd_staged<T, S, 1024, kVpt, 2, true, true>;
+  // a cluster of CTAs of THREADS threads holding STAGES rows of their shares, if one fits
+  auto cluster = [&](auto threads, auto depth) {
+    constexpr int kThreads = decltype(threads)::value;
+    constexpr int kStages = decltype(depth)::value;
+    for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
+      const int cap = (row_groups + ranks - 1) / ranks;
+      if (cap > kThreads * kVpt || !fits(cap, kStages, true)) continue;
+      l.cap = cap;
+      l.smem = smem(cap, kStages, true);
+      l.ranks = ranks;
+      l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, false>;
+      if constexpr (sizeof(T) == 2) {
+        l.wt = in_t(cap, kStages, true);
+        if (l.wt) l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, true>;
+      }
+      l.threads = kThreads;
+      return true;
     }
-    l.threads = 1024;
-    return true;
-  }
+    return false;
+  };
+  using Threads = std::integral_constant<int, kClusterThreads>;
+  using Stages = std::integral_constant<int, kClusterStages>;
+  if (cluster(Threads{}, Stages{})) return true;
+  // the widest rows, past kClusterThreads' shares: 1024 threads, 2 rows
+  if constexpr (kClusterThreads != 1024 || kClusterStages != 2)
+    return cluster(std::integral_constant<int, 1024>{}, std::integral_constant<int, 2>{});
   return false;
 }
 
