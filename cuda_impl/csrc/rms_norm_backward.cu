@@ -601,15 +601,17 @@ cudaLaunchConfig_t cluster_config(const Launch& l, int walkers, cudaStream_t str
 }
 
 // The row walkers (CTAs, or clusters of l.ranks CTAs) that fit the GPU at once for this
-// launch (a persistent grid), at most M. The occupancy is asked once per kernel, device
-// and shared memory size.
+// launch (a persistent grid), at most M. The occupancy is asked once per kernel, device,
+// shared memory size and cluster size: one kernel serves clusters of 2, 4 and 8 CTAs with
+// the same shared memory, and a count of 2-CTA clusters launched as 4-CTA ones is twice
+// the clusters that fit, whose second half then waits for the first to finish.
 int persistent_walkers(const Launch& l, int64_t M, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<KernelPtr, int, int>, int> fit_of;
+  static std::map<std::tuple<KernelPtr, int, int, int>, int> fit_of;
   int fit = 0;
   {
     const std::lock_guard<std::mutex> lock(mu);
-    auto it = fit_of.find({l.kernel, device, l.smem});
+    auto it = fit_of.find({l.kernel, device, l.smem, l.ranks});
     if (it == fit_of.end()) {
       if (l.smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
         const void* k = reinterpret_cast<const void*>(l.kernel);
@@ -631,7 +633,7 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, l.threads, l.smem));
         fit = per_sm * sm_count(device);
       }
-      fit_of[{l.kernel, device, l.smem}] = fit;
+      fit_of[{l.kernel, device, l.smem, l.ranks}] = fit;
     } else {
       fit = it->second;
     }
