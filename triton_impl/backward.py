@@ -399,31 +399,34 @@ def _run_backward(
     ds2_2 = ds2.view(-1, n) if ds2 is not None else None
     m = s2.shape[0]
     has_w = weight is not None
-    sms = sm_count(s.device.index) if s.is_cuda and not INTERPRET else 0
-    sharded = shard_plan(n, s.element_size(), sms)
+    if not has_work(s2):  # empty, meta or traced under the interpreter: nothing runs
+        return torch.zeros(n, dtype=weight.dtype, device=s.device) if has_w else None
+    has_dro, has_ds2 = dro is not None, ds2_2 is not None
+    w = weight.contiguous() if has_w else s2  # dummy pointer, never read
+    # dummy pointers where there is no d_residual_out or second ds: never touched
+    dro = s2 if dro is None else dro
+    ds2_2 = ds_2 if ds2_2 is None else ds2_2
+    rows = (s2, dy2, w, dro, ds_2, ds2_2)
+    sms = sm_count(s.device.index) if s.is_cuda else 0
+    sharded = shard_plan(n, s.element_size(), 0 if INTERPRET else sms)
     if sharded is not None:
-        return _run_sharded(sharded, s2, dy2, weight, eps, dro, ds_2, ds2_2)
-    vec = split_vec(n, s2, dy2, ds_2, *(t for t in (dro, ds2_2) if t is not None))
-    meta = bwd_meta(n, s.element_size(), vec, has_w, dro is not None, ds2_2 is not None)
+        return _run_sharded(sharded, sms, rows, weight, eps, has_dro, has_ds2)
+    present = [t for t, real in ((dro, has_dro), (ds2_2, has_ds2)) if real]
+    vec = split_vec(n, s2, dy2, ds_2, *present)
+    meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2)
     if s.is_cuda:
-        programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sm_count(s.device.index)))
+        programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sms))
     else:  # the interpreter: two programs, so the partials reduction still sums several
         programs = max(1, min(m, 2))
     if vec and programs < m:
         # a multiple of VEC programs (rounded down, at least VEC: the interpreter's two
         # become VEC), so that each program's rows all share one split
         programs = min(m, max(vec, programs // vec * vec))
-    if not has_work(s2):  # empty, meta or traced under the interpreter: nothing runs
-        return torch.zeros(n, dtype=weight.dtype, device=s.device) if has_w else None
-    w = weight.contiguous() if has_w else s2  # dummy pointer, never read
     # chunked rows add into their partials row, so it starts at zero
     alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
-    # dummy pointers where there is no d_residual_out or second ds: never touched
-    dro = s2 if dro is None else dro
-    ds2_2 = ds_2 if ds2_2 is None else ds2_2
     run(
-        _rms_norm_bwd, (programs,), s2, dy2, w, dro, ds_2, ds2_2, dwp,
+        _rms_norm_bwd, (programs,), *rows, dwp,
         s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
         m, n, eps, **meta,
     )  # fmt: skip
@@ -448,38 +451,35 @@ def shard_plan(n: int, element_size: int, sms: int) -> Optional[tuple[int, int, 
 
 def _run_sharded(
     sharded: tuple[int, int, int],
-    s2: torch.Tensor,
-    dy2: torch.Tensor,
+    sms: int,
+    rows: tuple[torch.Tensor, ...],
     weight: Optional[torch.Tensor],
     eps: float,
-    dro: Optional[torch.Tensor],
-    ds_2: torch.Tensor,
-    ds2_2: Optional[torch.Tensor],
+    has_dro: bool,
+    has_ds2: bool,
 ) -> Optional[torch.Tensor]:
-    """_run_backward's rows through the sharded kernel (shard_plan's answer); returns dweight."""
+    """_run_backward's rows (s, dy, the weight, d_residual_out, ds, ds2, absent ones as
+    dummy pointers) through the sharded kernel (shard_plan's answer) on a GPU of sms SMs (0:
+    the interpreter); returns dweight."""
     shards, block_n, warps = sharded
+    s2, dy2, _, dro, ds_2, ds2_2 = rows
     m, n = s2.shape
     has_w = weight is not None
     # per_sm programs an SM, each held to the registers that let them all be resident: a
     # group whose programs were not all resident would wait for the others' rows to finish
     per_sm = max(1, BWD_SHARD_WARPS_PER_SM // warps)
-    if s2.is_cuda:
-        groups = max(1, min(m, sm_count(s2.device.index) * per_sm // shards))
+    if sms:
+        groups = max(1, min(m, sms * per_sm // shards))
     else:
         groups = max(1, min(m, 2))  # the interpreter: dweight still sums several partials
-    if not has_work(s2):
-        return torch.zeros(n, dtype=weight.dtype, device=s2.device) if has_w else None
-    w = weight.contiguous() if has_w else s2  # dummy pointers as in _run_backward
     dwp = torch.empty((groups if has_w else 1, n), dtype=torch.float32, device=s2.device)
     part = torch.empty(m * 2 * shards, dtype=torch.float32, device=s2.device)
     count = torch.zeros(m, dtype=torch.int32, device=s2.device)
-    dro_ = s2 if dro is None else dro
-    ds2_ = ds_2 if ds2_2 is None else ds2_2
     run(
-        _rms_norm_bwd_sharded, (groups * shards,), s2, dy2, w, dro_, ds_2, ds2_, dwp, part, count,
-        s2.stride(0), dy2.stride(0), dro_.stride(0), ds_2.stride(0), ds2_.stride(0), m, n, eps,
+        _rms_norm_bwd_sharded, (groups * shards,), *rows, dwp, part, count,
+        s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0), m, n, eps,
         BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
-        HAS_WEIGHT=has_w, HAS_DRO=dro is not None, HAS_DS2=ds2_2 is not None, num_warps=warps,
+        HAS_WEIGHT=has_w, HAS_DRO=has_dro, HAS_DS2=has_ds2, num_warps=warps,
         maxnreg=SM_REGISTERS // (32 * warps * per_sm),
     )  # fmt: skip
     return _reduce_dw(dwp, weight, groups) if has_w else None

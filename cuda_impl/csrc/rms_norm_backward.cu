@@ -706,7 +706,8 @@ struct Rows {
 
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
 // them, if its stages fit (staged_stages', else 2); else a cluster of the fewest CTAs (2, 4,
-// 8; sm_90) of 1024 threads whose shares of the row fit, 2 stages (more lost there).
+// 8; sm_90) whose shares of the row fit, of the op's CTA shape (kClusterPlain or
+// kClusterFused).
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
@@ -736,8 +737,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     }
   }
   if (!fits(row_groups, stages)) stages = 2;
-  const bool cluster_first = r.clusters && stage_bytes >= kClusterFromRowBytes;
-  if (!cluster_first && fits(row_groups, stages)) {
+  if (fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
     l = by_threads(row_groups, [&stages, &wt](auto threads) {
       Launch one;
@@ -771,12 +771,15 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     }
     return false;
   };
-  using Threads = std::integral_constant<int, kClusterThreads>;
-  using Stages = std::integral_constant<int, kClusterStages>;
-  if (cluster(Threads{}, Stages{})) return true;
-  // the widest rows, past kClusterThreads' shares: 1024 threads, 2 rows
-  if constexpr (kClusterThreads != 1024 || kClusterStages != 2)
-    return cluster(std::integral_constant<int, 1024>{}, std::integral_constant<int, 2>{});
+  using std::integral_constant;
+  if constexpr (std::is_same_v<T, S>) {  // the plain op's types (and the fused add's alike)
+    if (!r.fused && cluster(integral_constant<int, kClusterPlain.threads>{},
+                            integral_constant<int, kClusterPlain.stages>{}))
+      return true;
+  }
+  if (cluster(integral_constant<int, kClusterFused.threads>{},
+              integral_constant<int, kClusterFused.stages>{}))
+    return true;
   return false;
 }
 

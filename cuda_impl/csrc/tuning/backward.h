@@ -19,22 +19,18 @@ constexpr int kScalarVpt = 4;
 constexpr int kReduceSlices = 8;
 // CTAs a cluster may hold for rows wider than one CTA stages: the portable size.
 constexpr int kMaxClusterRanks = 8;
-// A cluster's CTAs: kClusterThreads threads each, kClusterStages rows of their share of s
-// and dy in shared memory; the fewest CTAs (2, 4, 8) whose shares that holds. Rows of
-// kClusterFromRowBytes of s and dy or more go to a cluster even where one CTA could stage
-// them. (Probe switches until measured: RMSNORM_BWD_CLUSTER_*.)
-#ifndef RMSNORM_BWD_CLUSTER_THREADS
-#define RMSNORM_BWD_CLUSTER_THREADS 1024
-#endif
-#ifndef RMSNORM_BWD_CLUSTER_STAGES
-#define RMSNORM_BWD_CLUSTER_STAGES 2
-#endif
-#ifndef RMSNORM_BWD_CLUSTER_FROM_ROW_BYTES
-#define RMSNORM_BWD_CLUSTER_FROM_ROW_BYTES INT_MAX
-#endif
-constexpr int kClusterThreads = RMSNORM_BWD_CLUSTER_THREADS;
-constexpr int kClusterStages = RMSNORM_BWD_CLUSTER_STAGES;
-constexpr int kClusterFromRowBytes = RMSNORM_BWD_CLUSTER_FROM_ROW_BYTES;
+// A cluster's CTAs (rows wider than one CTA stages), by op: threads a CTA and rows of its
+// share of s and dy in shared memory, in the fewest CTAs (2, 4, 8) whose shares that holds.
+// The plain op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two
+// rows ahead than as one 160 KB CTA with one; the fused add, whose d_residual_out loads
+// keep bytes in flight too, 2-4 points slower so (PERF_NOTES v43). Rows past the plain
+// op's shares (fp32 65536) take the fused add's.
+struct ClusterCta {
+  int threads;
+  int stages;
+};
+constexpr ClusterCta kClusterPlain{512, 3};
+constexpr ClusterCta kClusterFused{1024, 2};
 // Shared memory left for the static part (the row sums, 2 floats a warp) under the opt-in
 // most a CTA may ask for.
 constexpr int kStaticSmemMargin = 1024;
