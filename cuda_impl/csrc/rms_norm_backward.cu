@@ -711,8 +711,9 @@ struct Rows {
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
-  // (a cluster's CTAs: 1024), where it measured faster; on the deeper rings it spilled and
-  // lost, and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
+  // and in every cluster CTA of aligned rows, where it measured faster (the cluster shapes
+  // were probed with it, PERF_NOTES v43); on the one-CTA deeper rings it spilled and lost,
+  // and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
   auto in_t = [&](int cap, int stages, bool cluster) {
     return r.w16 && r.vec_ok && (cluster || (stages == 2 && cap > kWeightInTMinThreads * kVpt));
   };
