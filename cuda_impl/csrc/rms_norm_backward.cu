@@ -25,7 +25,8 @@
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
-// kernel's wide 2-row rings (WT), which keep a 16-bit weight of dy's dtype as it is.
+// kernel's wide 2-row rings and its cluster CTAs (WT), which keep a 16-bit weight of dy's
+// dtype as it is.
 //
 // Learned from: Apex's fused layer-norm backward (partial dweight per block, a second
 // reduction kernel), QuACK's rmsnorm backward (persistent CTAs, partials per CTA).
@@ -359,8 +360,9 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // STAGES - 1 rows' copies in flight (pick_staged says how many). At most 64 registers a
 // thread (1024 threads' worth an SM): more CTAs stay resident. WT: the weight (a.w_t) is
 // kept in T, half the shared memory bytes of the fp32 copy and half the shared memory
-// reads; built for the 2-row rings of 512 threads and more, where it measured faster (the
-// 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18).
+// reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
+// measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
+// the 512-thread 3-row cluster kernel does not, v43).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
@@ -752,8 +754,9 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     return true;
   }
   if (!r.clusters) return false;
-  // a cluster of CTAs of THREADS threads holding STAGES rows of their shares, if one fits
-  auto cluster = [&](auto threads, auto depth) {
+  // a cluster of CTAs of THREADS threads holding STAGES rows of their shares, if one fits;
+  // WT_ONLY: the caller checked that a 16-bit weight stays in T, so only that kernel is built
+  auto cluster = [&](auto threads, auto depth, auto wt_only) {
     constexpr int kThreads = decltype(threads)::value;
     constexpr int kStages = decltype(depth)::value;
     for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
@@ -762,10 +765,14 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
       l.cap = cap;
       l.smem = smem(cap, kStages, true);
       l.ranks = ranks;
-      l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, false>;
-      if constexpr (sizeof(T) == 2) {
-        l.wt = in_t(cap, kStages, true);
-        if (l.wt) l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, true>;
+      l.wt = in_t(cap, kStages, true);
+      if constexpr (sizeof(T) == 2 && decltype(wt_only)::value) {
+        l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, true>;
+      } else {
+        l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, false>;
+        if constexpr (sizeof(T) == 2) {
+          if (l.wt) l.kernel = rms_norm_bwd_staged<T, S, kThreads, kVpt, kStages, true, true>;
+        }
       }
       l.threads = kThreads;
       return true;
@@ -774,12 +781,16 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   };
   using std::integral_constant;
   if constexpr (std::is_same_v<T, S>) {  // the plain op's types (and the fused add's alike)
-    if (!r.fused && cluster(integral_constant<int, kClusterPlain.threads>{},
-                            integral_constant<int, kClusterPlain.stages>{}))
+    // the plain op's shape where it was measured, aligned rows whose two CTAs fit an SM:
+    // fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside an
+    // fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
+    const bool plain_shape = !r.fused && r.vec_ok && (std::is_same_v<T, float> || r.w16);
+    if (plain_shape && cluster(integral_constant<int, kClusterPlain.threads>{},
+                               integral_constant<int, kClusterPlain.stages>{}, std::true_type{}))
       return true;
   }
   if (cluster(integral_constant<int, kClusterFused.threads>{},
-              integral_constant<int, kClusterFused.stages>{}))
+              integral_constant<int, kClusterFused.stages>{}, std::false_type{}))
     return true;
   return false;
 }

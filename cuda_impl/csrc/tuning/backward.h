@@ -1,7 +1,7 @@
 // The CUDA backward's launch choices, as data (both ops): read by rms_norm_backward.cu's
 // rules (pick, pick_staged, staged_stages, by_threads), and nowhere else; a change here
 // rebuilds that unit only. Why each value is what it is, with the measurements:
-// docs/PERF_NOTES.md (v14-v18).
+// docs/PERF_NOTES.md (v14-v18, v43).
 #pragma once
 
 #include <climits>
@@ -23,8 +23,9 @@ constexpr int kMaxClusterRanks = 8;
 // share of s and dy in shared memory, in the fewest CTAs (2, 4, 8) whose shares that holds.
 // The plain op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two
 // rows ahead than as one 160 KB CTA with one; the fused add, whose d_residual_out loads
-// keep bytes in flight too, 2-4 points slower so (PERF_NOTES v43). Rows past the plain
-// op's shares (fp32 65536) take the fused add's.
+// keep bytes in flight too, 2-5 points slower so (PERF_NOTES v43). Rows past the plain
+// op's shares (fp32 65536), rows off a 16-byte boundary and 16-bit rows whose weight is
+// not kept in T (128 KB, one CTA an SM), none of them measured so, take the fused add's.
 struct ClusterCta {
   int threads;
   int stages;
