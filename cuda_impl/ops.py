@@ -123,12 +123,12 @@ def _rms_norm_backward_fake(dy, x, weight, eps):
 
 
 @torch.library.register_fake("cuda_impl::fused_add_rms_norm_backward")
-def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps):
+def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps, dresidual=True):
     check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
                           impl=_FUSED_BWD)  # fmt: skip
     s = residual_out
     dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
     return dx, dres, _dweight_fake(weight, s)
 
 

@@ -5,7 +5,8 @@ x, dy, write dx; the fused add's backward also reads d_residual_out and writes d
 Figures of record come from ``python -m harness.bench``; this prints only, for the
 predict-change-measure loop.
 
-    python3 scripts/bwd_probe.py [--shapes 32768x4096,...] [--dtypes bf16,fp32] [--impls cuda]
+    python3 scripts/bwd_probe.py [--shapes 32768x4096,... | --widths 1024,4096,...]
+                                 [--dtypes bf16,fp32] [--impls cuda]
                                  [--weight dtype|fp32|none]
                                  [--tune "BWD_SHARD_N=8192,BWD_SHARD_THREAD_ELEMS=16;..."]
 
@@ -53,6 +54,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--shapes", default="")
+    p.add_argument("--widths", default="", help="grid widths (M = 2^27 / N, fp32 2^26 / N)")
     p.add_argument("--impls", default="triton,cuda,native")
     p.add_argument("--weight", default="dtype", choices=("dtype", "fp32", "none"),
                    help="the weight: x's dtype (default), fp32 beside x, or none")  # fmt: skip
@@ -96,7 +98,8 @@ def probe(args, triton_impl) -> int:
         if args.shapes:
             shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         else:
-            shapes = [((2**27 if elem == 2 else 2**26) // n, n) for n in GRID_N]
+            widths = [int(n) for n in args.widths.split(",")] if args.widths else GRID_N
+            shapes = [((2**27 if elem == 2 else 2**26) // n, n) for n in widths]
         for m, n in shapes:
             x = torch.randn(m, n, device="cuda").to(dtype)
             w = (1 + 0.5 * torch.randn(n, device="cuda")).to(

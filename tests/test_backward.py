@@ -210,6 +210,36 @@ def test_fused_add_grads_match_reference(name, shape, rdtype, used):
         grad_close(g, exp, what, None if what == "dweight" else scale)
 
 
+@pytest.mark.parametrize("rdtype", ["dtype", "fp32"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fused_add_dresidual_shares_dx(name, rdtype):
+    """Where x and the residual share a dtype, autograd's dresidual is dx itself (the op
+    run with dresidual=False stores one tensor): the same bits as the op's two stores, and
+    each leaf's .grad its own tensor; with an fp32 residual, two tensors."""
+    mod = backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
+    m, n = (257, 1000) if HAS_GPU else (5, 1000)
+    dtype = torch.bfloat16
+    x = rows(m, n, dtype).requires_grad_()
+    r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
+    w = weight_of(n, dtype, "dtype").requires_grad_()
+    y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
+    dy, dro = torch.randn_like(y), torch.randn_like(ro)
+    gx, gr, gw = torch.autograd.grad((y, ro), (x, r, w), (dy, dro), retain_graph=True)
+    both = ops.fused_add_rms_norm_backward(dy, dro, ro.detach(), w.detach(), 1e-6)
+    assert torch.equal(gx, both[0]) and torch.equal(gr, both[1]) and torch.equal(gw, both[2])
+    shared = rdtype == "dtype"
+    assert (gx.data_ptr() == gr.data_ptr()) == shared
+    one = ops.fused_add_rms_norm_backward(dy, dro, ro.detach(), w.detach(), 1e-6, False)
+    assert one[1].numel() == 0 and one[1].dtype == r.dtype
+    assert torch.equal(one[0], both[0]) and torch.equal(one[2], both[2])
+    # .backward(): the leaves' gradients are two tensors even where one was returned
+    torch.autograd.backward((y, ro), (dy, dro))
+    assert x.grad.data_ptr() != r.grad.data_ptr()
+    x.grad.fill_(float("nan"))
+    assert torch.equal(r.grad, both[1])
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_dweight_is_deterministic(name):
     """dweight (and dx) bitwise identical from run to run: partial sums in a fixed order,
@@ -282,8 +312,9 @@ def test_opcheck_with_gradients(name):
     torch.library.opcheck(ops.rms_norm.default, (x, w, 1e-6), **kw)
     torch.library.opcheck(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), **kw)
     torch.library.opcheck(ops.rms_norm_backward.default, (dy, x.detach(), w.detach(), 1e-6), **kw)
-    torch.library.opcheck(ops.fused_add_rms_norm_backward.default,
-                          (dy, dy.clone(), r.detach(), w.detach(), 1e-6), **kw)  # fmt: skip
+    for dresidual in (True, False):
+        torch.library.opcheck(ops.fused_add_rms_norm_backward.default,
+                              (dy, dy.clone(), r.detach(), w.detach(), 1e-6, dresidual), **kw)  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -521,15 +521,17 @@ def _fused_add_backward_op(
     residual_out: torch.Tensor,
     weight: Optional[torch.Tensor],
     eps: float,
+    dresidual: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
                           allow_cpu=INTERPRET, impl=_FUSED_BWD)  # fmt: skip
     s = residual_out
-    # dresidual equals dx but for its dtype; both are stored (two tensors that never alias)
+    # dresidual equals dx but for its dtype: stored apart (two outputs never alias), or not
+    # at all (dresidual=False, empty: autograd's call where dx serves as both)
     dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
     dro = _dy_rows(d_residual_out) if d_residual_out is not None else None
-    dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres)
+    dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres if dresidual else None)
     return dx, dres, dw if dw is not None else s.new_empty(0)
 
 

@@ -482,7 +482,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_checked(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_checked(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
-    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps) {
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
+    bool /*dresidual*/) {
   check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
   unreachable();
 }
@@ -498,10 +499,11 @@ TORCH_LIBRARY(cuda_impl, m) {
         "(Tensor, Tensor)");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
   // The backward ops (autograd: cuda_impl/ops.py): (dx, dweight) and (dx, dresidual,
-  // dweight); dweight is empty without a weight.
+  // dweight); dweight is empty without a weight. dresidual=False: dresidual is not stored
+  // and comes back empty (autograd's call where it would equal dx: dx serves as both).
   m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)");
   m.def("fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, "
-        "Tensor? weight, float eps) -> (Tensor, Tensor, Tensor)");
+        "Tensor? weight, float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)");
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "

@@ -68,13 +68,14 @@ bool has_clusters(int device);
 void pretend_no_clusters(bool on);
 
 // The backward ops (rms_norm_backward.cu): (dx, dweight), and the fused add's (dx,
-// dresidual, dweight); dweight is empty without a weight.
+// dresidual, dweight); dweight is empty without a weight, dresidual without `dresidual`.
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                                      const std::optional<at::Tensor>& weight,
                                                      double eps);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
-    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps);
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
+    bool dresidual);
 
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).

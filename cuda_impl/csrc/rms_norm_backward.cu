@@ -644,13 +644,13 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
 }
 
 // make(std::integral_constant<int, THREADS>) for the fewest of 64 ... 1024 threads whose
-// kVpt groups each span `cap` groups.
-template <typename Make>
+// VPT groups each span `cap` groups.
+template <int VPT = kVpt, typename Make>
 Launch by_threads(int cap, Make make) {
-  if (cap <= 64 * kVpt) return make(std::integral_constant<int, 64>{});
-  if (cap <= 128 * kVpt) return make(std::integral_constant<int, 128>{});
-  if (cap <= 256 * kVpt) return make(std::integral_constant<int, 256>{});
-  if (cap <= 512 * kVpt) return make(std::integral_constant<int, 512>{});
+  if (cap <= 64 * VPT) return make(std::integral_constant<int, 64>{});
+  if (cap <= 128 * VPT) return make(std::integral_constant<int, 128>{});
+  if (cap <= 256 * VPT) return make(std::integral_constant<int, 256>{});
+  if (cap <= 512 * VPT) return make(std::integral_constant<int, 512>{});
   return make(std::integral_constant<int, 1024>{});
 }
 
@@ -670,28 +670,29 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 // plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
 // add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
 // for 16-bit dy's 2-row rings of 512 and 1024 threads.
-template <typename T, typename S, int THREADS>
+template <typename T, typename S, int THREADS, int VPT = kVpt>
 KernelPtr staged_kernel(int& stages, bool& wt) {
   constexpr bool same = std::is_same_v<T, S>;
-  if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
+  constexpr int kCap = THREADS * VPT / kVpt;  // the threads of kVpt groups that span as much
+  if constexpr (kCap <= 256 && same && sizeof(T) == 2) {
     if (stages == 4) {
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, VPT, 4, false, false>;
     }
   }
-  if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
+  if constexpr (kCap <= 256 || (same && (kCap <= 512 || std::is_same_v<T, float>))) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, VPT, 3, false, false>;
     }
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
-    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, true>;
   }
   wt = false;
-  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
+  return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, false>;
 }
 
 // What the choice of kernel reads besides the dtypes.
@@ -700,7 +701,8 @@ struct Rows {
   bool staged;     // the rows may be staged (one phase in every tensor; aligned, whole
                    // groups where s's elements are wider than dy's)
   bool vec_ok;     // every row aligned, N whole groups
-  bool fused;      // the fused add's backward (d_residual_out read, dresidual stored)
+  bool fused;      // the fused add's backward (d_residual_out read; dresidual stored unless
+                   // dx serves as it)
   int smem_optin;  // shared memory a CTA may have
   bool clusters;   // thread-block clusters (sm_90)
   bool w16;        // a weight of dy's 16-bit dtype (the staged kernel may keep it in T)
@@ -740,14 +742,28 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     }
   }
   if (!fits(row_groups, stages)) stages = 2;
-  if (fits(row_groups, stages)) {
+#ifdef RMSNORM_BWD_PROBE_F32CLUSTER  // probe: fp32 rows past 1024 groups on a cluster
+  const bool one_cta_ok = !(std::is_same_v<T, float> && r.vec_ok && row_groups > 1024);
+#else
+  const bool one_cta_ok = true;
+#endif
+  if (one_cta_ok && fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
-    l = by_threads(row_groups, [&stages, &wt](auto threads) {
-      Launch one;
-      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
-      one.threads = threads;
-      return one;
-    });
+    auto one_cta = [&](auto vpt) {
+      constexpr int kV = decltype(vpt)::value;
+      return by_threads<kV>(row_groups, [&stages, &wt](auto threads) {
+        Launch one;
+        one.kernel = staged_kernel<T, S, decltype(threads)::value, kV>(stages, wt);
+        one.threads = threads;
+        return one;
+      });
+    };
+#ifdef RMSNORM_BWD_PROBE_VPT1  // probe: one group a thread where 1024 threads span the row
+    l = row_groups <= 1024 ? one_cta(std::integral_constant<int, 1>{})
+                           : one_cta(std::integral_constant<int, kVpt>{});
+#else
+    l = one_cta(std::integral_constant<int, kVpt>{});
+#endif
     l.cap = row_groups;
     l.wt = wt;
     l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
@@ -818,7 +834,9 @@ Launch pick(const Rows& r) {
   // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
   // v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
+#ifndef RMSNORM_BWD_PROBE_F32STAGED  // probe: fp32's aligned plain rows staged too
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+#endif
   }
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
@@ -968,13 +986,15 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
-    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps) {
+    const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
+    bool dresidual) {
   check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
   const c10::cuda::CUDAGuard guard(residual_out.device());
   const auto contiguous = residual_out.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor dx = at::empty(residual_out.sizes(), contiguous.dtype(dy.scalar_type()));
-  at::Tensor dres = at::empty(residual_out.sizes(), contiguous);
-  at::Tensor dw = run_backward(dy, residual_out, weight, eps, d_residual_out, dx, &dres);
+  at::Tensor dres = at::empty(dresidual ? residual_out.sizes() : at::IntArrayRef{0}, contiguous);
+  at::Tensor dw =
+      run_backward(dy, residual_out, weight, eps, d_residual_out, dx, dresidual ? &dres : nullptr);
   return {dx, dres, dw.defined() ? dw : residual_out.new_empty({0})};
 }
 
