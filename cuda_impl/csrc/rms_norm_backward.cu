@@ -176,6 +176,20 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 #pragma unroll
     for (int e = 0; e < kElems; ++e) dw[e] = 0.f;
   }
+#ifdef RMSNORM_BWD_PROBE_WREG  // probe: the weight of this thread's columns in registers
+  float wr[CHUNKED ? 1 : kElems];
+  if constexpr (!CHUNKED) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int c = (k * THREADS + t) * VEC;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wr[k * VEC + i] = a.w && c < N ? __ldg(a.w + c + i) : 1.f;
+    }
+  }
+#define RMSNORM_BWD_W(k, c, i) wr[(k) * VEC + (i)]
+#else
+#define RMSNORM_BWD_W(k, c, i) (a.w ? __ldg(a.w + (c) + (i)) : 1.f)
+#endif
   for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
     const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
     const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
@@ -204,7 +218,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
         unpack<T, VEC>(draw[k], dv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float wi = a.w ? __ldg(a.w + c + i) : 1.f;
+          const float wi = RMSNORM_BWD_W(k, c, i);
           ss = fmaf(sv[i], sv[i], ss);
           gs = fmaf(dv[i] * wi, sv[i], gs);
         }
@@ -222,7 +236,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
         if (dror) load_group<S, VEC>(dror + c, dro);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float wi = a.w ? __ldg(a.w + c + i) : 1.f;
+          const float wi = RMSNORM_BWD_W(k, c, i);
           out[i] = (dv[i] * wi - sv[i] * c2) * rstd + (dror ? dro[i] : 0.f);
           dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
         }
@@ -285,6 +299,8 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
     }
   }
 }
+
+#undef RMSNORM_BWD_W
 
 // ---- rows staged through shared memory -------------------------------------------------
 // The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
@@ -433,6 +449,16 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     else
       load_group<float, VEC>(w_sm + l * VEC, wv);
   };
+#ifdef RMSNORM_BWD_PROBE_WREG  // probe: one group's weight a thread held in registers
+  constexpr bool kWReg = VPT == 1 && !CLUSTER;
+#else
+  constexpr bool kWReg = false;
+#endif
+  float wreg[VEC];
+  if constexpr (kWReg) {
+    int l, g;
+    if (owns(0, l, g)) weight(l, wreg);  // its own group, written by this thread above
+  }
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
     const T* dyr = dy_base + row * a.stride_dy - phase;
@@ -468,7 +494,12 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
       fetch(st, l, g, sv, dv);
-      weight(l, wv);
+      if constexpr (kWReg) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) wv[i] = wreg[i];
+      } else {
+        weight(l, wv);
+      }
       fn(k, g, sv, dv, wv);
     }
   };
@@ -815,6 +846,15 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
 // rows of whole groups, at most 1024 * kVpt of them).
 template <typename T, typename S>
 Launch pick_registers(int cap) {
+#ifdef RMSNORM_BWD_PROBE_REG_VPT4  // probe: rows past 1024 groups on 512 threads of 4
+  if (cap > 1024)
+    return by_threads<4>(cap, [](auto threads) {
+      Launch l;
+      l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, 4, kVec<T>, false>;
+      l.threads = threads;
+      return l;
+    });
+#endif
   return by_threads(cap, [](auto threads) {
     Launch l;
     l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false>;
