@@ -172,24 +172,20 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   const float inv_n = 1.f / static_cast<float>(N);
   float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
   float dw[kElems];
-  if constexpr (!CHUNKED) {
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dw[e] = 0.f;
-  }
-#ifdef RMSNORM_BWD_PROBE_WREG  // probe: the weight of this thread's columns in registers
+  // !CHUNKED: the weight of this thread's columns, read once into registers; read from L1
+  // at each use it cost fp32 8192 ten points of copy (PERF_NOTES v45)
   float wr[CHUNKED ? 1 : kElems];
   if constexpr (!CHUNKED) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int c = (k * THREADS + t) * VEC;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) wr[k * VEC + i] = a.w && c < N ? __ldg(a.w + c + i) : 1.f;
+      for (int i = 0; i < VEC; ++i) {
+        dw[k * VEC + i] = 0.f;
+        wr[k * VEC + i] = a.w && c < N ? a.w[c + i] : 1.f;
+      }
     }
   }
-#define RMSNORM_BWD_W(k, c, i) wr[(k) * VEC + (i)]
-#else
-#define RMSNORM_BWD_W(k, c, i) (a.w ? __ldg(a.w + (c) + (i)) : 1.f)
-#endif
   for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
     const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
     const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
@@ -198,7 +194,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 : nullptr;
     if constexpr (!CHUNKED) {
       // the row in registers, as raw bits: VEC-groups whole inside the row (the host
-      // checked N); the weight comes from L1 each time (fewer registers, more CTAs an SM)
+      // checked N)
       Raw<S, VEC> sraw[VPT];
       Raw<T, VEC> draw[VPT];
       float ss = 0.f, gs = 0.f;
@@ -218,7 +214,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
         unpack<T, VEC>(draw[k], dv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float wi = RMSNORM_BWD_W(k, c, i);
+          const float wi = wr[k * VEC + i];
           ss = fmaf(sv[i], sv[i], ss);
           gs = fmaf(dv[i] * wi, sv[i], gs);
         }
@@ -236,7 +232,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
         if (dror) load_group<S, VEC>(dror + c, dro);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float wi = RMSNORM_BWD_W(k, c, i);
+          const float wi = wr[k * VEC + i];
           out[i] = (dv[i] * wi - sv[i] * c2) * rstd + (dror ? dro[i] : 0.f);
           dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
         }
@@ -299,8 +295,6 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
     }
   }
 }
-
-#undef RMSNORM_BWD_W
 
 // ---- rows staged through shared memory -------------------------------------------------
 // The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
@@ -449,16 +443,6 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     else
       load_group<float, VEC>(w_sm + l * VEC, wv);
   };
-#ifdef RMSNORM_BWD_PROBE_WREG  // probe: one group's weight a thread held in registers
-  constexpr bool kWReg = VPT == 1 && !CLUSTER;
-#else
-  constexpr bool kWReg = false;
-#endif
-  float wreg[VEC];
-  if constexpr (kWReg) {
-    int l, g;
-    if (owns(0, l, g)) weight(l, wreg);  // its own group, written by this thread above
-  }
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
     const T* dyr = dy_base + row * a.stride_dy - phase;
@@ -494,12 +478,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
       fetch(st, l, g, sv, dv);
-      if constexpr (kWReg) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) wv[i] = wreg[i];
-      } else {
-        weight(l, wv);
-      }
+      weight(l, wv);
       fn(k, g, sv, dv, wv);
     }
   };
@@ -674,15 +653,19 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
-// make(std::integral_constant<int, THREADS>) for the fewest of 64 ... 1024 threads whose
-// VPT groups each span `cap` groups.
-template <int VPT = kVpt, typename Make>
+// make(std::integral_constant<int, THREADS>) for the fewest of 64 ... MAX_THREADS threads
+// whose kVpt groups each span `cap` groups (MAX_THREADS: those past it are not built).
+template <int MAX_THREADS = 1024, typename Make>
 Launch by_threads(int cap, Make make) {
-  if (cap <= 64 * VPT) return make(std::integral_constant<int, 64>{});
-  if (cap <= 128 * VPT) return make(std::integral_constant<int, 128>{});
-  if (cap <= 256 * VPT) return make(std::integral_constant<int, 256>{});
-  if (cap <= 512 * VPT) return make(std::integral_constant<int, 512>{});
-  return make(std::integral_constant<int, 1024>{});
+  if (cap <= 64 * kVpt) return make(std::integral_constant<int, 64>{});
+  if (cap <= 128 * kVpt) return make(std::integral_constant<int, 128>{});
+  if (cap <= 256 * kVpt) return make(std::integral_constant<int, 256>{});
+  if constexpr (MAX_THREADS >= 1024) {
+    if (cap <= 512 * kVpt) return make(std::integral_constant<int, 512>{});
+    return make(std::integral_constant<int, 1024>{});
+  } else {
+    return make(std::integral_constant<int, 512>{});
+  }
 }
 
 // Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of
@@ -701,29 +684,28 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 // plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
 // add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
 // for 16-bit dy's 2-row rings of 512 and 1024 threads.
-template <typename T, typename S, int THREADS, int VPT = kVpt>
+template <typename T, typename S, int THREADS>
 KernelPtr staged_kernel(int& stages, bool& wt) {
   constexpr bool same = std::is_same_v<T, S>;
-  constexpr int kCap = THREADS * VPT / kVpt;  // the threads of kVpt groups that span as much
-  if constexpr (kCap <= 256 && same && sizeof(T) == 2) {
+  if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
     if (stages == 4) {
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, VPT, 4, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
     }
   }
-  if constexpr (kCap <= 256 || (same && (kCap <= 512 || std::is_same_v<T, float>))) {
+  if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, VPT, 3, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false>;
     }
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
-    if (wt) return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, true>;
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
   }
   wt = false;
-  return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, false>;
+  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
 }
 
 // What the choice of kernel reads besides the dtypes.
@@ -773,28 +755,14 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     }
   }
   if (!fits(row_groups, stages)) stages = 2;
-#ifdef RMSNORM_BWD_PROBE_F32CLUSTER  // probe: fp32 rows past 1024 groups on a cluster
-  const bool one_cta_ok = !(std::is_same_v<T, float> && r.vec_ok && row_groups > 1024);
-#else
-  const bool one_cta_ok = true;
-#endif
-  if (one_cta_ok && fits(row_groups, stages)) {
+  if (fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
-    auto one_cta = [&](auto vpt) {
-      constexpr int kV = decltype(vpt)::value;
-      return by_threads<kV>(row_groups, [&stages, &wt](auto threads) {
-        Launch one;
-        one.kernel = staged_kernel<T, S, decltype(threads)::value, kV>(stages, wt);
-        one.threads = threads;
-        return one;
-      });
-    };
-#ifdef RMSNORM_BWD_PROBE_VPT1  // probe: one group a thread where 1024 threads span the row
-    l = row_groups <= 1024 ? one_cta(std::integral_constant<int, 1>{})
-                           : one_cta(std::integral_constant<int, kVpt>{});
-#else
-    l = one_cta(std::integral_constant<int, kVpt>{});
-#endif
+    l = by_threads(row_groups, [&stages, &wt](auto threads) {
+      Launch one;
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
+      one.threads = threads;
+      return one;
+    });
     l.cap = row_groups;
     l.wt = wt;
     l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
@@ -842,20 +810,19 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   return false;
 }
 
-// The register-resident kernel with the fewest threads that span `cap` groups (aligned
-// rows of whole groups, at most 1024 * kVpt of them).
+// The register-resident kernel for rows of `cap` groups (aligned rows of whole groups, at
+// most 1024 * kVpt of them): the fewest threads of kVpt groups that span them, to 512
+// threads; wider rows on 512 threads of kRegWideVpt groups (bwd_tuning).
 template <typename T, typename S>
 Launch pick_registers(int cap) {
-#ifdef RMSNORM_BWD_PROBE_REG_VPT4  // probe: rows past 1024 groups on 512 threads of 4
-  if (cap > 1024)
-    return by_threads<4>(cap, [](auto threads) {
-      Launch l;
-      l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, 4, kVec<T>, false>;
-      l.threads = threads;
-      return l;
-    });
-#endif
-  return by_threads(cap, [](auto threads) {
+  static_assert(512 * kRegWideVpt >= 1024 * kVpt, "512 threads span every row taken here");
+  if (cap > 512 * kVpt) {
+    Launch l;
+    l.kernel = rms_norm_bwd_kernel<T, S, 512, kRegWideVpt, kVec<T>, false>;
+    l.threads = 512;
+    return l;
+  }
+  return by_threads<512>(cap, [](auto threads) {
     Launch l;
     l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false>;
     l.threads = threads;
@@ -874,9 +841,7 @@ Launch pick(const Rows& r) {
   // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
   // v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
-#ifndef RMSNORM_BWD_PROBE_F32STAGED  // probe: fp32's aligned plain rows staged too
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
-#endif
   }
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;

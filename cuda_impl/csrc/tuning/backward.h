@@ -1,7 +1,7 @@
 // The CUDA backward's launch choices, as data (both ops): read by rms_norm_backward.cu's
 // rules (pick, pick_staged, staged_stages, by_threads), and nowhere else; a change here
 // rebuilds that unit only. Why each value is what it is, with the measurements:
-// docs/PERF_NOTES.md (v14-v18, v43).
+// docs/PERF_NOTES.md (v14-v18, v43, v45).
 #pragma once
 
 #include <climits>
@@ -12,6 +12,11 @@ namespace bwd_tuning {
 // 16-byte groups a thread holds of a staged or register-resident row: the widest row one
 // CTA takes is 1024 threads' worth, and the thread counts climb 64, 128, ... 1024.
 constexpr int kVpt = 2;
+// Groups a thread of the register-resident kernel (fp32 rms_norm's aligned rows to 8192)
+// holds of rows wider than 512 threads of kVpt: 512 threads of 4. fp32 8192 measured 74% of
+// copy on 1024 threads of 2, 84% with either this or the weight in registers, 92% with both
+// (PERF_NOTES v45).
+constexpr int kRegWideVpt = 4;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
 constexpr int kScalarVpt = 4;
