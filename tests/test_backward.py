@@ -181,6 +181,17 @@ def test_rms_norm_grads_wide_rows_other_weights(name, shape, wkind):
     assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(torch.bfloat16))
 
 
+def fused_forward(mod, m: int, n: int, rdtype: str) -> tuple:
+    """The fused add on bf16 leaves x and weight and a residual leaf of x's dtype ("dtype")
+    or fp32, with fresh gradients for its outputs: (x, r, w, y, residual_out, dy, dro)."""
+    dtype = torch.bfloat16
+    x = rows(m, n, dtype).requires_grad_()
+    r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
+    w = weight_of(n, dtype, "dtype").requires_grad_()
+    y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
+    return x, r, w, y, ro, torch.randn_like(y), torch.randn_like(ro)
+
+
 @pytest.mark.parametrize("used", ["both", "y-only", "residual_out-only"])
 @pytest.mark.parametrize("rdtype", ["dtype", "fp32"])
 @pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -188,14 +199,7 @@ def test_rms_norm_grads_wide_rows_other_weights(name, shape, wkind):
 def test_fused_add_grads_match_reference(name, shape, rdtype, used):
     """dx, dresidual, dweight of the fused add, with the gradient reaching y, residual_out
     or both (an fp32 residual stream beside bf16 x included)."""
-    mod = backend(name)
-    m, n = shape
-    dtype = torch.bfloat16
-    x = rows(m, n, dtype).requires_grad_()
-    r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
-    w = weight_of(n, dtype, "dtype").requires_grad_()
-    y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
-    dy, dro = torch.randn_like(y), torch.randn_like(ro)
+    x, r, w, y, ro, dy, dro = fused_forward(backend(name), *shape, rdtype)
     outs, grads_in = {"both": ((y, ro), (dy, dro)), "y-only": ((y,), (dy,)),
                       "residual_out-only": ((ro,), (dro,))}[used]  # fmt: skip
     got = torch.autograd.grad(outs, (x, r, w), grads_in, allow_unused=True)
@@ -219,13 +223,7 @@ def test_fused_add_dresidual_shares_dx(name, rdtype):
     each leaf's .grad its own tensor; with an fp32 residual, two tensors."""
     mod = backend(name)
     ops = getattr(torch.ops, f"{name}_impl")
-    m, n = (257, 1000) if HAS_GPU else (5, 1000)
-    dtype = torch.bfloat16
-    x = rows(m, n, dtype).requires_grad_()
-    r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
-    w = weight_of(n, dtype, "dtype").requires_grad_()
-    y, ro = mod.fused_add_rms_norm(x, r, w, 1e-6)
-    dy, dro = torch.randn_like(y), torch.randn_like(ro)
+    x, r, w, y, ro, dy, dro = fused_forward(mod, 257 if HAS_GPU else 5, 1000, rdtype)
     gx, gr, gw = torch.autograd.grad((y, ro), (x, r, w), (dy, dro), retain_graph=True)
     both = ops.fused_add_rms_norm_backward(dy, dro, ro.detach(), w.detach(), 1e-6)
     assert torch.equal(gx, both[0]) and torch.equal(gr, both[1]) and torch.equal(gw, both[2])
