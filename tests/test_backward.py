@@ -312,8 +312,8 @@ def test_opcheck_with_gradients(name):
     torch.library.opcheck(ops.fused_add_rms_norm.default, (x, r, w, 1e-6), **kw)
     torch.library.opcheck(ops.rms_norm_backward.default, (dy, x.detach(), w.detach(), 1e-6), **kw)
     for dresidual in (True, False):
-        torch.library.opcheck(ops.fused_add_rms_norm_backward.default,
-                              (dy, dy.clone(), r.detach(), w.detach(), 1e-6, dresidual), **kw)  # fmt: skip
+        args = (dy, dy.clone(), r.detach(), w.detach(), 1e-6, dresidual)
+        torch.library.opcheck(ops.fused_add_rms_norm_backward.default, args, **kw)
 
 
 @pytest.mark.gpu
