@@ -599,7 +599,9 @@ def _grad_registry(fused: bool, mode: str, baselines: bool) -> dict[str, Impl]:
     call = FUSED_ADD_GRADS if fused else RMS_NORM_GRADS
     forward = "fused_add_rms_norm" if fused else "rms_norm"
     ref = fused_add_rms_norm_ref if fused else rms_norm_ref
-    impls = [_with_grads(_ours(name, forward), call, mode) for name in OURS]
+    shared = ("returns dx as dresidual where x and the residual share a dtype (M N elements "
+              "fewer written than charged)",) if fused else ()  # fmt: skip
+    impls = [_with_grads(_ours(name, forward), call, mode, shared) for name in OURS]
     if baselines:
         native = _native_fused_add() if fused else _native()
         impls += [

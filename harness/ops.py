@@ -37,8 +37,9 @@ output's dtype. e is x's element size, w the weight's; without a weight its term
   residual_out; the backward reads residual_out + dy + d_residual_out + weight, writes dx +
   dresidual + dweight: M N (4 e + 5 r) + 3 N w, r the residual's element size.
 What only some implementations move is charged to none: a saved rstd (4 bytes a row),
-dweight partials, a zeroed dx buffer; and a peer that returns one tensor as both dx and
-dresidual (equal when their dtypes are) is still charged for writing both.
+dweight partials, a zeroed dx buffer; and an implementation that returns one tensor as both
+dx and dresidual (equal when their dtypes are: ours, Liger, QuACK) is still charged for
+writing both.
 """
 
 from __future__ import annotations

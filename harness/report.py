@@ -403,8 +403,9 @@ def _caveats(ops: Sequence[Op] = ()) -> list[str]:
             "- Gradient ops: each implementation's forward and torch.autograd.grad, checked "
             "against float64 gradients; the backward alone is timed with the forward's graph "
             "kept (retain_graph), the forward outside the timing. A saved rstd, dweight "
-            "partials and zeroed buffers are charged to none; in the fused add Liger and "
-            "QuACK return one tensor as both dx and dresidual, still charged for both."
+            "partials and zeroed buffers are charged to none; in the fused add ours, Liger "
+            "and QuACK return one tensor as both dx and dresidual where their dtypes match, "
+            "still charged for both (figures above 100% of copy there)."
         )
     return lines + [""]
 

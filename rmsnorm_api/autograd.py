@@ -125,8 +125,9 @@ def _functions(ns: str) -> dict:
         # are both tensors here. dx and dresidual are one value, cast to x's and the
         # residual's dtypes: where those are one dtype, dx is returned as both and the
         # kernels skip dresidual's store (one tensor of the backward's five fewer to write).
-        # Autograd hands a gradient shared so to each consumer as its own: AccumulateGrad
-        # copies one that something else still holds, and no node writes into its input.
+        # Autograd hands a gradient shared so to each leaf as its own (AccumulateGrad copies
+        # one that something else still holds), and torch's nodes never write into a
+        # gradient they are given; torch.autograd.grad returns the one tensor for both.
         @staticmethod
         def backward(ctx, dy, d_residual_out):
             residual_out, weight = ctx.saved_tensors

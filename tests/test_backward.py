@@ -239,6 +239,23 @@ def test_fused_add_dresidual_shares_dx(name, rdtype):
     assert torch.equal(r.grad, both[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fused_add_backward_without_either_residual_gradient(name, dtype):
+    """The fused add's backward op with no d_residual_out and no dresidual stored is the
+    plain op's backward of residual_out (on a GPU, the CUDA kernel the plain op picks for
+    its dtype: fp32's register-resident rows among them), bit for bit."""
+    backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
+    m, n = (300, 4096) if HAS_GPU else (5, 1000)
+    s = rows(m, n, dtype)
+    w = weight_of(n, dtype, "dtype")
+    dy = torch.randn(m, n, device=DEVICE).to(dtype)
+    dx, dres, dw = ops.fused_add_rms_norm_backward(dy, None, s, w, 1e-6, False)
+    want = ops.rms_norm_backward(dy, s, w, 1e-6)
+    assert dres.numel() == 0 and torch.equal(dx, want[0]) and torch.equal(dw, want[1])
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_dweight_is_deterministic(name):
     """dweight (and dx) bitwise identical from run to run: partial sums in a fixed order,

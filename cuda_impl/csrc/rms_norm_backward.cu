@@ -1,8 +1,8 @@
 // The backward of both ops in CUDA C++. For y = s * rstd * w, rstd = 1 / sqrt(mean(s^2) +
 // eps), s = x (rms_norm) or residual_out (the fused add), and the output gradient dy:
 //   g = dy * w,  ds = rstd * (g - s * rstd^2 * mean(g * s)),  dw = sum over rows of dy * s * rstd.
-// The fused add adds residual_out's own gradient to ds and stores it twice: dx in dy's
-// dtype, dresidual in residual_out's.
+// The fused add adds residual_out's own gradient to ds and stores it as dx in dy's dtype and,
+// unless the caller takes dx as both (dresidual=False), as dresidual in residual_out's.
 //
 // Parallelisation: a persistent grid, as many CTAs as fit the SMs at once; a CTA walks rows
 // blockIdx.x, blockIdx.x + gridDim.x, ... A thread owns the same columns in every row

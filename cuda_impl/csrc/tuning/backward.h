@@ -9,8 +9,9 @@
 namespace cuda_impl {
 namespace bwd_tuning {
 
-// 16-byte groups a thread holds of a staged or register-resident row: the widest row one
-// CTA takes is 1024 threads' worth, and the thread counts climb 64, 128, ... 1024.
+// 16-byte groups a thread holds of a staged row (the widest one CTA stages is 1024 threads'
+// worth; the thread counts climb 64, 128, ... 1024) or of a register-resident one to 512
+// threads' worth (wider: kRegWideVpt).
 constexpr int kVpt = 2;
 // Groups a thread of the register-resident kernel (fp32 rms_norm's aligned rows to 8192)
 // holds of rows wider than 512 threads of kVpt: 512 threads of 4. fp32 8192 measured 74% of
