@@ -27,6 +27,7 @@ from rmsnorm_api import (
     check_in_place,
     check_inputs,
     check_out,
+    fused_backward_outputs,
     register_autograd,
 )
 
@@ -126,10 +127,10 @@ def _rms_norm_backward_fake(dy, x, weight, eps):
 def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps, dresidual=True):
     check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
                           impl=_FUSED_BWD)  # fmt: skip
-    s = residual_out
-    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
-    return dx, dres, _dweight_fake(weight, s)
+    return (
+        *fused_backward_outputs(dy, residual_out, dresidual),
+        _dweight_fake(weight, residual_out),
+    )
 
 
 register_autograd("cuda_impl")

@@ -271,6 +271,18 @@ def check_backward_inputs(
         raise ValueError(f"{impl}: dy is on device '{dy.device}'; expected a CUDA tensor")
 
 
+def fused_backward_outputs(
+    dy: torch.Tensor, residual_out: torch.Tensor, dresidual: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused add's backward outputs, for a kernel to write: dx in dy's dtype and
+    dresidual in residual_out's, stored apart (two outputs never alias), or, where dresidual
+    is False (autograd's call, where dx serves as both), an empty (0,) tensor in its place."""
+    s = residual_out
+    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
+    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
+    return dx, dres
+
+
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{impl}: eps must be a real number, got {_type_name(eps)}")

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_api import as_rows, backward_functions, check_backward_inputs
+from rmsnorm_api import as_rows, backward_functions, check_backward_inputs, fused_backward_outputs
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
@@ -402,16 +402,17 @@ def _run_backward(
     if not has_work(s2):  # empty, meta or traced under the interpreter: nothing runs
         return torch.zeros(n, dtype=weight.dtype, device=s.device) if has_w else None
     has_dro, has_ds2 = dro is not None, ds2_2 is not None
+    present = [t for t in (dro, ds2_2) if t is not None]
     w = weight.contiguous() if has_w else s2  # dummy pointer, never read
     # dummy pointers where there is no d_residual_out or second ds: never touched
     dro = s2 if dro is None else dro
     ds2_2 = ds_2 if ds2_2 is None else ds2_2
     rows = (s2, dy2, w, dro, ds_2, ds2_2)
+    strides = tuple(t.stride(0) for t in (s2, dy2, dro, ds_2, ds2_2))  # the weight's: none
     sms = sm_count(s.device.index) if s.is_cuda else 0
     sharded = shard_plan(n, s.element_size(), 0 if INTERPRET else sms)
     if sharded is not None:
-        return _run_sharded(sharded, sms, rows, weight, eps, has_dro, has_ds2)
-    present = [t for t, real in ((dro, has_dro), (ds2_2, has_ds2)) if real]
+        return _run_sharded(sharded, sms, rows, strides, weight, eps, has_dro, has_ds2)
     vec = split_vec(n, s2, dy2, ds_2, *present)
     meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2)
     if s.is_cuda:
@@ -426,9 +427,7 @@ def _run_backward(
     alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
     run(
-        _rms_norm_bwd, (programs,), *rows, dwp,
-        s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0),
-        m, n, eps, **meta,
+        _rms_norm_bwd, (programs,), *rows, dwp, *strides, m, n, eps, **meta,
     )  # fmt: skip
     return _reduce_dw(dwp, weight, programs) if has_w else None
 
@@ -453,16 +452,17 @@ def _run_sharded(
     sharded: tuple[int, int, int],
     sms: int,
     rows: tuple[torch.Tensor, ...],
+    strides: tuple[int, ...],
     weight: Optional[torch.Tensor],
     eps: float,
     has_dro: bool,
     has_ds2: bool,
 ) -> Optional[torch.Tensor]:
     """_run_backward's rows (s, dy, the weight, d_residual_out, ds, ds2, absent ones as
-    dummy pointers) through the sharded kernel (shard_plan's answer) on a GPU of sms SMs (0:
-    the interpreter); returns dweight."""
+    dummy pointers) and their row strides (all but the weight's) through the sharded kernel
+    (shard_plan's answer) on a GPU of sms SMs (0: the interpreter); returns dweight."""
     shards, block_n, warps = sharded
-    s2, dy2, _, dro, ds_2, ds2_2 = rows
+    s2 = rows[0]
     m, n = s2.shape
     has_w = weight is not None
     # per_sm programs an SM, each held to the registers that let them all be resident: a
@@ -476,8 +476,7 @@ def _run_sharded(
     part = torch.empty(m * 2 * shards, dtype=torch.float32, device=s2.device)
     count = torch.zeros(m, dtype=torch.int32, device=s2.device)
     run(
-        _rms_norm_bwd_sharded, (groups * shards,), *rows, dwp, part, count,
-        s2.stride(0), dy2.stride(0), dro.stride(0), ds_2.stride(0), ds2_2.stride(0), m, n, eps,
+        _rms_norm_bwd_sharded, (groups * shards,), *rows, dwp, part, count, *strides, m, n, eps,
         BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
         HAS_WEIGHT=has_w, HAS_DRO=has_dro, HAS_DS2=has_ds2, num_warps=warps,
         maxnreg=SM_REGISTERS // (32 * warps * per_sm),
@@ -526,10 +525,7 @@ def _fused_add_backward_op(
     check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
                           allow_cpu=INTERPRET, impl=_FUSED_BWD)  # fmt: skip
     s = residual_out
-    # dresidual equals dx but for its dtype: stored apart (two outputs never alias), or not
-    # at all (dresidual=False, empty: autograd's call where dx serves as both)
-    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
+    dx, dres = fused_backward_outputs(dy, s, dresidual)
     dro = _dy_rows(d_residual_out) if d_residual_out is not None else None
     dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres if dresidual else None)
     return dx, dres, dw if dw is not None else s.new_empty(0)

@@ -15,7 +15,7 @@
 // Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
 // memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
-// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's aligned rows to 8192 keep
+// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's rows to 8192 keep
 // the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
 // shared memory to limit them, and measured faster there (docs/PERF_NOTES.md v15). What
 // neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide
@@ -162,8 +162,15 @@ struct BwdArgs {
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
 // elements a thread; CHUNKED: the row in chunks of THREADS * VPT * VEC elements.
+//
+// !CHUNKED (the row in registers): rows of any one phase, as the staged kernel takes them
+// (its comment below): groups counted from the 16-byte boundary at or before a row's start,
+// the lanes outside the row zeroed and never stored; every row this CTA takes has the phase
+// of its first (the host's grid is a whole number of phase periods), so a thread owns the
+// same columns in every row. Aligned rows: phase 0, every group whole.
 template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED>
 __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
+  static_assert(CHUNKED || sizeof(S) == sizeof(T), "one phase in s and dy");
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
@@ -172,46 +179,68 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   const float inv_n = 1.f / static_cast<float>(N);
   float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
   float dw[kElems];
+  int phase = 0, groups = 0;
+  if constexpr (!CHUNKED) {
+    phase = static_cast<int>(
+        (reinterpret_cast<uintptr_t>(static_cast<const S*>(a.s) + blockIdx.x * a.stride_s) % 16) /
+        sizeof(S));
+    groups = (phase + N + VEC - 1) / VEC;
+  }
+  const bool head_whole = phase == 0, tail_whole = (phase + N) % VEC == 0;
+  // group g lies wholly inside the row
+  auto whole = [&](int g) { return (g > 0 || head_whole) && (g < groups - 1 || tail_whole); };
   // !CHUNKED: the weight of this thread's columns, read once into registers; read from L1
   // at each use it cost fp32 8192 ten points of copy (PERF_NOTES v45)
   float wr[CHUNKED ? 1 : kElems];
   if constexpr (!CHUNKED) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int c = (k * THREADS + t) * VEC;
+      const int g = k * THREADS + t;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
+        const int col = g * VEC + i - phase;
         dw[k * VEC + i] = 0.f;
-        wr[k * VEC + i] = a.w && c < N ? a.w[c + i] : 1.f;
+        wr[k * VEC + i] = a.w && col >= 0 && col < N ? a.w[col] : 1.f;
       }
     }
   }
   for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
-    const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
-    const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
-    const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro : nullptr;
-    T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds;
-    S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 : nullptr;
+    // the row's start, or (!CHUNKED) its aligned start: `phase` elements before it
+    const S* sr = static_cast<const S*>(a.s) + row * a.stride_s - phase;
+    const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy - phase;
+    const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro - phase : nullptr;
+    T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds - phase;
+    S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 - phase : nullptr;
     if constexpr (!CHUNKED) {
-      // the row in registers, as raw bits: VEC-groups whole inside the row (the host
-      // checked N)
+      // the row in registers, as raw bits
       Raw<S, VEC> sraw[VPT];
       Raw<T, VEC> draw[VPT];
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = k * THREADS + t;
+        if (g >= groups) continue;
+        load_raw<S, VEC>(sr + g * VEC, sraw[k]);
+        load_raw<T, VEC>(dyr + g * VEC, draw[k]);
+      }
+      // group k's values, the lanes outside the row zeroed
+      auto values = [&](int k, int g, float(&sv)[VEC], float(&dv)[VEC]) {
+        unpack<S, VEC>(sraw[k], sv);
+        unpack<T, VEC>(draw[k], dv);
+        if (!whole(g)) {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const int col = g * VEC + i - phase;
+            if (col < 0 || col >= N) sv[i] = dv[i] = 0.f;
+          }
+        }
+      };
       float ss = 0.f, gs = 0.f;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int c = (k * THREADS + t) * VEC;
-        if (c >= N) continue;
-        load_raw<S, VEC>(sr + c, sraw[k]);
-        load_raw<T, VEC>(dyr + c, draw[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int c = (k * THREADS + t) * VEC;
-        if (c >= N) continue;
+        const int g = k * THREADS + t;
+        if (g >= groups) continue;
         float sv[VEC], dv[VEC];
-        unpack<S, VEC>(sraw[k], sv);
-        unpack<T, VEC>(draw[k], dv);
+        values(k, g, sv, dv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float wi = wr[k * VEC + i];
@@ -224,20 +253,40 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       const float c2 = sums.y * inv_n * rstd * rstd;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int c = (k * THREADS + t) * VEC;
-        if (c >= N) continue;
+        const int g = k * THREADS + t;
+        if (g >= groups) continue;
+        const bool all_in = whole(g);
         float sv[VEC], dv[VEC], out[VEC], dro[VEC];
-        unpack<S, VEC>(sraw[k], sv);
-        unpack<T, VEC>(draw[k], dv);
-        if (dror) load_group<S, VEC>(dror + c, dro);
+        values(k, g, sv, dv);
+        if (dror) {
+          if (all_in) {
+            load_group<S, VEC>(dror + g * VEC, dro);
+          } else {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+              const int col = g * VEC + i - phase;
+              dro[i] = col < 0 || col >= N ? 0.f : to_float(dror[g * VEC + i]);
+            }
+          }
+        }
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float wi = wr[k * VEC + i];
           out[i] = (dv[i] * wi - sv[i] * c2) * rstd + (dror ? dro[i] : 0.f);
           dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
         }
-        store_group<T, VEC>(dsr + c, out);
-        if (ds2r) store_group<S, VEC>(ds2r + c, out);
+        if (all_in) {
+          store_group<T, VEC>(dsr + g * VEC, out);
+          if (ds2r) store_group<S, VEC>(ds2r + g * VEC, out);
+        } else {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const int col = g * VEC + i - phase;
+            if (col < 0 || col >= N) continue;
+            dsr[g * VEC + i] = from_float<T>(out[i]);
+            if (ds2r) ds2r[g * VEC + i] = from_float<S>(out[i]);
+          }
+        }
       }
     } else {
       // sweep 1: both sums, chunk by chunk
@@ -288,10 +337,12 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
     if (a.w == nullptr) return;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int c = (k * THREADS + t) * VEC;
+      const int g = k * THREADS + t;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i)
-        if (c + i < N) dwp[c + i] = dw[k * VEC + i];
+      for (int i = 0; i < VEC; ++i) {
+        const int col = g * VEC + i - phase;
+        if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
+      }
     }
   }
 }
@@ -810,8 +861,8 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   return false;
 }
 
-// The register-resident kernel for rows of `cap` groups (aligned rows of whole groups, at
-// most 1024 * kVpt of them): the fewest threads of kVpt groups that span them, to 512
+// The register-resident kernel for rows of `cap` groups (any one phase, at most
+// 1024 * kVpt groups): the fewest threads of kVpt groups that span them, to 512
 // threads; wider rows on 512 threads of kRegWideVpt groups (bwd_tuning).
 template <typename T, typename S>
 Launch pick_registers(int cap) {
@@ -836,13 +887,27 @@ Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
-  // fp32 rms_norm, aligned rows to 8192: the register-resident kernel, with no shared
+  // fp32 rms_norm, rows of one phase to 8192: the register-resident kernel, with no shared
   // memory to limit its CTAs an SM, kept more rows in flight than two stages a CTA did
   // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
   // v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
-    if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+#ifdef RMSNORM_BWD_PROBE_REG_FUSED  // probe: the fused add's fp32 rows in registers too
+    if (r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+#endif
+    if (!r.fused && r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
   }
+#if defined(RMSNORM_BWD_PROBE_REG16) || defined(RMSNORM_BWD_PROBE_REG16_ODD)
+  // probe: 16-bit rows of the plain op in registers (all, or those off a 16-byte boundary)
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
+#ifdef RMSNORM_BWD_PROBE_REG16
+    const bool probe_rows = true;
+#else
+    const bool probe_rows = !r.vec_ok;
+#endif
+    if (probe_rows && !r.fused && r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+  }
+#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
@@ -922,8 +987,9 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
                        : wt   ? weight->contiguous()
                               : weight->to(at::kFloat).contiguous();
   int walkers = persistent_walkers(l, M, device);
-  // the staged kernel's CTAs each keep one phase: a whole number of periods of walkers
-  if (l.cap > 0 && walkers < M)
+  // the staged and register kernels' CTAs each keep one phase: a whole number of periods
+  // of walkers (the chunked kernel, which takes rows of differing phases, does not mind)
+  if (walkers < M)
     walkers = static_cast<int>(std::min<int64_t>(M, std::max(period, walkers / period * period)));
   at::Tensor dwp = at::empty({has_w ? walkers : 1, N}, s.options().dtype(at::kFloat));
   auto stream = at::cuda::getCurrentCUDAStream();
