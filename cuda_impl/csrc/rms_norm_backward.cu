@@ -15,8 +15,8 @@
 // Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
 // memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
-// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's rows to 8192 keep
-// the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
+// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's rows to 8192 (of one
+// phase) keep the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
 // shared memory to limit them, and measured faster there (docs/PERF_NOTES.md v15). What
 // neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide
 // chunks, twice: sum, then re-read (from L2), ds, and the chunk's dweight share added into
@@ -163,14 +163,23 @@ struct BwdArgs {
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
 // elements a thread; CHUNKED: the row in chunks of THREADS * VPT * VEC elements.
 //
-// !CHUNKED (the row in registers): rows of any one phase, as the staged kernel takes them
-// (its comment below): groups counted from the 16-byte boundary at or before a row's start,
-// the lanes outside the row zeroed and never stored; every row this CTA takes has the phase
-// of its first (the host's grid is a whole number of phase periods), so a thread owns the
-// same columns in every row. Aligned rows: phase 0, every group whole.
-template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED>
-__global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
-  static_assert(CHUNKED || sizeof(S) == sizeof(T), "one phase in s and dy");
+// EDGES (not CHUNKED): rows off a 16-byte boundary, or whose N is not whole groups, of one
+// phase (the elements before a row's first 16-byte boundary, the same in every tensor and in
+// every row this CTA takes: the host's grid is a whole number of phase periods). A row's
+// groups are its aligned body; its head (the elements before the body) and its tail (those
+// after it), fewer than VEC each, are one element a thread for the first head + tail
+// threads, which own those columns in every row as they own their groups'.
+// EDGES kernels of kVpt groups are held to 64 registers, 1024 threads an SM: ptxas gave the
+// 512-thread one 70 (one CTA an SM) where the aligned one takes 55 (two).
+template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false>
+#ifdef RMSNORM_BWD_PROBE_EDGES_FREE  // probe: EDGES kernels' registers left to ptxas
+__global__ void __launch_bounds__(THREADS)
+#else
+__global__ void __launch_bounds__(THREADS, EDGES && VPT == kVpt ? 1024 / THREADS : 0)
+#endif
+    rms_norm_bwd_kernel(BwdArgs a) {
+  static_assert(!EDGES || (!CHUNKED && sizeof(S) == sizeof(T) && 2 * VEC <= THREADS),
+                "one phase in s and dy; a thread for each edge element");
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
@@ -179,16 +188,18 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   const float inv_n = 1.f / static_cast<float>(N);
   float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
   float dw[kElems];
-  int phase = 0, groups = 0;
-  if constexpr (!CHUNKED) {
-    phase = static_cast<int>(
+  // the body's first column and groups; this thread's edge column (-1: none)
+  int head = 0, body = N / VEC, xc = -1;
+  if constexpr (EDGES) {
+    const int phase = static_cast<int>(
         (reinterpret_cast<uintptr_t>(static_cast<const S*>(a.s) + blockIdx.x * a.stride_s) % 16) /
         sizeof(S));
-    groups = (phase + N + VEC - 1) / VEC;
+    head = min(N, (VEC - phase) % VEC);
+    body = (N - head) / VEC;
+    const int tail = N - head - body * VEC;
+    xc = t < head ? t : t < head + tail ? head + body * VEC + (t - head) : -1;
   }
-  const bool head_whole = phase == 0, tail_whole = (phase + N) % VEC == 0;
-  // group g lies wholly inside the row
-  auto whole = [&](int g) { return (g > 0 || head_whole) && (g < groups - 1 || tail_whole); };
+  float xdw = 0.f;  // EDGES: the edge column's dweight share
   // !CHUNKED: the weight of this thread's columns, read once into registers; read from L1
   // at each use it cost fp32 8192 ten points of copy (PERF_NOTES v45)
   float wr[CHUNKED ? 1 : kElems];
@@ -196,51 +207,47 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int g = k * THREADS + t;
+      const int c = head + g * VEC;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const int col = g * VEC + i - phase;
         dw[k * VEC + i] = 0.f;
-        wr[k * VEC + i] = a.w && col >= 0 && col < N ? a.w[col] : 1.f;
+        wr[k * VEC + i] = a.w && g < body ? a.w[c + i] : 1.f;
       }
     }
   }
   for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
-    // the row's start, or (!CHUNKED) its aligned start: `phase` elements before it
-    const S* sr = static_cast<const S*>(a.s) + row * a.stride_s - phase;
-    const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy - phase;
-    const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro - phase : nullptr;
-    T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds - phase;
-    S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 - phase : nullptr;
+    const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
+    const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
+    const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro : nullptr;
+    T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds;
+    S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 : nullptr;
     if constexpr (!CHUNKED) {
-      // the row in registers, as raw bits
+      // the row in registers, as raw bits: the body's groups (whole, aligned), and this
+      // thread's edge element
       Raw<S, VEC> sraw[VPT];
       Raw<T, VEC> draw[VPT];
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int g = k * THREADS + t;
-        if (g >= groups) continue;
-        load_raw<S, VEC>(sr + g * VEC, sraw[k]);
-        load_raw<T, VEC>(dyr + g * VEC, draw[k]);
-      }
-      // group k's values, the lanes outside the row zeroed
-      auto values = [&](int k, int g, float(&sv)[VEC], float(&dv)[VEC]) {
-        unpack<S, VEC>(sraw[k], sv);
-        unpack<T, VEC>(draw[k], dv);
-        if (!whole(g)) {
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const int col = g * VEC + i - phase;
-            if (col < 0 || col >= N) sv[i] = dv[i] = 0.f;
-          }
-        }
-      };
       float ss = 0.f, gs = 0.f;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int g = k * THREADS + t;
-        if (g >= groups) continue;
+        if (g >= body) continue;
+        load_raw<S, VEC>(sr + head + g * VEC, sraw[k]);
+        load_raw<T, VEC>(dyr + head + g * VEC, draw[k]);
+      }
+      float xs = 0.f, xd = 0.f;
+      if (EDGES && xc >= 0) {
+        xs = to_float(sr[xc]);
+        xd = to_float(dyr[xc]) * (a.w ? a.w[xc] : 1.f);  // dy * w (the weight from L1)
+        ss = xs * xs;
+        gs = xd * xs;
+      }
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = k * THREADS + t;
+        if (g >= body) continue;
         float sv[VEC], dv[VEC];
-        values(k, g, sv, dv);
+        unpack<S, VEC>(sraw[k], sv);
+        unpack<T, VEC>(draw[k], dv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float wi = wr[k * VEC + i];
@@ -251,42 +258,29 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       const float2 sums = block_sum2<THREADS>(ss, gs, red);
       const float rstd = rsqrtf(sums.x * inv_n + a.eps);
       const float c2 = sums.y * inv_n * rstd * rstd;
+      if (EDGES && xc >= 0) {
+        const float out = (xd - xs * c2) * rstd + (dror ? to_float(dror[xc]) : 0.f);
+        xdw = fmaf(to_float(dyr[xc]) * xs, rstd, xdw);  // dy again, from L1
+        dsr[xc] = from_float<T>(out);
+        if (ds2r) ds2r[xc] = from_float<S>(out);
+      }
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int g = k * THREADS + t;
-        if (g >= groups) continue;
-        const bool all_in = whole(g);
+        const int c = head + g * VEC;
+        if (g >= body) continue;
         float sv[VEC], dv[VEC], out[VEC], dro[VEC];
-        values(k, g, sv, dv);
-        if (dror) {
-          if (all_in) {
-            load_group<S, VEC>(dror + g * VEC, dro);
-          } else {
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-              const int col = g * VEC + i - phase;
-              dro[i] = col < 0 || col >= N ? 0.f : to_float(dror[g * VEC + i]);
-            }
-          }
-        }
+        unpack<S, VEC>(sraw[k], sv);
+        unpack<T, VEC>(draw[k], dv);
+        if (dror) load_group<S, VEC>(dror + c, dro);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float wi = wr[k * VEC + i];
           out[i] = (dv[i] * wi - sv[i] * c2) * rstd + (dror ? dro[i] : 0.f);
           dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
         }
-        if (all_in) {
-          store_group<T, VEC>(dsr + g * VEC, out);
-          if (ds2r) store_group<S, VEC>(ds2r + g * VEC, out);
-        } else {
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const int col = g * VEC + i - phase;
-            if (col < 0 || col >= N) continue;
-            dsr[g * VEC + i] = from_float<T>(out[i]);
-            if (ds2r) ds2r[g * VEC + i] = from_float<S>(out[i]);
-          }
-        }
+        store_group<T, VEC>(dsr + c, out);
+        if (ds2r) store_group<S, VEC>(ds2r + c, out);
       }
     } else {
       // sweep 1: both sums, chunk by chunk
@@ -338,12 +332,11 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int g = k * THREADS + t;
+      if (g >= body) continue;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const int col = g * VEC + i - phase;
-        if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
-      }
+      for (int i = 0; i < VEC; ++i) dwp[head + g * VEC + i] = dw[k * VEC + i];
     }
+    if (EDGES && xc >= 0) dwp[xc] = xdw;
   }
 }
 
@@ -861,21 +854,22 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   return false;
 }
 
-// The register-resident kernel for rows of `cap` groups (any one phase, at most
-// 1024 * kVpt groups): the fewest threads of kVpt groups that span them, to 512
-// threads; wider rows on 512 threads of kRegWideVpt groups (bwd_tuning).
-template <typename T, typename S>
+// The register-resident kernel for rows whose aligned body is `cap` groups (at most
+// 1024 * kVpt), with head and tail elements (EDGES) or none: the fewest threads of kVpt
+// groups that span them, to 512 threads; wider rows on 512 threads of kRegWideVpt groups
+// (bwd_tuning).
+template <typename T, typename S, bool EDGES>
 Launch pick_registers(int cap) {
   static_assert(512 * kRegWideVpt >= 1024 * kVpt, "512 threads span every row taken here");
   if (cap > 512 * kVpt) {
     Launch l;
-    l.kernel = rms_norm_bwd_kernel<T, S, 512, kRegWideVpt, kVec<T>, false>;
+    l.kernel = rms_norm_bwd_kernel<T, S, 512, kRegWideVpt, kVec<T>, false, EDGES>;
     l.threads = 512;
     return l;
   }
   return by_threads<512>(cap, [](auto threads) {
     Launch l;
-    l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false>;
+    l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false, EDGES>;
     l.threads = threads;
     return l;
   });
@@ -887,27 +881,18 @@ Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
-  // fp32 rms_norm, rows of one phase to 8192: the register-resident kernel, with no shared
-  // memory to limit its CTAs an SM, kept more rows in flight than two stages a CTA did
-  // (the fused add's longer rows hide the staged kernel's next copy; figures in PERF_NOTES
-  // v15; the deeper rings were not probed here)
+  // fp32 rms_norm, rows of one phase whose aligned body is at most 8192 elements: the
+  // register-resident kernel, with no shared memory to limit its CTAs an SM, kept more
+  // rows in flight than two stages a CTA did (the fused add's longer rows hide the staged
+  // kernel's next copy; figures in PERF_NOTES v15; the deeper rings were not probed here)
   if constexpr (std::is_same_v<T, float>) {
-#ifdef RMSNORM_BWD_PROBE_REG_FUSED  // probe: the fused add's fp32 rows in registers too
-    if (r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+    if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
+#ifdef RMSNORM_BWD_PROBE_EDGES_FUSED  // probe: the fused add's odd rows in registers too
+    if (!r.vec_ok && r.staged && r.N / V <= 1024 * kVpt) return pick_registers<T, S, true>(r.N / V);
 #endif
-    if (!r.fused && r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
+    if (!r.fused && r.staged && r.N / V <= 1024 * kVpt)
+      return pick_registers<T, S, true>(r.N / V);
   }
-#if defined(RMSNORM_BWD_PROBE_REG16) || defined(RMSNORM_BWD_PROBE_REG16_ODD)
-  // probe: 16-bit rows of the plain op in registers (all, or those off a 16-byte boundary)
-  if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
-#ifdef RMSNORM_BWD_PROBE_REG16
-    const bool probe_rows = true;
-#else
-    const bool probe_rows = !r.vec_ok;
-#endif
-    if (probe_rows && !r.fused && r.staged && cap <= 1024 * kVpt) return pick_registers<T, S>(cap);
-  }
-#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
