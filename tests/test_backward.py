@@ -181,10 +181,10 @@ def test_rms_norm_grads_wide_rows_other_weights(name, shape, wkind):
     assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(torch.bfloat16))
 
 
-def fused_forward(mod, m: int, n: int, rdtype: str) -> tuple:
-    """The fused add on bf16 leaves x and weight and a residual leaf of x's dtype ("dtype")
-    or fp32, with fresh gradients for its outputs: (x, r, w, y, residual_out, dy, dro)."""
-    dtype = torch.bfloat16
+def fused_forward(mod, m: int, n: int, rdtype: str, dtype=torch.bfloat16) -> tuple:
+    """The fused add on leaves x and weight of dtype and a residual leaf of x's dtype
+    ("dtype") or fp32, with fresh gradients for its outputs: (x, r, w, y, residual_out, dy,
+    dro)."""
     x = rows(m, n, dtype).requires_grad_()
     r = rows(m, n, torch.float32 if rdtype == "fp32" else dtype).requires_grad_()
     w = weight_of(n, dtype, "dtype").requires_grad_()
@@ -213,6 +213,27 @@ def test_fused_add_grads_match_reference(name, shape, rdtype, used):
             assert what == "dweight" and used == "residual_out-only"
             continue
         grad_close(g, exp, what, None if what == "dweight" else scale)
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fused_add_grads_fp32(name, shape):
+    """The fused add's gradients with fp32 x, residual and weight (on a GPU, CUDA's
+    register-resident rows of odd widths, their head and tail elements among them): through
+    autograd (dx serving as dresidual) and through the backward op (both stored), poisoned
+    memory under the outputs."""
+    mod = backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
+    x, r, w, y, ro, dy, dro = fused_forward(mod, *shape, "dtype", dtype=torch.float32)
+    want = fused_add_rms_norm_grads_ref(x, r, w, 1e-6, dy, dro)
+    scale = grad_scale(ro, w, dy) + float(dro.abs().max())
+    poison_allocator(4 * x.numel() * 4)
+    got = torch.autograd.grad((y, ro), (x, r, w), (dy, dro))
+    poison_allocator(4 * x.numel() * 4)
+    stored = ops.fused_add_rms_norm_backward(dy, dro, ro.detach(), w.detach(), 1e-6)
+    for grads in (got, stored):
+        for g, exp, what in zip(grads, want, ("dx", "dresidual", "dweight"), strict=True):
+            grad_close(g, exp, what, None if what == "dweight" else scale)
 
 
 @pytest.mark.parametrize("rdtype", ["dtype", "fp32"])

@@ -15,13 +15,14 @@
 // Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
 // memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
-// past 8192) split over a cluster of 2-8 CTAs. The fp32 plain op's rows to 8192 (of one
-// phase) keep the rows in registers (rms_norm_bwd_kernel, not CHUNKED): more CTAs fit an SM with no
-// shared memory to limit them, and measured faster there (docs/PERF_NOTES.md v15). What
-// neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide
-// chunks, twice: sum, then re-read (from L2), ds, and the chunk's dweight share added into
-// the CTA's partials row (its own: no other CTA touches it); 16-byte groups where every
-// row of every tensor is aligned and N is whole groups, one element a group otherwise.
+// past 8192) split over a cluster of 2-8 CTAs. fp32 rows to 8192 keep the rows in registers
+// (rms_norm_bwd_kernel, not CHUNKED): the plain op's aligned rows, and both ops' rows of one
+// phase off a 16-byte boundary or of odd N, where more CTAs an SM, with no shared memory to
+// limit them, measured faster (docs/PERF_NOTES.md v15, v46). What neither takes (tensors
+// of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks, twice: sum, then
+// re-read (from L2), ds, and the chunk's dweight share added into the CTA's partials row
+// (its own: no other CTA touches it); 16-byte groups where every row of every tensor is
+// aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
@@ -169,15 +170,8 @@ struct BwdArgs {
 // groups are its aligned body; its head (the elements before the body) and its tail (those
 // after it), fewer than VEC each, are one element a thread for the first head + tail
 // threads, which own those columns in every row as they own their groups'.
-// EDGES kernels of kVpt groups are held to 64 registers, 1024 threads an SM: ptxas gave the
-// 512-thread one 70 (one CTA an SM) where the aligned one takes 55 (two).
 template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false>
-#ifdef RMSNORM_BWD_PROBE_EDGES_FREE  // probe: EDGES kernels' registers left to ptxas
-__global__ void __launch_bounds__(THREADS)
-#else
-__global__ void __launch_bounds__(THREADS, EDGES && VPT == kVpt ? 1024 / THREADS : 0)
-#endif
-    rms_norm_bwd_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   static_assert(!EDGES || (!CHUNKED && sizeof(S) == sizeof(T) && 2 * VEC <= THREADS),
                 "one phase in s and dy; a thread for each edge element");
   constexpr int kElems = VPT * VEC;
@@ -227,6 +221,13 @@ __global__ void __launch_bounds__(THREADS, EDGES && VPT == kVpt ? 1024 / THREADS
       Raw<S, VEC> sraw[VPT];
       Raw<T, VEC> draw[VPT];
       float ss = 0.f, gs = 0.f;
+      float xs = 0.f, xd = 0.f;
+#ifdef RMSNORM_BWD_PROBE_EDGES_FIRST  // probe: the edge element's loads issued first
+      if (EDGES && xc >= 0) {
+        xs = to_float(sr[xc]);
+        xd = to_float(dyr[xc]);
+      }
+#endif
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int g = k * THREADS + t;
@@ -234,10 +235,12 @@ __global__ void __launch_bounds__(THREADS, EDGES && VPT == kVpt ? 1024 / THREADS
         load_raw<S, VEC>(sr + head + g * VEC, sraw[k]);
         load_raw<T, VEC>(dyr + head + g * VEC, draw[k]);
       }
-      float xs = 0.f, xd = 0.f;
       if (EDGES && xc >= 0) {
+#ifndef RMSNORM_BWD_PROBE_EDGES_FIRST
         xs = to_float(sr[xc]);
-        xd = to_float(dyr[xc]) * (a.w ? a.w[xc] : 1.f);  // dy * w (the weight from L1)
+        xd = to_float(dyr[xc]);
+#endif
+        xd *= a.w ? a.w[xc] : 1.f;  // dy * w (the weight from L1)
         ss = xs * xs;
         gs = xd * xs;
       }
@@ -881,18 +884,19 @@ Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
-  // fp32 rms_norm, rows of one phase whose aligned body is at most 8192 elements: the
-  // register-resident kernel, with no shared memory to limit its CTAs an SM, kept more
-  // rows in flight than two stages a CTA did (the fused add's longer rows hide the staged
-  // kernel's next copy; figures in PERF_NOTES v15; the deeper rings were not probed here)
+  // fp32 rows to 8192: the register-resident kernel, with no shared memory to limit its
+  // CTAs an SM, kept more rows in flight than two stages a CTA did: rms_norm's aligned rows
+  // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15),
+  // and both ops' rows of one phase off a 16-byte boundary or of odd N (EDGES; v46)
   if constexpr (std::is_same_v<T, float>) {
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
-#ifdef RMSNORM_BWD_PROBE_EDGES_FUSED  // probe: the fused add's odd rows in registers too
     if (!r.vec_ok && r.staged && r.N / V <= 1024 * kVpt) return pick_registers<T, S, true>(r.N / V);
-#endif
-    if (!r.fused && r.staged && r.N / V <= 1024 * kVpt)
-      return pick_registers<T, S, true>(r.N / V);
   }
+#ifdef RMSNORM_BWD_PROBE_EDGES16  // probe: 16-bit rows off a 16-byte boundary in registers
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
+    if (!r.vec_ok && r.staged && r.N / V <= 1024 * kVpt) return pick_registers<T, S, true>(r.N / V);
+  }
+#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>

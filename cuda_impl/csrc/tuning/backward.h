@@ -13,7 +13,7 @@ namespace bwd_tuning {
 // worth; the thread counts climb 64, 128, ... 1024) or of a register-resident one to 512
 // threads' worth (wider: kRegWideVpt).
 constexpr int kVpt = 2;
-// Groups a thread of the register-resident kernel (fp32 rms_norm's aligned rows to 8192)
+// Groups a thread of the register-resident kernel (fp32 rows to 8192)
 // holds of rows wider than 512 threads of kVpt: 512 threads of 4. fp32 8192 measured 74% of
 // copy on 1024 threads of 2, 84% with either this or the weight in registers, 92% with both
 // (PERF_NOTES v45).
