@@ -15,10 +15,10 @@
 // Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
 // memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
-// past 8192) split over a cluster of 2-8 CTAs. fp32 rows to 8192 keep the rows in registers
-// (rms_norm_bwd_kernel, not CHUNKED): the plain op's aligned rows, and both ops' rows of one
-// phase off a 16-byte boundary or of odd N, where more CTAs an SM, with no shared memory to
-// limit them, measured faster (docs/PERF_NOTES.md v15, v46). What neither takes (tensors
+// past 8192) split over a cluster of 2-8 CTAs. Rows in registers instead (rms_norm_bwd_kernel,
+// not CHUNKED), where more CTAs an SM, with no shared memory to limit them, measured faster
+// (docs/PERF_NOTES.md v15, v46): fp32 rows to 8192, the plain op's aligned ones and both
+// ops' of one phase off a 16-byte boundary or of odd N; 16-bit rms_norm's such rows to 4103. What neither takes (tensors
 // of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks, twice: sum, then
 // re-read (from L2), ds, and the chunk's dweight share added into the CTA's partials row
 // (its own: no other CTA touches it); 16-byte groups where every row of every tensor is
@@ -221,13 +221,13 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       Raw<S, VEC> sraw[VPT];
       Raw<T, VEC> draw[VPT];
       float ss = 0.f, gs = 0.f;
+      // the edge element's loads first: issued after the groups', they held the edge
+      // threads' warps (and so the row's sums) back, fp32 4095 84% of copy against 92%
       float xs = 0.f, xd = 0.f;
-#ifdef RMSNORM_BWD_PROBE_EDGES_FIRST  // probe: the edge element's loads issued first
       if (EDGES && xc >= 0) {
         xs = to_float(sr[xc]);
         xd = to_float(dyr[xc]);
       }
-#endif
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int g = k * THREADS + t;
@@ -236,10 +236,6 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
         load_raw<T, VEC>(dyr + head + g * VEC, draw[k]);
       }
       if (EDGES && xc >= 0) {
-#ifndef RMSNORM_BWD_PROBE_EDGES_FIRST
-        xs = to_float(sr[xc]);
-        xd = to_float(dyr[xc]);
-#endif
         xd *= a.w ? a.w[xc] : 1.f;  // dy * w (the weight from L1)
         ss = xs * xs;
         gs = xd * xs;
@@ -884,19 +880,20 @@ Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
   const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
-  // fp32 rows to 8192: the register-resident kernel, with no shared memory to limit its
-  // CTAs an SM, kept more rows in flight than two stages a CTA did: rms_norm's aligned rows
-  // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15),
-  // and both ops' rows of one phase off a 16-byte boundary or of odd N (EDGES; v46)
+  // The register-resident kernel, with no shared memory to limit its CTAs an SM, kept
+  // more rows in flight than two stages a CTA did: fp32 rms_norm's aligned rows to 8192
+  // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15);
+  // rows of one phase off a 16-byte boundary or of odd N (EDGES, v46): fp32's of both ops,
+  // and 16-bit rms_norm's to kEdges16MaxGroups
+  const bool edges = !r.vec_ok && r.staged && r.N / V <= 1024 * kVpt;
   if constexpr (std::is_same_v<T, float>) {
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
-    if (!r.vec_ok && r.staged && r.N / V <= 1024 * kVpt) return pick_registers<T, S, true>(r.N / V);
+    if (edges) return pick_registers<T, S, true>(r.N / V);
   }
-#ifdef RMSNORM_BWD_PROBE_EDGES16  // probe: 16-bit rows off a 16-byte boundary in registers
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
-    if (!r.vec_ok && r.staged && r.N / V <= 1024 * kVpt) return pick_registers<T, S, true>(r.N / V);
+    if (edges && !r.fused && r.N / V <= kEdges16MaxGroups)
+      return pick_registers<T, S, true>(r.N / V);
   }
-#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>

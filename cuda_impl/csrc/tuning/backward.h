@@ -18,6 +18,12 @@ constexpr int kVpt = 2;
 // copy on 1024 threads of 2, 84% with either this or the weight in registers, 92% with both
 // (PERF_NOTES v45).
 constexpr int kRegWideVpt = 4;
+// 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
+// many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
+// there against 65-66% staged; the fused add's lost 4 points so, and aligned 16-bit rows in
+// registers lost from 4096 up (69% against 79%; 8192: 57% against 76%), so wider odd rows
+// stay staged (PERF_NOTES v46).
+constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
 constexpr int kScalarVpt = 4;
