@@ -696,19 +696,15 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(M, fit)));
 }
 
-// make(std::integral_constant<int, THREADS>) for the fewest of 64 ... MAX_THREADS threads
-// whose kVpt groups each span `cap` groups (MAX_THREADS: those past it are not built).
-template <int MAX_THREADS = 1024, typename Make>
+// make(std::integral_constant<int, THREADS>) for the fewest of THREADS, 2 THREADS, ...
+// MAX_THREADS threads whose kVpt groups each span `cap` groups, else MAX_THREADS (those
+// past it are not built).
+template <int MAX_THREADS = 1024, int THREADS = 64, typename Make>
 Launch by_threads(int cap, Make make) {
-  if (cap <= 64 * kVpt) return make(std::integral_constant<int, 64>{});
-  if (cap <= 128 * kVpt) return make(std::integral_constant<int, 128>{});
-  if (cap <= 256 * kVpt) return make(std::integral_constant<int, 256>{});
-  if constexpr (MAX_THREADS >= 1024) {
-    if (cap <= 512 * kVpt) return make(std::integral_constant<int, 512>{});
-    return make(std::integral_constant<int, 1024>{});
-  } else {
-    return make(std::integral_constant<int, 512>{});
+  if constexpr (THREADS < MAX_THREADS) {
+    if (cap > THREADS * kVpt) return by_threads<MAX_THREADS, 2 * THREADS>(cap, make);
   }
+  return make(std::integral_constant<int, THREADS>{});
 }
 
 // Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of
@@ -854,19 +850,21 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
 }
 
 // The register-resident kernel for rows whose aligned body is `cap` groups (at most
-// 1024 * kVpt), with head and tail elements (EDGES) or none: the fewest threads of kVpt
-// groups that span them, to 512 threads; wider rows on 512 threads of kRegWideVpt groups
-// (bwd_tuning).
-template <typename T, typename S, bool EDGES>
+// 1024 * kVpt; MAX_THREADS * kVpt where that is below 512), with head and tail elements
+// (EDGES) or none: the fewest threads of kVpt groups that span them, to MAX_THREADS; wider
+// rows on 512 threads of kRegWideVpt groups (bwd_tuning).
+template <typename T, typename S, bool EDGES, int MAX_THREADS = 512>
 Launch pick_registers(int cap) {
   static_assert(512 * kRegWideVpt >= 1024 * kVpt, "512 threads span every row taken here");
-  if (cap > 512 * kVpt) {
-    Launch l;
-    l.kernel = rms_norm_bwd_kernel<T, S, 512, kRegWideVpt, kVec<T>, false, EDGES>;
-    l.threads = 512;
-    return l;
+  if constexpr (MAX_THREADS >= 512) {
+    if (cap > 512 * kVpt) {
+      Launch l;
+      l.kernel = rms_norm_bwd_kernel<T, S, 512, kRegWideVpt, kVec<T>, false, EDGES>;
+      l.threads = 512;
+      return l;
+    }
   }
-  return by_threads<512>(cap, [](auto threads) {
+  return by_threads<MAX_THREADS>(cap, [](auto threads) {
     Launch l;
     l.kernel = rms_norm_bwd_kernel<T, S, decltype(threads)::value, kVpt, kVec<T>, false, EDGES>;
     l.threads = threads;
@@ -891,8 +889,11 @@ Launch pick(const Rows& r) {
     if (edges) return pick_registers<T, S, true>(r.N / V);
   }
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
+    // built to the threads those rows take, no further
+    constexpr int kThreads = kEdges16MaxGroups / kVpt;
+    static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "a power of two");
     if (edges && !r.fused && r.N / V <= kEdges16MaxGroups)
-      return pick_registers<T, S, true>(r.N / V);
+      return pick_registers<T, S, true, kThreads>(r.N / V);
   }
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
