@@ -23,7 +23,9 @@ from harness.reference import (
 BACKENDS = ["triton", "cuda"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 #: (M, N): odd widths, register-resident widths (on a GPU, fp32 6000 and 8192: CUDA's 512
-#: threads of 4 groups, 6000 leaving some of them empty), rows wider than a program holds; more
+#: threads of 4 groups, 6000 leaving some of them empty; its odd rows' kernels with head and
+#: tail elements at 2049 (fp32 256 threads, 16-bit 128), 4095 / 4097 and 6001 (fp32 512 x
+#: 4)), rows wider than a program holds; more
 #: rows than the Triton split variant's programs (16 // element size of them without a
 #: GPU), so each program walks several rows and the programs start at different 16-byte
 #: phases.
@@ -31,14 +33,17 @@ SHAPES = [(7, 1), (5, 17), (6, 1000), (13, 1000), (19, 33), (4, 4095), (4, 4096)
           (2, 40000)]  # fmt: skip
 if HAS_GPU:
     SHAPES += [(1031, 4096), (257, 16384), (64, 65536), (9000, 1024), (2000, 4095), (1500, 4097),
-               (3000, 8192), (700, 6000), (800, 12289), (600, 32771)]  # fmt: skip
+               (3000, 8192), (700, 6000), (700, 6001), (800, 2049), (800, 12289),
+               (600, 32771)]  # fmt: skip
 #: The fused add's: odd widths, a row wider than a program holds; on a GPU, many rows a CTA
 #: (the CUDA staged kernel's ring 3 rows deep at 1024 and 4096, 2 at 4095; with the fp32
 #: residual, 3 at 1024 and 2 at 4096; 2 rows with the weight kept in bf16 at 8192 and
-#: 16384, where the fp32 residual's rows fit one CTA only so)
+#: 16384, where the fp32 residual's rows fit one CTA only so; fp32 6001 in the register
+#: kernel's 512 x 4 with head and tail elements)
 FUSED_SHAPES = [(5, 17), (19, 33), (4, 4097), (2, 40000)]
 if HAS_GPU:
-    FUSED_SHAPES += [(9000, 1024), (2000, 4095), (1031, 4096), (700, 8192), (300, 16384)]
+    FUSED_SHAPES += [(9000, 1024), (2000, 4095), (1031, 4096), (700, 6001), (700, 8192),
+                     (300, 16384)]  # fmt: skip
 
 
 def backend(name: str):

@@ -15,14 +15,14 @@
 // Which kernel: rows are staged (rms_norm_bwd_staged): 2-4 rows of s and dy in shared
 // memory a CTA, the next ones' copies in flight while one is reduced and stored; any
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
-// past 8192) split over a cluster of 2-8 CTAs. Rows in registers instead (rms_norm_bwd_kernel,
-// not CHUNKED), where more CTAs an SM, with no shared memory to limit them, measured faster
-// (docs/PERF_NOTES.md v15, v46): fp32 rows to 8192, the plain op's aligned ones and both
-// ops' of one phase off a 16-byte boundary or of odd N; 16-bit rms_norm's such rows to 4103. What neither takes (tensors
-// of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks, twice: sum, then
-// re-read (from L2), ds, and the chunk's dweight share added into the CTA's partials row
-// (its own: no other CTA touches it); 16-byte groups where every row of every tensor is
-// aligned and N is whole groups, one element a group otherwise.
+// past 8192) split over a cluster of 2-8 CTAs. In registers instead (rms_norm_bwd_kernel, not
+// CHUNKED), where more CTAs an SM, with no shared memory to limit them, measured faster
+// (PERF_NOTES v15, v46): fp32 rows to 2048 groups, rms_norm's aligned ones and both ops' off
+// a 16-byte boundary or of odd N (one phase); 16-bit rms_norm's such rows to 4103. What
+// neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks:
+// sum, then re-read (from L2), ds, and the chunk's dweight share added into the CTA's
+// partials row (its own: no other CTA touches it); 16-byte groups where every row of every
+// tensor is aligned and N is whole groups, one element a group otherwise.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
@@ -891,7 +891,7 @@ Launch pick(const Rows& r) {
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     // built to the threads those rows take, no further
     constexpr int kThreads = kEdges16MaxGroups / kVpt;
-    static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "a power of two");
+    static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "whole threads of kVpt");
     if (edges && !r.fused && r.N / V <= kEdges16MaxGroups)
       return pick_registers<T, S, true, kThreads>(r.N / V);
   }

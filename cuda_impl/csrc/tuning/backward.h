@@ -1,7 +1,7 @@
 // The CUDA backward's launch choices, as data (both ops): read by rms_norm_backward.cu's
 // rules (pick, pick_staged, staged_stages, by_threads), and nowhere else; a change here
 // rebuilds that unit only. Why each value is what it is, with the measurements:
-// docs/PERF_NOTES.md (v14-v18, v43, v45).
+// docs/PERF_NOTES.md (v14-v18, v43, v45, v46).
 #pragma once
 
 #include <climits>
@@ -20,9 +20,10 @@ constexpr int kVpt = 2;
 constexpr int kRegWideVpt = 4;
 // 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
 // many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
-// there against 65-66% staged; the fused add's lost 4 points so, and aligned 16-bit rows in
-// registers lost from 4096 up (69% against 79%; 8192: 57% against 76%), so wider odd rows
-// stay staged (PERF_NOTES v46).
+// there against 65-66% staged with the edge loads last, 82-84% in the run of record with
+// them first; the fused add's lost 4 points so (edge loads last; not probed first), and
+// aligned 16-bit rows in registers lost from 4096 up (69% against 79%; 8192: 57% against
+// 76%), so wider odd rows stay staged (PERF_NOTES v46).
 constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
@@ -68,9 +69,9 @@ constexpr Ring kRings[] = {
 constexpr int kUnalignedRing16 = 2;
 constexpr int kUnalignedRing32 = 3;
 
-// 16-bit rows off a 16-byte boundary of this many groups (N = 4095, 4097: 513) take
-// kOddThreads threads of kOddVpt groups, not 512 threads of kVpt with half their lanes idle:
-// twice the CTAs an SM.
+// 16-bit rows off a 16-byte boundary of this many groups (N = 4095, 4097: 513) that stay
+// staged (the fused add's; rms_norm's past kEdges16MaxGroups) take kOddThreads threads of
+// kOddVpt groups, not 512 threads of kVpt with half their lanes idle: twice the CTAs an SM.
 constexpr int kOddMinGroups = 513;
 constexpr int kOddMaxGroups = 768;
 constexpr int kOddThreads = 256;
