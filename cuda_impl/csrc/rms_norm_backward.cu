@@ -161,6 +161,16 @@ struct BwdArgs {
   const void* w_t;  // the staged kernel's weight in T (WT), or null
 };
 
+// The phase of s's row `row`: its elements before the 16-byte boundary at or before its
+// start (the same in every tensor and in every row a CTA takes where the host picked a
+// kernel that keeps one phase a CTA).
+template <typename S>
+__device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
+  return static_cast<int>(
+      (reinterpret_cast<uintptr_t>(static_cast<const S*>(a.s) + row * a.stride_s) % 16) /
+      sizeof(S));
+}
+
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
 // elements a thread; CHUNKED: the row in chunks of THREADS * VPT * VEC elements.
 //
@@ -185,9 +195,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   // the body's first column and groups; this thread's edge column (-1: none)
   int head = 0, body = N / VEC, xc = -1;
   if constexpr (EDGES) {
-    const int phase = static_cast<int>(
-        (reinterpret_cast<uintptr_t>(static_cast<const S*>(a.s) + blockIdx.x * a.stride_s) % 16) /
-        sizeof(S));
+    const int phase = row_phase<S>(a, blockIdx.x);
     head = min(N, (VEC - phase) % VEC);
     body = (N - head) / VEC;
     const int tail = N - head - body * VEC;
@@ -449,8 +457,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   const T* dy_base = static_cast<const T*>(a.dy);
   // this CTA's phase (the same in every tensor and every row it takes) and the groups a
   // row spans from its aligned start
-  const int phase = static_cast<int>(
-      (reinterpret_cast<uintptr_t>(s_base + first_row * a.stride_s) % 16) / sizeof(S));
+  const int phase = row_phase<S>(a, first_row);
   const int groups = (phase + N + VEC - 1) / VEC;
   const float inv_n = 1.f / static_cast<float>(N);
   // this thread's k-th group: local index l (its place in the stage), row group g
