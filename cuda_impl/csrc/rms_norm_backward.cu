@@ -479,19 +479,43 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
+#ifdef RMSNORM_BWD_PROBE_KEEP  // probe: the row's floats held through the reduction
+  constexpr bool kKeep = !CLUSTER && VPT * VEC <= 8;
+#else
+  constexpr bool kKeep = false;
+#endif
+#ifdef RMSNORM_BWD_PROBE_WREG  // probe: the weight of this thread's columns in registers
+  constexpr bool kWreg = !CLUSTER && VPT * VEC <= 8;
+#else
+  constexpr bool kWreg = false;
+#endif
+  float wr[kWreg ? VPT * VEC : 1];
   // the weight of this thread's groups (0 outside the row), read by this thread alone
-  each_lane([&](int, int l, int i, int col) {
-    const bool out = col < 0 || col >= N;
-    if (w_t)
-      wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
-    else
-      w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
-  });
-  auto weight = [&](int l, float (&wv)[VEC]) {
-    if (w_t)
+  if constexpr (kWreg) {
+#pragma unroll
+    for (int e = 0; e < VPT * VEC; ++e) wr[e] = 0.f;
+    each_lane([&](int k, int, int i, int col) {
+      const bool out = col < 0 || col >= N;
+      wr[k * VEC + i] = out ? 0.f : w_t ? to_float(w_t[col]) : (a.w ? a.w[col] : 1.f);
+    });
+  } else {
+    each_lane([&](int, int l, int i, int col) {
+      const bool out = col < 0 || col >= N;
+      if (w_t)
+        wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
+      else
+        w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
+    });
+  }
+  auto weight = [&](int k, int l, float (&wv)[VEC]) {
+    if constexpr (kWreg) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wv[i] = wr[k * VEC + i];
+    } else if (w_t) {
       load_group<T, VEC>(wt_sm + l * VEC, wv);
-    else
+    } else {
       load_group<float, VEC>(w_sm + l * VEC, wv);
+    }
   };
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
@@ -528,8 +552,29 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
       fetch(st, l, g, sv, dv);
-      weight(l, wv);
+      weight(k, l, wv);
       fn(k, g, sv, dv, wv);
+    }
+  };
+  float sk[kKeep ? VPT * VEC : 1], dk[kKeep ? VPT * VEC : 1];
+  // pass 2's groups: from the stage again, or (kKeep) as pass 1 left them in registers
+  auto each_group2 = [&](int st, auto&& fn) {
+    if constexpr (kKeep) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        int l, g;
+        if (!owns(k, l, g)) continue;
+        float sv[VEC], dv[VEC], wv[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          sv[i] = sk[k * VEC + i];
+          dv[i] = dk[k * VEC + i];
+        }
+        weight(k, l, wv);
+        fn(k, g, sv, dv, wv);
+      }
+    } else {
+      each_group(st, fn);
     }
   };
 
@@ -553,12 +598,16 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
-    each_group(st, [&](int, int, const float(&sv)[VEC], const float(&dv)[VEC],
+    each_group(st, [&](int k, int, const float(&sv)[VEC], const float(&dv)[VEC],
                        const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
+        if constexpr (kKeep) {
+          sk[k * VEC + i] = sv[i];
+          dk[k * VEC + i] = dv[i];
+        }
       }
     });
     float2 sums = block_sum2<THREADS>(ss, gs, red);
@@ -569,7 +618,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
-    each_group(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
+    each_group2(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
                        const float(&wv)[VEC]) {
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
@@ -707,9 +756,9 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
 // MAX_THREADS threads whose kVpt groups each span `cap` groups, else MAX_THREADS (those
 // past it are not built).
 template <int MAX_THREADS = 1024, int THREADS = 64, typename Make>
-Launch by_threads(int cap, Make make) {
+Launch by_threads(int cap, Make make, int vpt = kVpt) {
   if constexpr (THREADS < MAX_THREADS) {
-    if (cap > THREADS * kVpt) return by_threads<MAX_THREADS, 2 * THREADS>(cap, make);
+    if (cap > THREADS * vpt) return by_threads<MAX_THREADS, 2 * THREADS>(cap, make, vpt);
   }
   return make(std::integral_constant<int, THREADS>{});
 }
@@ -730,28 +779,28 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 // plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
 // add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
 // for 16-bit dy's 2-row rings of 512 and 1024 threads.
-template <typename T, typename S, int THREADS>
+template <typename T, typename S, int THREADS, int VPT = kVpt>
 KernelPtr staged_kernel(int& stages, bool& wt) {
   constexpr bool same = std::is_same_v<T, S>;
   if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
     if (stages == 4) {
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, VPT, 4, false, false>;
     }
   }
   if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, VPT, 3, false, false>;
     }
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
-    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, true>;
   }
   wt = false;
-  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
+  return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, false>;
 }
 
 // What the choice of kernel reads besides the dtypes.
@@ -803,12 +852,25 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
-    l = by_threads(row_groups, [&stages, &wt](auto threads) {
-      Launch one;
-      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
-      one.threads = threads;
-      return one;
-    });
+    auto one_cta = [&](auto vpt) {
+      constexpr int kV = decltype(vpt)::value;
+      return by_threads(
+          row_groups,
+          [&stages, &wt](auto threads) {
+            Launch one;
+            one.kernel = staged_kernel<T, S, decltype(threads)::value, kV>(stages, wt);
+            one.threads = threads;
+            return one;
+          },
+          kV);
+    };
+#ifdef RMSNORM_BWD_PROBE_VPT1  // probe: one group a thread for 16-bit rows 1024 threads span
+    constexpr bool kOne = sizeof(T) == 2 && std::is_same_v<T, S>;
+    l = kOne && row_groups <= 1024 ? one_cta(std::integral_constant<int, 1>{})
+                                   : one_cta(std::integral_constant<int, kVpt>{});
+#else
+    l = one_cta(std::integral_constant<int, kVpt>{});
+#endif
     l.cap = row_groups;
     l.wt = wt;
     l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
