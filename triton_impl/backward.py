@@ -69,7 +69,8 @@ from triton_impl.tuning import (
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
     DW_BLOCK_N,
-    DW_BLOCK_P,
+    DW_MIN_BLOCK_N,
+    DW_TILE,
 )
 
 #: 32-bit registers of an SM (sm_80 and sm_90 alike), shared by the programs resident on it.
@@ -429,7 +430,7 @@ def _run_backward(
     run(
         _rms_norm_bwd, (programs,), *rows, dwp, *strides, m, n, eps, **meta,
     )  # fmt: skip
-    return _reduce_dw(dwp, weight, programs) if has_w else None
+    return _reduce_dw(dwp, weight, programs, sms) if has_w else None
 
 
 def shard_plan(n: int, element_size: int, sms: int) -> Optional[tuple[int, int, int]]:
@@ -481,15 +482,25 @@ def _run_sharded(
         HAS_WEIGHT=has_w, HAS_DRO=has_dro, HAS_DS2=has_ds2, num_warps=warps,
         maxnreg=SM_REGISTERS // (32 * warps * per_sm),
     )  # fmt: skip
-    return _reduce_dw(dwp, weight, groups) if has_w else None
+    return _reduce_dw(dwp, weight, groups, sms) if has_w else None
 
 
-def _reduce_dw(dwp: torch.Tensor, weight: torch.Tensor, programs: int) -> torch.Tensor:
+def dw_block_n(n: int, sms: int) -> int:
+    """The reduction's columns a program (tuning.DW_TILE's note); sms = 0: the widest."""
+    block_n = DW_BLOCK_N
+    while block_n > DW_MIN_BLOCK_N and triton.cdiv(n, block_n) < sms:
+        block_n //= 2
+    return block_n
+
+
+def _reduce_dw(dwp: torch.Tensor, weight: torch.Tensor, programs: int, sms: int) -> torch.Tensor:
     """dweight: the partials rows summed in a fixed order (_dw_reduce)."""
     n = dwp.shape[1]
     dw = torch.empty(n, dtype=weight.dtype, device=dwp.device)
-    grid = (triton.cdiv(n, DW_BLOCK_N),)
-    run(_dw_reduce, grid, dwp, dw, programs, n, BLOCK_P=DW_BLOCK_P, BLOCK_N=DW_BLOCK_N, num_warps=4)
+    block_n = dw_block_n(n, sms)
+    grid = (triton.cdiv(n, block_n),)
+    run(_dw_reduce, grid, dwp, dw, programs, n, BLOCK_P=DW_TILE // block_n, BLOCK_N=block_n,
+        num_warps=4)  # fmt: skip
     return dw
 
 

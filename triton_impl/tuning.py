@@ -123,7 +123,10 @@ BWD_WARPS_PER_SM = 32
 #: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
 BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
-#: The final reduction's tile: partial rows and dweight columns a program loads at once
-#: (many loads in flight, not one dependent load a partial row: PERF_NOTES v14).
-DW_BLOCK_P = 64
+#: The final reduction's tile: partials elements a program loads at once (many loads in
+#: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
+#: the widest of DW_MIN_BLOCK_N (a 32-byte sector of fp32), 2x, ... DW_BLOCK_N of whose
+#: programs there are at least as many as SMs (narrow rows have the most partials rows).
+DW_TILE = 4096
 DW_BLOCK_N = 64
+DW_MIN_BLOCK_N = 8

@@ -424,8 +424,14 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
 // measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
 // the 512-thread 3-row cluster kernel does not, v43).
+#ifndef RMSNORM_BWD_PROBE_KEEP_MAX
+#define RMSNORM_BWD_PROBE_KEEP_MAX 8
+#endif
+#ifndef RMSNORM_BWD_PROBE_LB
+#define RMSNORM_BWD_PROBE_LB 1024  // probe: threads an SM the register bound leaves room for
+#endif
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
-__global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
+__global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ? RMSNORM_BWD_PROBE_LB / THREADS : 1)) rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
@@ -480,12 +486,12 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   };
 
 #ifdef RMSNORM_BWD_PROBE_KEEP  // probe: the row's floats held through the reduction
-  constexpr bool kKeep = !CLUSTER && VPT * VEC <= 8;
+  constexpr bool kKeep = !CLUSTER && VPT * VEC <= RMSNORM_BWD_PROBE_KEEP_MAX;
 #else
   constexpr bool kKeep = false;
 #endif
 #ifdef RMSNORM_BWD_PROBE_WREG  // probe: the weight of this thread's columns in registers
-  constexpr bool kWreg = !CLUSTER && VPT * VEC <= 8;
+  constexpr bool kWreg = !CLUSTER && VPT * VEC <= RMSNORM_BWD_PROBE_KEEP_MAX;
 #else
   constexpr bool kWreg = false;
 #endif
@@ -662,29 +668,49 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   });
 }
 
-// dweight[c] = sum over the P partials rows, cast once. A block takes 32 columns (a warp's
-// coalesced 128 bytes) and kReduceSlices warps: warp j sums rows j, j + kReduceSlices, ...
-// in order, then one thread a column adds the warps' sums in order; the same order every run.
-template <typename W>
-__global__ void __launch_bounds__(32 * kReduceSlices) dw_reduce_kernel(const float* __restrict__ dwp,
+// dweight[c] = sum over the P partials rows, cast once. A block takes COLS columns (whole
+// 32-byte sectors of a partials row) and kReduceThreads / COLS slices: slice j sums rows j,
+// j + slices, ... in order, kReduceUnroll loads in flight, then the slices' sums meet in a
+// fixed tree: the same order every run. The fewer columns a block, the more blocks and the
+// fewer rows a slice: the partials are read at the latency of a few rounds of loads, not of
+// P / 8 of them (narrow rows have the most partials rows: a CTA each).
+template <typename W, int COLS>
+__global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* __restrict__ dwp,
                                                                  W* dw, int P, int N) {
-  __shared__ float part[kReduceSlices][32];
-  const int lane = threadIdx.x % 32;
-  const int slice = threadIdx.x / 32;
-  const int c = blockIdx.x * 32 + lane;
+  constexpr int kSlices = kReduceThreads / COLS;
+  __shared__ float part[kSlices][COLS];
+  const int col = threadIdx.x % COLS;
+  const int slice = threadIdx.x / COLS;
+  const int c = blockIdx.x * COLS + col;
   float acc = 0.f;
   if (c < N) {
-#pragma unroll 4
-    for (int p = slice; p < P; p += kReduceSlices) acc += dwp[static_cast<int64_t>(p) * N + c];
+#pragma unroll kReduceUnroll
+    for (int p = slice; p < P; p += kSlices) acc += dwp[static_cast<int64_t>(p) * N + c];
   }
-  part[slice][lane] = acc;
+  part[slice][col] = acc;
   __syncthreads();
-  if (slice == 0 && c < N) {
-    float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kReduceSlices; ++j) sum += part[j][lane];
-    dw[c] = from_float<W>(sum);
+  for (int half = kSlices / 2; half > 0; half /= 2) {
+    if (slice < half) part[slice][col] += part[slice + half][col];
+    __syncthreads();
   }
+  if (slice == 0 && c < N) dw[c] = from_float<W>(part[0][col]);
+}
+
+// dweight from the partials: blocks of the widest columns (8, 16 or 32) of which there are
+// at least as many as SMs (8 for narrower rows).
+template <typename W>
+void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
+  auto launch = [&](auto cols) {
+    constexpr int kCols = decltype(cols)::value;
+    dw_reduce_kernel<W, kCols><<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
+  };
+  if (N / 32 >= sms)
+    launch(std::integral_constant<int, 32>{});
+  else if (N / 16 >= sms)
+    launch(std::integral_constant<int, 16>{});
+  else
+    launch(std::integral_constant<int, 8>{});
 }
 
 // ---- launch ---------------------------------------------------------------------------
@@ -1079,20 +1105,18 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   if (!has_w) return at::Tensor();
   at::Tensor dw = at::empty({N}, weight->options().memory_format(at::MemoryFormat::Contiguous));
   if (M == 0) return dw.zero_();
-  const int blocks = (N + 31) / 32;
-  constexpr int kReduceThreads = 32 * kReduceSlices;
+  const int sms = sm_count(device);
   switch (weight->scalar_type()) {
     case at::kFloat:
-      dw_reduce_kernel<float><<<blocks, kReduceThreads, 0, stream>>>(dwp.data_ptr<float>(),
-                                                          dw.data_ptr<float>(), walkers, N);
+      reduce_dweight(dwp.data_ptr<float>(), dw.data_ptr<float>(), walkers, N, sms, stream);
       break;
     case at::kHalf:
-      dw_reduce_kernel<__half><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), walkers, N);
+      reduce_dweight(dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), walkers, N,
+                     sms, stream);
       break;
     default:
-      dw_reduce_kernel<__nv_bfloat16><<<blocks, kReduceThreads, 0, stream>>>(
-          dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()), walkers, N);
+      reduce_dweight(dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()),
+                     walkers, N, sms, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return dw;

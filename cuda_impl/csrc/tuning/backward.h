@@ -28,8 +28,10 @@ constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
 constexpr int kScalarVpt = 4;
-// Warps of the dweight reduction: warp j sums the partials rows j, j + kReduceSlices, ...
-constexpr int kReduceSlices = 8;
+// Threads a block of the dweight reduction, and the loads of partials rows each keeps in
+// flight.
+constexpr int kReduceThreads = 1024;
+constexpr int kReduceUnroll = 8;
 // CTAs a cluster may hold for rows wider than one CTA stages: the portable size.
 constexpr int kMaxClusterRanks = 8;
 // A cluster's CTAs (rows wider than one CTA stages), by op: threads a CTA and rows of its
