@@ -378,7 +378,8 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
-// the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
+// the weight (w_bytes an element: 4, T's 2, or 0 where KEEP holds it in registers), `cap`
+// groups each.
 template <typename T, typename S>
 int staged_smem_bytes(int cap, int stages, int w_bytes) {
   const int elems = cap * kVec<T>;
@@ -424,15 +425,21 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
 // measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
 // the 512-thread 3-row cluster kernel does not, v43).
-#ifndef RMSNORM_BWD_PROBE_KEEP_MAX
-#define RMSNORM_BWD_PROBE_KEEP_MAX 8
-#endif
-#ifndef RMSNORM_BWD_PROBE_LB
-#define RMSNORM_BWD_PROBE_LB 1024  // probe: threads an SM the register bound leaves room for
-#endif
-template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
-__global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ? RMSNORM_BWD_PROBE_LB / THREADS : 1)) rms_norm_bwd_staged(BwdArgs a) {
+//
+// KEEP: the row's values, as floats, and the weight of this thread's columns stay in
+// registers from the sums to ds (no second pass over shared memory, no conversions again,
+// no weight in shared memory), at up to 128 registers a thread (512 threads' worth an SM).
+// Built for the plain op's aligned 16-bit rows to 512 threads, whose CTAs an SM their
+// shared memory already held to that many threads: 16-bit rows are the ones whose
+// instructions a byte (two elements to convert, to sum, to scale) held the kernel back,
+// and there it measured 2-9 points of copy faster; the fused add's lost 4-12 points
+// (PERF_NOTES v47).
+template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
+          bool KEEP = false>
+__global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
+    rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
+  static_assert(!KEEP || (!CLUSTER && !WT && THREADS <= 512), "one CTA a row, an fp32 weight");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
@@ -485,36 +492,20 @@ __global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ?
     }
   };
 
-#ifdef RMSNORM_BWD_PROBE_KEEP  // probe: the row's floats held through the reduction
-  constexpr bool kKeep = !CLUSTER && VPT * VEC <= RMSNORM_BWD_PROBE_KEEP_MAX;
-#else
-  constexpr bool kKeep = false;
-#endif
-#ifdef RMSNORM_BWD_PROBE_WREG  // probe: the weight of this thread's columns in registers
-  constexpr bool kWreg = !CLUSTER && VPT * VEC <= RMSNORM_BWD_PROBE_KEEP_MAX;
-#else
-  constexpr bool kWreg = false;
-#endif
-  float wr[kWreg ? VPT * VEC : 1];
-  // the weight of this thread's groups (0 outside the row), read by this thread alone
-  if constexpr (kWreg) {
-#pragma unroll
-    for (int e = 0; e < VPT * VEC; ++e) wr[e] = 0.f;
-    each_lane([&](int k, int, int i, int col) {
-      const bool out = col < 0 || col >= N;
-      wr[k * VEC + i] = out ? 0.f : w_t ? to_float(w_t[col]) : (a.w ? a.w[col] : 1.f);
-    });
-  } else {
-    each_lane([&](int, int l, int i, int col) {
-      const bool out = col < 0 || col >= N;
-      if (w_t)
-        wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
-      else
-        w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
-    });
-  }
+  // the weight of this thread's groups (0 outside the row), read by this thread alone: into
+  // shared memory, or (KEEP) registers
+  float wr[KEEP ? VPT * VEC : 1] = {};
+  each_lane([&](int k, int l, int i, int col) {
+    const bool out = col < 0 || col >= N;
+    if constexpr (KEEP)
+      wr[k * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
+    else if (w_t)
+      wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
+    else
+      w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
+  });
   auto weight = [&](int k, int l, float (&wv)[VEC]) {
-    if constexpr (kWreg) {
+    if constexpr (KEEP) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) wv[i] = wr[k * VEC + i];
     } else if (w_t) {
@@ -549,38 +540,27 @@ __global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ?
     }
   };
 
+  // KEEP: the row's values as the sums left them, for ds
+  float sk[KEEP ? VPT * VEC : 1], dk[KEEP ? VPT * VEC : 1];
   // fn(k, g, sv, dv, wv) for each group this thread owns, with its s, dy and weight from
-  // stage st (both passes over a row)
-  auto each_group = [&](int st, auto&& fn) {
+  // stage st (the sums; ds too unless KEEP), or (AGAIN) from sk and dk
+  auto each_group = [&](int st, auto again, auto&& fn) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       int l, g;
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, l, g, sv, dv);
-      weight(k, l, wv);
-      fn(k, g, sv, dv, wv);
-    }
-  };
-  float sk[kKeep ? VPT * VEC : 1], dk[kKeep ? VPT * VEC : 1];
-  // pass 2's groups: from the stage again, or (kKeep) as pass 1 left them in registers
-  auto each_group2 = [&](int st, auto&& fn) {
-    if constexpr (kKeep) {
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        int l, g;
-        if (!owns(k, l, g)) continue;
-        float sv[VEC], dv[VEC], wv[VEC];
+      if constexpr (decltype(again)::value) {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           sv[i] = sk[k * VEC + i];
           dv[i] = dk[k * VEC + i];
         }
-        weight(k, l, wv);
-        fn(k, g, sv, dv, wv);
+      } else {
+        fetch(st, l, g, sv, dv);
       }
-    } else {
-      each_group(st, fn);
+      weight(k, l, wv);
+      fn(k, g, sv, dv, wv);
     }
   };
 
@@ -604,13 +584,13 @@ __global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ?
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
-    each_group(st, [&](int k, int, const float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
+    each_group(st, std::false_type{}, [&](int k, int, const float(&sv)[VEC],
+                                          const float(&dv)[VEC], const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
-        if constexpr (kKeep) {
+        if constexpr (KEEP) {
           sk[k * VEC + i] = sv[i];
           dk[k * VEC + i] = dv[i];
         }
@@ -624,8 +604,8 @@ __global__ void __launch_bounds__(THREADS, (RMSNORM_BWD_PROBE_LB / THREADS > 0 ?
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
-    each_group2(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
+    each_group(st, std::bool_constant<KEEP>{}, [&](int k, int g, float(&sv)[VEC],
+                                                   const float(&dv)[VEC], const float(&wv)[VEC]) {
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -782,9 +762,9 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
 // MAX_THREADS threads whose kVpt groups each span `cap` groups, else MAX_THREADS (those
 // past it are not built).
 template <int MAX_THREADS = 1024, int THREADS = 64, typename Make>
-Launch by_threads(int cap, Make make, int vpt = kVpt) {
+Launch by_threads(int cap, Make make) {
   if constexpr (THREADS < MAX_THREADS) {
-    if (cap > THREADS * vpt) return by_threads<MAX_THREADS, 2 * THREADS>(cap, make, vpt);
+    if (cap > THREADS * kVpt) return by_threads<MAX_THREADS, 2 * THREADS>(cap, make);
   }
   return make(std::integral_constant<int, THREADS>{});
 }
@@ -801,32 +781,49 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
 // which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
-// built so (`wt` says). Built are the depths staged_stages gives: 4 for 16-bit rows of the
-// plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
-// add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
-// for 16-bit dy's 2-row rings of 512 and 1024 threads.
-template <typename T, typename S, int THREADS, int VPT = kVpt>
-KernelPtr staged_kernel(int& stages, bool& wt) {
+// built so (`wt` says); KEEP if `keep` asks and the kernel is built so (`keep` says). Built
+// are the depths staged_stages gives: 4 for 16-bit rows of the plain op (16 KB a row: 256
+// threads or fewer), 3 for rows to 32 KB (512 threads; the fused add's fp32 residual, 16
+// KB: 256) and for fp32's unaligned rows (any); the weight in T for 16-bit dy's 2-row rings
+// of 512 and 1024 threads; KEEP for 16-bit rows' 4-row (to 256 threads) and 3-row (512)
+// rings.
+template <typename T, typename S, int THREADS>
+KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
   constexpr bool same = std::is_same_v<T, S>;
+  if constexpr (THREADS <= 512 && same && sizeof(T) == 2) {
+    if constexpr (THREADS <= 256) {
+      if (keep && stages == 4) {
+        wt = false;
+        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false, true>;
+      }
+    } else {
+      if (keep && stages >= 3) {
+        stages = 3;
+        wt = false;
+        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false, true>;
+      }
+    }
+  }
+  keep = false;
   if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
     if (stages == 4) {
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, VPT, 4, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
     }
   }
   if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, VPT, 3, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false>;
     }
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
-    if (wt) return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, true>;
+    if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
   }
   wt = false;
-  return rms_norm_bwd_staged<T, S, THREADS, VPT, 2, false, false>;
+  return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, false>;
 }
 
 // What the choice of kernel reads besides the dtypes.
@@ -878,28 +875,17 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
-    auto one_cta = [&](auto vpt) {
-      constexpr int kV = decltype(vpt)::value;
-      return by_threads(
-          row_groups,
-          [&stages, &wt](auto threads) {
-            Launch one;
-            one.kernel = staged_kernel<T, S, decltype(threads)::value, kV>(stages, wt);
-            one.threads = threads;
-            return one;
-          },
-          kV);
-    };
-#ifdef RMSNORM_BWD_PROBE_VPT1  // probe: one group a thread for 16-bit rows 1024 threads span
-    constexpr bool kOne = sizeof(T) == 2 && std::is_same_v<T, S>;
-    l = kOne && row_groups <= 1024 ? one_cta(std::integral_constant<int, 1>{})
-                                   : one_cta(std::integral_constant<int, kVpt>{});
-#else
-    l = one_cta(std::integral_constant<int, kVpt>{});
-#endif
+    // KEEP (rms_norm_bwd_staged): the plain op's aligned 16-bit rows
+    bool keep = !r.fused && r.vec_ok;
+    l = by_threads(row_groups, [&stages, &wt, &keep](auto threads) {
+      Launch one;
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt, keep);
+      one.threads = threads;
+      return one;
+    });
     l.cap = row_groups;
     l.wt = wt;
-    l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
+    l.smem = staged_smem_bytes<T, S>(row_groups, stages, keep ? 0 : wt ? 2 : 4);
     return true;
   }
   if (!r.clusters) return false;
