@@ -297,6 +297,24 @@ def test_dweight_is_deterministic(name):
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("sms", [0, 132], ids=lambda s: f"sms{s}")
+@pytest.mark.parametrize("p, n", [(3, 17), (600, 1000), (70, 4096)], ids=str)
+def test_triton_dweight_reduction_column_blocks(p, n, sms):
+    """Triton's sum of the dweight partials at each column block it takes: the widest (no
+    SMs: the interpreter's), and the narrower ones a GPU's SMs get at narrow rows (132: the
+    H200's), reached on a CPU too: each column the sum of its rows, the same bits each run."""
+    impl_or_skip("triton")
+    from triton_impl import backward
+
+    dwp = torch.randn(p, n, device=DEVICE)
+    w = torch.empty(n, device=DEVICE)
+    got = backward._reduce_dw(dwp, w, p, sms)
+    want = dwp.double().sum(0)
+    tol = 1e-6 * p * dwp.abs().max().item()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tol)
+    assert torch.equal(got, backward._reduce_dw(dwp, w, p, sms))
+
+
 def test_reference_gradcheck():
     """The reference's gradients are the formula's: gradcheck in float64."""
     x = torch.randn(3, 17, dtype=torch.float64, requires_grad=True)
