@@ -378,7 +378,8 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
-// the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
+// the weight (w_bytes an element: 4, T's 2, or 0 where KEEP holds it in registers), `cap`
+// groups each.
 template <typename T, typename S>
 int staged_smem_bytes(int cap, int stages, int w_bytes) {
   const int elems = cap * kVec<T>;
@@ -424,9 +425,21 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
 // measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
 // the 512-thread 3-row cluster kernel does not, v43).
-template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
-__global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
+//
+// KEEP: the row's values, as floats, and the weight of this thread's columns stay in
+// registers from the sums to ds (no second pass over shared memory, no conversions again,
+// no weight in shared memory), at up to 128 registers a thread (512 threads' worth an SM).
+// Built for the plain op's aligned 16-bit rows to 512 threads, whose CTAs an SM their
+// shared memory already held to that many threads: 16-bit rows are the ones whose
+// instructions a byte (two elements to convert, to sum, to scale) held the kernel back,
+// and there it measured 2-9 points of copy faster; the fused add's lost 4-12 points
+// (PERF_NOTES v47).
+template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
+          bool KEEP = false>
+__global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
+    rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
+  static_assert(!KEEP || (!CLUSTER && !WT && THREADS <= 512), "one CTA a row, an fp32 weight");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
@@ -479,19 +492,27 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
-  // the weight of this thread's groups (0 outside the row), read by this thread alone
-  each_lane([&](int, int l, int i, int col) {
+  // the weight of this thread's groups (0 outside the row), read by this thread alone: into
+  // shared memory, or (KEEP) registers
+  float wr[KEEP ? VPT * VEC : 1] = {};
+  each_lane([&](int k, int l, int i, int col) {
     const bool out = col < 0 || col >= N;
-    if (w_t)
+    if constexpr (KEEP)
+      wr[k * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
+    else if (w_t)
       wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
     else
       w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
   });
-  auto weight = [&](int l, float (&wv)[VEC]) {
-    if (w_t)
+  auto weight = [&](int k, int l, float (&wv)[VEC]) {
+    if constexpr (KEEP) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wv[i] = wr[k * VEC + i];
+    } else if (w_t) {
       load_group<T, VEC>(wt_sm + l * VEC, wv);
-    else
+    } else {
       load_group<float, VEC>(w_sm + l * VEC, wv);
+    }
   };
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
@@ -519,16 +540,26 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
+  // KEEP: the row's values as the sums left them, for ds
+  float sk[KEEP ? VPT * VEC : 1], dk[KEEP ? VPT * VEC : 1];
   // fn(k, g, sv, dv, wv) for each group this thread owns, with its s, dy and weight from
-  // stage st (both passes over a row)
-  auto each_group = [&](int st, auto&& fn) {
+  // stage st (the sums; ds too unless KEEP), or (AGAIN) from sk and dk
+  auto each_group = [&](int st, auto again, auto&& fn) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       int l, g;
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, l, g, sv, dv);
-      weight(l, wv);
+      if constexpr (decltype(again)::value) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          sv[i] = sk[k * VEC + i];
+          dv[i] = dk[k * VEC + i];
+        }
+      } else {
+        fetch(st, l, g, sv, dv);
+      }
+      weight(k, l, wv);
       fn(k, g, sv, dv, wv);
     }
   };
@@ -553,12 +584,16 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
     float ss = 0.f, gs = 0.f;
-    each_group(st, [&](int, int, const float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
+    each_group(st, std::false_type{}, [&](int k, int, const float(&sv)[VEC],
+                                          const float(&dv)[VEC], const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
+        if constexpr (KEEP) {
+          sk[k * VEC + i] = sv[i];
+          dk[k * VEC + i] = dv[i];
+        }
       }
     });
     float2 sums = block_sum2<THREADS>(ss, gs, red);
@@ -569,8 +604,8 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
-    each_group(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
+    each_group(st, std::bool_constant<KEEP>{}, [&](int k, int g, float(&sv)[VEC],
+                                                   const float(&dv)[VEC], const float(&wv)[VEC]) {
       const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -746,13 +781,30 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
 // which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
-// built so (`wt` says). Built are the depths staged_stages gives: 4 for 16-bit rows of the
-// plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
-// add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
-// for 16-bit dy's 2-row rings of 512 and 1024 threads.
+// built so (`wt` says); KEEP if `keep` asks and the kernel is built so (`keep` says). Built
+// are the depths staged_stages gives: 4 for 16-bit rows of the plain op (16 KB a row: 256
+// threads or fewer), 3 for rows to 32 KB (512 threads; the fused add's fp32 residual, 16
+// KB: 256) and for fp32's unaligned rows (any); the weight in T for 16-bit dy's 2-row rings
+// of 512 and 1024 threads; KEEP for 16-bit rows' 4-row (to 256 threads) and 3-row (512)
+// rings.
 template <typename T, typename S, int THREADS>
-KernelPtr staged_kernel(int& stages, bool& wt) {
+KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
   constexpr bool same = std::is_same_v<T, S>;
+  if constexpr (THREADS <= 512 && same && sizeof(T) == 2) {
+    if constexpr (THREADS <= 256) {
+      if (keep && stages == 4) {
+        wt = false;
+        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false, true>;
+      }
+    } else {
+      if (keep && stages >= 3) {
+        stages = 3;
+        wt = false;
+        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false, true>;
+      }
+    }
+  }
+  keep = false;
   if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
     if (stages == 4) {
       wt = false;
@@ -823,15 +875,17 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
     bool wt = in_t(row_groups, stages, false);
-    l = by_threads(row_groups, [&stages, &wt](auto threads) {
+    // KEEP (rms_norm_bwd_staged): the plain op's aligned 16-bit rows
+    bool keep = !r.fused && r.vec_ok;
+    l = by_threads(row_groups, [&stages, &wt, &keep](auto threads) {
       Launch one;
-      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt, keep);
       one.threads = threads;
       return one;
     });
     l.cap = row_groups;
     l.wt = wt;
-    l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
+    l.smem = staged_smem_bytes<T, S>(row_groups, stages, keep ? 0 : wt ? 2 : 4);
     return true;
   }
   if (!r.clusters) return false;
