@@ -429,11 +429,11 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // KEEP: the row's values, as floats, and the weight of this thread's columns stay in
 // registers from the sums to ds (no second pass over shared memory, no conversions again,
 // no weight in shared memory), at up to 128 registers a thread (512 threads' worth an SM).
-// Built for the plain op's aligned 16-bit rows to 512 threads, whose CTAs an SM their
-// shared memory already held to that many threads: 16-bit rows are the ones whose
-// instructions a byte (two elements to convert, to sum, to scale) held the kernel back,
-// and there it measured 2-9 points of copy faster; the fused add's lost 4-12 points
-// (PERF_NOTES v47).
+// Built for the plain op's aligned 16-bit rows (so no phase and no edge tests) to 512
+// threads, whose CTAs an SM their shared memory already held to that many threads: 16-bit
+// rows are the ones whose instructions a byte (two elements to convert, to sum, to scale)
+// held the kernel back, and there it measured 2-9 points of copy faster; the fused add's
+// lost 4-12 points (PERF_NOTES v47).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
           bool KEEP = false>
 __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
   const T* dy_base = static_cast<const T*>(a.dy);
   // this CTA's phase (the same in every tensor and every row it takes) and the groups a
   // row spans from its aligned start
-  const int phase = row_phase<S>(a, first_row);
+  // (KEEP's rows are aligned and whole groups: the host picks it for those alone)
+  const int phase = KEEP ? 0 : row_phase<S>(a, first_row);
   const int groups = (phase + N + VEC - 1) / VEC;
   const float inv_n = 1.f / static_cast<float>(N);
   // this thread's k-th group: local index l (its place in the stage), row group g
@@ -531,7 +532,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
   auto fetch = [&](int st, int l, int g, float (&sv)[VEC], float (&dv)[VEC]) {
     load_group<S, VEC>(s_sm + st * stage_elems + l * VEC, sv);
     load_group<T, VEC>(dy_sm + st * stage_elems + l * VEC, dv);
-    if (g == 0 || g == groups - 1) {
+    if (!KEEP && (g == 0 || g == groups - 1)) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const int col = g * VEC + i - phase;
@@ -606,7 +607,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
     each_group(st, std::bool_constant<KEEP>{}, [&](int k, int g, float(&sv)[VEC],
                                                    const float(&dv)[VEC], const float(&wv)[VEC]) {
-      const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
+      const bool whole =
+          KEEP || ((g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0));
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
