@@ -774,8 +774,8 @@ Launch by_threads(int cap, Make make) {
 // Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of
 // `stage_bytes` of s and dy: a row must stay in flight while the one before it is reduced
 // and stored, and a short row is done before the next one lands (bwd_tuning::kRings).
-int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
-  if (!aligned) return fp32 ? kUnalignedRing32 : kUnalignedRing16;
+int staged_stages(int stage_bytes, bool fused, bool aligned) {
+  if (!aligned) return kUnalignedRing;
   for (const Ring& ring : kRings)
     if (stage_bytes <= ring.max_row_bytes) return fused ? ring.fused : ring.plain;
   return 2;
@@ -786,9 +786,10 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 // built so (`wt` says); KEEP if `keep` asks and the kernel is built so (`keep` says). Built
 // are the depths staged_stages gives: 4 for 16-bit rows of the plain op (16 KB a row: 256
 // threads or fewer), 3 for rows to 32 KB (512 threads; the fused add's fp32 residual, 16
-// KB: 256) and for fp32's unaligned rows (any); the weight in T for 16-bit dy's 2-row rings
-// of 512 and 1024 threads; KEEP for 16-bit rows' 4-row (to 256 threads) and 3-row (512)
-// rings.
+// KB: 256); the weight in T for 16-bit dy's 2-row rings of 512 and 1024 threads; KEEP for
+// 16-bit rows' 4-row (to 256 threads) and 3-row (512) rings. (fp32's rows take the
+// register kernel, a cluster, or (the fused add's aligned rows) these to 2 groups a thread
+// of 256 threads at 3 rows.)
 template <typename T, typename S, int THREADS>
 KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
   constexpr bool same = std::is_same_v<T, S>;
@@ -813,7 +814,7 @@ KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
       return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
     }
   }
-  if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
+  if constexpr (THREADS <= 256 || (same && THREADS <= 512)) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
@@ -862,7 +863,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     return cap <= 1024 * kVpt && smem(cap, stages, cluster) <= r.smem_optin - kStaticSmemMargin;
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
-  int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
+  int stages = staged_stages(stage_bytes, r.fused, r.vec_ok);
   // 16-bit rows off a 16-byte boundary in the odd band (bwd_tuning::kOdd*)
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     if (!r.vec_ok && row_groups >= kOddMinGroups && row_groups <= kOddMaxGroups &&
@@ -960,23 +961,24 @@ template <typename T, typename S>
 Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
-  const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
+  const int whole = r.N / V;  // a row's whole groups (its aligned body's at most, with edges)
+  const int cap = r.vec_ok ? whole : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
   // The register-resident kernel, with no shared memory to limit its CTAs an SM, kept
   // more rows in flight than two stages a CTA did: fp32 rms_norm's aligned rows to 8192
   // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15);
   // rows of one phase off a 16-byte boundary or of odd N (EDGES, v46): fp32's of both ops,
   // and 16-bit rms_norm's to kEdges16MaxGroups
-  const bool edges = !r.vec_ok && r.staged && r.N / V <= 1024 * kVpt;
+  const bool edges = !r.vec_ok && r.staged && whole <= 1024 * kVpt;
   if constexpr (std::is_same_v<T, float>) {
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
-    if (edges) return pick_registers<T, S, true>(r.N / V);
+    if (edges) return pick_registers<T, S, true>(whole);
   }
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     // built to the threads those rows take, no further
     constexpr int kThreads = kEdges16MaxGroups / kVpt;
     static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "whole threads of kVpt");
-    if (edges && !r.fused && r.N / V <= kEdges16MaxGroups)
-      return pick_registers<T, S, true, kThreads>(r.N / V);
+    if (edges && !r.fused && whole <= kEdges16MaxGroups)
+      return pick_registers<T, S, true, kThreads>(whole);
   }
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;

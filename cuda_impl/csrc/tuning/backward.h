@@ -67,10 +67,9 @@ constexpr Ring kRings[] = {
     {32768, 3, 2},
     {INT_MAX, 2, 2},
 };
-// Rows off a 16-byte boundary: deeper rings only slowed 16-bit rows (their spare lanes);
-// fp32's kept one more.
-constexpr int kUnalignedRing16 = 2;
-constexpr int kUnalignedRing32 = 3;
+// 16-bit rows off a 16-byte boundary: deeper rings only slowed them (their spare lanes).
+// (fp32's, which kept one more, now take the register kernel or a cluster.)
+constexpr int kUnalignedRing = 2;
 
 // 16-bit rows off a 16-byte boundary of this many groups (N = 4095, 4097: 513) that stay
 // staged (the fused add's; rms_norm's past kEdges16MaxGroups) take kOddThreads threads of
