@@ -151,13 +151,16 @@ def _rms_norm_bwd(
             dro_row = dro_ptr + row * stride_dro
             ds_row = ds_ptr + row * stride_ds
             ds2_row = ds2_ptr + row * stride_ds2
-            # the row in registers: load, both sums (s^2, g*s), ds, dweight's share
+            # the row in registers: load, both sums (s^2, g*s), ds, dweight's share; the edge
+            # elements' loads first (CUDA's odd rows: issued after the body's, they held the
+            # row's sums back)
+            if SPLIT:
+                se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
             sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
                                 body, "")  # fmt: skip
             gb = dyb * wb if HAS_WEIGHT else dyb
             ss = tl.sum(sb * sb, axis=0)
             if SPLIT:
-                se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
                 ge = dye * we if HAS_WEIGHT else dye
                 ss += tl.sum(se * se, axis=0)
             rstd = tl.rsqrt(ss / N + eps)
