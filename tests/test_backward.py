@@ -298,7 +298,7 @@ def test_dweight_is_deterministic(name):
 
 
 @pytest.mark.parametrize("sms", [0, 132], ids=lambda s: f"sms{s}")
-@pytest.mark.parametrize("p, n", [(3, 17), (600, 1000), (70, 4096)], ids=str)
+@pytest.mark.parametrize("p, n", [(3, 17), (600, 1000), (70, 4096), (20, 6000)], ids=str)
 def test_triton_dweight_reduction_column_blocks(p, n, sms):
     """Triton's sum of the dweight partials at each column block it takes: the widest (no
     SMs: the interpreter's), and the narrower ones a GPU's SMs get at narrow rows (132: the

@@ -125,10 +125,10 @@ BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
 #: The final reduction's tile: partials elements a program loads at once (many loads in
 #: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
-#: the widest of DW_MIN_BLOCK_N (a 32-byte sector of fp32), 2x, ... DW_BLOCK_N of whose
-#: programs there are at least as many as SMs (narrow rows have the most partials rows: bf16
-#: 1024 86 -> 92% of copy against 64 columns always, whose 16 programs took 31 us of 222;
-#: PERF_NOTES v47).
+#: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ... DW_BLOCK_N of whose programs
+#: (the last one partial) there are at least as many as SMs (narrow rows have the most
+#: partials rows: bf16 1024 86 -> 92% of copy against 64 columns always, whose 16 programs
+#: took 31 us of 222; PERF_NOTES v47).
 DW_TILE = 4096
 DW_BLOCK_N = 64
 DW_MIN_BLOCK_N = 8

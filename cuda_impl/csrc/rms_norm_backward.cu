@@ -650,8 +650,9 @@ __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
   });
 }
 
-// dweight[c] = sum over the P partials rows, cast once. A block takes COLS columns (whole
-// 32-byte sectors of a partials row) and kReduceThreads / COLS slices: slice j sums rows j,
+// dweight[c] = sum over the P partials rows, cast once. A block takes COLS columns (32
+// bytes of a partials row at least: whole sectors where N is a multiple of 8) and
+// kReduceThreads / COLS slices: slice j sums rows j,
 // j + slices, ... in order, kReduceUnroll loads in flight, then the slices' sums meet in a
 // fixed tree: the same order every run. The fewer columns a block, the more blocks and the
 // fewer rows a slice: the partials are read at the latency of a few rounds of loads, not of
@@ -680,7 +681,7 @@ __global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* 
 }
 
 // dweight from the partials: blocks of the widest columns (8, 16 or 32) of which there are
-// at least as many as SMs (8 for narrower rows).
+// at least as many whole ones as SMs (8 for narrower rows).
 template <typename W>
 void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
   auto launch = [&](auto cols) {
