@@ -430,10 +430,10 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // registers from the sums to ds (no second pass over shared memory, no conversions again,
 // no weight in shared memory), at up to 128 registers a thread (512 threads' worth an SM).
 // Built for the plain op's aligned 16-bit rows (so no phase and no edge tests) to 512
-// threads, whose CTAs an SM their shared memory already held to that many threads: 16-bit
-// rows are the ones whose instructions a byte (two elements to convert, to sum, to scale)
-// held the kernel back, and there it measured 2-9 points of copy faster; the fused add's
-// lost 4-12 points (PERF_NOTES v47).
+// threads, whose CTAs an SM shared memory had held to 512-704 threads: 16-bit rows are the
+// ones whose instructions a byte (two elements to convert, to sum, to scale) held the
+// kernel back, and there it measured 2-9 points of copy faster; the fused add's lost 4-12
+// points (PERF_NOTES v47).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
           bool KEEP = false>
 __global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
@@ -681,16 +681,16 @@ __global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* 
 }
 
 // dweight from the partials: blocks of the widest columns (8, 16 or 32) of which there are
-// at least as many whole ones as SMs (8 for narrower rows).
+// at least as many as SMs (the last one partial; 8 for narrower rows), Triton's rule.
 template <typename W>
 void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
   auto launch = [&](auto cols) {
     constexpr int kCols = decltype(cols)::value;
     dw_reduce_kernel<W, kCols><<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
   };
-  if (N / 32 >= sms)
+  if ((N + 31) / 32 >= sms)
     launch(std::integral_constant<int, 32>{});
-  else if (N / 16 >= sms)
+  else if ((N + 15) / 16 >= sms)
     launch(std::integral_constant<int, 16>{});
   else
     launch(std::integral_constant<int, 8>{});
@@ -785,37 +785,23 @@ int staged_stages(int stage_bytes, bool fused, bool aligned) {
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
 // which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
 // built so (`wt` says); KEEP if `keep` asks and the kernel is built so (`keep` says). Built
-// are the depths staged_stages gives: 4 for 16-bit rows of the plain op (16 KB a row: 256
-// threads or fewer), 3 for rows to 32 KB (512 threads; the fused add's fp32 residual, 16
-// KB: 256); the weight in T for 16-bit dy's 2-row rings of 512 and 1024 threads; KEEP for
-// 16-bit rows' 4-row (to 256 threads) and 3-row (512) rings. (fp32's rows take the
-// register kernel, a cluster, or (the fused add's aligned rows) these to 2 groups a thread
-// of 256 threads at 3 rows.)
+// are the depths staged_stages gives: the plain op's aligned 16-bit rows (KEEP) 4 to 256
+// threads (16 KB a row) and 3 at 512 (32 KB); the fused add's rows to 16 KB 3 (256 threads
+// or fewer); 2 for the rest, with the weight in T for 16-bit dy's rings of 512 and 1024
+// threads. (fp32's rows take the register kernel or a cluster, but for the fused add's
+// aligned ones.)
 template <typename T, typename S, int THREADS>
 KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
-  constexpr bool same = std::is_same_v<T, S>;
-  if constexpr (THREADS <= 512 && same && sizeof(T) == 2) {
-    if constexpr (THREADS <= 256) {
-      if (keep && stages == 4) {
-        wt = false;
-        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false, true>;
-      }
-    } else {
-      if (keep && stages >= 3) {
-        stages = 3;
-        wt = false;
-        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 3, false, false, true>;
-      }
+  if constexpr (std::is_same_v<T, S> && sizeof(T) == 2 && THREADS <= 512) {
+    constexpr int kKeepStages = THREADS <= 256 ? 4 : 3;
+    if (keep && stages >= kKeepStages) {
+      stages = kKeepStages;
+      wt = false;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, kKeepStages, false, false, true>;
     }
   }
   keep = false;
-  if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
-    if (stages == 4) {
-      wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
-    }
-  }
-  if constexpr (THREADS <= 256 || (same && THREADS <= 512)) {
+  if constexpr (THREADS <= 256) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
