@@ -171,6 +171,38 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
       sizeof(S));
 }
 
+// Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
+// `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
+// CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
+
+// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
+// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
+// own slots in rank order (the same result in every CTA). Consecutive rows use different
+// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
+// a slow one is still reading: to write a set again it must pass the next barrier, which
+// the slow CTA reaches only after its reads. `first`: the first exchange also completes
+// the barrier phase every CTA opened at its start (so none writes into a peer that is not
+// running yet).
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks], int set,
+                                                int rank, int ranks, bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (first) cluster_wait();
+  if (static_cast<int>(threadIdx.x) < ranks)
+    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
+  cluster_arrive_release();
+  cluster_wait();
+  v = make_float2(0.f, 0.f);
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
+  }
+#else
+  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
+#endif
+  return v;
+}
+
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
 // elements a thread; CHUNKED: the row in chunks of THREADS * VPT * VEC elements.
 //
@@ -180,20 +212,32 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // groups are its aligned body; its head (the elements before the body) and its tail (those
 // after it), fewer than VEC each, are one element a thread for the first head + tail
 // threads, which own those columns in every row as they own their groups'.
-template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false>
+template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false,
+          bool CLUSTER = false>
 __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   static_assert(!EDGES || (!CHUNKED && sizeof(S) == sizeof(T) && 2 * VEC <= THREADS),
                 "one phase in s and dy; a thread for each edge element");
+  static_assert(!CLUSTER || (!CHUNKED && !EDGES), "aligned rows held in registers");
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
+  // CLUSTER (probe): a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
+  // (rank + 1) N / ranks), the two sums through distributed shared memory (cluster_sums2)
+  __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxClusterRanks];
+  int rank = 0, ranks = 1;
+  if constexpr (CLUSTER) {
+    cluster_position(rank, ranks);
+    cluster_arrive_relaxed();
+  }
+  const int64_t first_row = blockIdx.x / ranks;  // this CTA's (cluster's) first row
+  const int64_t row_step = gridDim.x / ranks;
   const int t = threadIdx.x;
   const int N = a.N;
   const float inv_n = 1.f / static_cast<float>(N);
-  float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
+  float* dwp = a.dwp + first_row * N;
   float dw[kElems];
   // the body's first column and groups; this thread's edge column (-1: none)
-  int head = 0, body = N / VEC, xc = -1;
+  int head = CLUSTER ? rank * (N / ranks) : 0, body = N / ranks / VEC, xc = -1;
   if constexpr (EDGES) {
     const int phase = row_phase<S>(a, blockIdx.x);
     head = min(N, (VEC - phase) % VEC);
@@ -217,7 +261,8 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       }
     }
   }
-  for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
+  int set = 0;  // CLUSTER: the slots this row's sums go through (alternate rows alternate)
+  for (int64_t row = first_row; row < a.M; row += row_step) {
     const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
     const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro : nullptr;
@@ -262,7 +307,11 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
           gs = fmaf(dv[i] * wi, sv[i], gs);
         }
       }
-      const float2 sums = block_sum2<THREADS>(ss, gs, red);
+      float2 sums = block_sum2<THREADS>(ss, gs, red);
+      if constexpr (CLUSTER) {
+        sums = cluster_sums2(sums, slots, set, rank, ranks, row == first_row);
+        set ^= 1;
+      }
       const float rstd = rsqrtf(sums.x * inv_n + a.eps);
       const float c2 = sums.y * inv_n * rstd * rstd;
       if (EDGES && xc >= 0) {
@@ -384,38 +433,6 @@ template <typename T, typename S>
 int staged_smem_bytes(int cap, int stages, int w_bytes) {
   const int elems = cap * kVec<T>;
   return stages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * w_bytes;
-}
-
-// Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
-// `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
-// CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
-
-// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
-// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
-// own slots in rank order (the same result in every CTA). Consecutive rows use different
-// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
-// a slow one is still reading: to write a set again it must pass the next barrier, which
-// the slow CTA reaches only after its reads. `first`: the first exchange also completes
-// the barrier phase every CTA opened at its start (so none writes into a peer that is not
-// running yet).
-__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks], int set,
-                                                int rank, int ranks, bool first) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (first) cluster_wait();
-  if (static_cast<int>(threadIdx.x) < ranks)
-    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
-  cluster_arrive_release();
-  cluster_wait();
-  v = make_float2(0.f, 0.f);
-  for (int r = 0; r < ranks; ++r) {
-    v.x += slots[set][r].x;
-    v.y += slots[set][r].y;
-  }
-#else
-  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
-#endif
-  return v;
 }
 
 // STAGES rows a CTA in shared memory: the one being reduced and stored, and the next
@@ -967,6 +984,23 @@ Launch pick(const Rows& r) {
     if (edges && !r.fused && whole <= kEdges16MaxGroups)
       return pick_registers<T, S, true, kThreads>(whole);
   }
+#ifdef RMSNORM_BWD_PROBE_REGCLUSTER
+  // probe: the plain op's aligned rows past one CTA (fp32 past 2048 groups, 16-bit past
+  // 1024) in registers over a cluster of the fewest CTAs (2-8) whose equal shares of whole
+  // groups fit RMSNORM_BWD_PROBE_REGCLUSTER threads (512 or 256) of kRegWideVpt groups
+  // (fp32) or kVpt (16-bit)
+  if (r.clusters && !r.fused && r.vec_ok && cap > (std::is_same_v<T, float> ? 2048 : 1024)) {
+    constexpr int kThreads = RMSNORM_BWD_PROBE_REGCLUSTER;
+    constexpr int kGroups = std::is_same_v<T, float> ? kRegWideVpt : kVpt;
+    for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
+      if (cap % ranks != 0 || cap / ranks > kThreads * kGroups) continue;
+      l.kernel = rms_norm_bwd_kernel<T, S, kThreads, kGroups, V, false, false, true>;
+      l.threads = kThreads;
+      l.ranks = ranks;
+      return l;
+    }
+  }
+#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
