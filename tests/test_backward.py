@@ -186,6 +186,24 @@ def test_rms_norm_grads_wide_rows_other_weights(name, shape, wkind):
     assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(torch.bfloat16))
 
 
+#: fp32 rows of odd width; on a GPU, CUDA's register kernel with head and tail elements at
+#: each of its shapes (256 threads at 2049, 512 at 4095, 512 x 4 at 6001)
+ODD_FP32_SHAPES = [(5, 17), (4, 4095)]
+if HAS_GPU:
+    ODD_FP32_SHAPES += [(800, 2049), (700, 4095), (700, 6001)]
+
+
+@pytest.mark.parametrize("shape", ODD_FP32_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rms_norm_grads_odd_fp32_without_weight(name, shape):
+    """fp32 rows of odd width without a weight (dx alone, no dweight partials), poisoned
+    memory under dx."""
+    mod = backend(name)
+    m, n = shape
+    x = rows(m, n, torch.float32).requires_grad_()
+    assert_grads_match(mod, x, None, torch.randn(m, n, device=DEVICE))
+
+
 def fused_forward(mod, m: int, n: int, rdtype: str, dtype=torch.bfloat16) -> tuple:
     """The fused add on leaves x and weight of dtype and a residual leaf of x's dtype
     ("dtype") or fp32, with fresh gradients for its outputs: (x, r, w, y, residual_out, dy,
