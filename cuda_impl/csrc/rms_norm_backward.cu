@@ -981,7 +981,12 @@ Launch pick(const Rows& r) {
     // built to the threads those rows take, no further
     constexpr int kThreads = kEdges16MaxGroups / kVpt;
     static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "whole threads of kVpt");
-    if (edges && !r.fused && whole <= kEdges16MaxGroups)
+#ifdef RMSNORM_BWD_PROBE_EDGES16_FUSED  // probe: the fused add's 16-bit odd rows too
+    constexpr bool kFusedToo = true;
+#else
+    constexpr bool kFusedToo = false;
+#endif
+    if (edges && (kFusedToo || !r.fused) && whole <= kEdges16MaxGroups)
       return pick_registers<T, S, true, kThreads>(whole);
   }
 #ifdef RMSNORM_BWD_PROBE_REGCLUSTER
