@@ -117,7 +117,12 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
 }
 
 // The two row sums over the CTA: warp shuffles, then the warps' partials through shared
-// memory (every thread calls it; `red` holds 2 floats a warp).
+// memory (every thread calls it; `red` holds 2 floats a warp), lane i of every warp taking
+// warp i's and a butterfly over the warps' lanes, broadcast from lane 0: 2 loads and 2
+// log2(warps) + 2 shuffles a thread, where adding every warp's partials in turn took 4 a
+// warp (64 instructions a thread a row at 512 threads; PERF_NOTES v47). A butterfly gives
+// every lane the same sums (lanes i and i ^ off add the same two values), and every warp
+// adds the same partials in the same order: one result, the same every run.
 template <int THREADS>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
 #pragma unroll
@@ -126,20 +131,34 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
     b += __shfl_xor_sync(0xffffffffu, b, off);
   }
   constexpr int kWarps = THREADS / 32;
+  static_assert(THREADS % 32 == 0 && (kWarps & (kWarps - 1)) == 0, "a power of two of warps");
   if constexpr (kWarps > 1) {
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) {
       red[2 * warp] = a;
       red[2 * warp + 1] = b;
     }
     __syncthreads();
+#ifdef RMSNORM_BWD_PROBE_SERIAL_SUM  // probe: every warp's partials added in turn (before v47)
     a = 0.f;
     b = 0.f;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) {  // same order in every thread: one result
+    for (int i = 0; i < kWarps; ++i) {
       a += red[2 * i];
       b += red[2 * i + 1];
     }
+#else
+    a = lane < kWarps ? red[2 * lane] : 0.f;
+    b = lane < kWarps ? red[2 * lane + 1] : 0.f;
+#pragma unroll
+    for (int off = kWarps / 2; off > 0; off /= 2) {
+      a += __shfl_xor_sync(0xffffffffu, a, off);
+      b += __shfl_xor_sync(0xffffffffu, b, off);
+    }
+    a = __shfl_sync(0xffffffffu, a, 0);
+    b = __shfl_sync(0xffffffffu, b, 0);
+#endif
     __syncthreads();  // red is reused by the next row
   }
   return make_float2(a, b);
