@@ -472,7 +472,7 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // points (PERF_NOTES v47).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
           bool KEEP = false>
-__global__ void __launch_bounds__(THREADS, (KEEP ? 512 : 1024) / THREADS)
+__global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THREADS)
     rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
   static_assert(!KEEP || (!CLUSTER && !WT && THREADS <= 512), "one CTA a row, an fp32 weight");
@@ -900,6 +900,29 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   }
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
+#ifdef RMSNORM_BWD_PROBE_VPT1
+    // probe: one group a thread (KEEP, 64 registers) for the plain op's aligned 16-bit rows
+    // to 512 groups, 4 rows to 256 threads and 3 at 512 (Triton's shape)
+    if constexpr (std::is_same_v<T, S> && sizeof(T) == 2) {
+      if (!r.fused && r.vec_ok && row_groups <= 512 && stages >= 3) {
+        auto one = [&](auto threads) {
+          constexpr int kT = decltype(threads)::value;
+          constexpr int kS = kT <= 256 ? 4 : 3;
+          l.kernel = rms_norm_bwd_staged<T, S, kT, 1, kS, false, false, true>;
+          l.threads = kT;
+          l.cap = row_groups;
+          l.wt = false;
+          l.smem = staged_smem_bytes<T, S>(row_groups, kS, 0);
+          return true;
+        };
+        using std::integral_constant;
+        if (row_groups <= 64) return one(integral_constant<int, 64>{});
+        if (row_groups <= 128) return one(integral_constant<int, 128>{});
+        if (row_groups <= 256) return one(integral_constant<int, 256>{});
+        return one(integral_constant<int, 512>{});
+      }
+    }
+#endif
     bool wt = in_t(row_groups, stages, false);
     // KEEP (rms_norm_bwd_staged): the plain op's aligned 16-bit rows
     bool keep = !r.fused && r.vec_ok;
