@@ -688,9 +688,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
 
 // dweight[c] = sum over the P partials rows, cast once. A block takes COLS columns (32
 // bytes of a partials row at least: whole sectors where N is a multiple of 8) and
-// kReduceThreads / COLS slices: slice j sums rows j,
-// j + slices, ... in order, kReduceUnroll loads in flight, then the slices' sums meet in a
-// fixed tree: the same order every run. The fewer columns a block, the more blocks and the
+// kReduceThreads / COLS slices: slice j sums rows j, j + slices, ... in order, kReduceUnroll
+// loads in flight, then the slices' sums meet in a fixed tree: the same order every run. The fewer columns a block, the more blocks and the
 // fewer rows a slice: the partials are read at the latency of a few rounds of loads, not of
 // P / 8 of them (narrow rows have the most partials rows: a CTA each).
 template <typename W, int COLS>
