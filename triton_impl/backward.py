@@ -59,6 +59,7 @@ from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
     BWD_CHUNK,
+    BWD_EDGES_AHEAD,
     BWD_MAX_N,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
@@ -116,7 +117,7 @@ def _rms_norm_bwd(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EDGES_AHEAD: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -144,6 +145,10 @@ def _rms_norm_bwd(
         if HAS_WEIGHT:
             wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if EDGES_AHEAD:
+            first = pid.to(tl.int64)
+            se_next, dye_next = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy,
+                                          e_col, e_ok, "")  # fmt: skip
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
         for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
             s_row = s_ptr + row * stride_s
@@ -153,8 +158,14 @@ def _rms_norm_bwd(
             ds2_row = ds2_ptr + row * stride_ds2
             # the row in registers: load, both sums (s^2, g*s), ds, dweight's share; the edge
             # elements' loads first (CUDA's odd rows: issued after the body's, they held the
-            # row's sums back)
-            if SPLIT:
+            # row's sums back). EDGES_AHEAD: a row earlier, as the pipeliner does the body's,
+            # which takes cp.async (whole 4-byte words) and so not a 16-bit edge element
+            if EDGES_AHEAD:
+                se, dye = se_next, dye_next
+                nxt = row + tl.num_programs(0)
+                se_next, dye_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy,
+                                              e_col, e_ok & (nxt < M), "")  # fmt: skip
+            elif SPLIT:
                 se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
             sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
                                 body, "")  # fmt: skip
@@ -358,6 +369,8 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
+    # the edges a row ahead (BWD_EDGES_AHEAD: 1 where the body is pipelined, 2 every split row)
+    meta["EDGES_AHEAD"] = vec > 0 and BWD_EDGES_AHEAD >= (1 if meta["STAGES"] > 1 else 2)
     if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:

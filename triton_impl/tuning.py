@@ -123,6 +123,9 @@ BWD_WARPS_PER_SM = 32
 #: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
 BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
+#: Split rows' scalar edges loaded a row ahead: 0 never, 1 where the body is pipelined
+#: (its cp.async copies take whole 4-byte words, so not a 16-bit edge element), 2 always.
+BWD_EDGES_AHEAD = 1
 #: The final reduction's tile: partials elements a program loads at once (many loads in
 #: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
 #: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ... DW_BLOCK_N of whose programs
