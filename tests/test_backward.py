@@ -315,26 +315,37 @@ def test_dweight_is_deterministic(name):
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
-@pytest.mark.parametrize("ahead", [0, 1, 2])
+#: Each form of the Triton backward's switches in triton_impl.tuning, beside the defaults
+SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHEAD=2),
+            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=0)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "switches", SWITCHES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items())
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_triton_split_rows_edges_ahead(monkeypatch, dtype, ahead):
-    """Triton's split rows with their edge elements loaded with the row or a row ahead
-    (tuning.BWD_EDGES_AHEAD's three settings), the plain op's and the fused add's: several
-    rows a program, the last row's look-ahead past M masked."""
+def test_triton_backward_switches(monkeypatch, dtype, switches):
+    """Triton's backward under each form of its switches: the split rows' edge elements
+    loaded with the row or a row ahead (several rows a program, the last row's look-ahead
+    past M masked), a row's two sums in one reduction or two, the sharded rows' next row
+    loaded before or after the arrival's count returns; the plain op's and the fused
+    add's."""
     mod = backend("triton")
     from triton_impl import backward
 
-    monkeypatch.setattr(backward, "BWD_EDGES_AHEAD", ahead)
-    for m, n in ((19, 33), (13, 1000)):
+    for name, value in switches.items():
+        monkeypatch.setattr(backward, name, value)
+    for m, n in ((19, 33), (13, 1000), (3, 40000)):
         x = rows(m, n, dtype).requires_grad_()
         w = weight_of(n, dtype, "dtype").requires_grad_()
         assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(dtype))
-    x, r, w, y, ro, dy, dro = fused_forward(mod, 13, 1000, "dtype", dtype=dtype)
-    got = torch.autograd.grad((y, ro), (x, r, w), (dy, dro))
-    want = fused_add_rms_norm_grads_ref(x, r, w, 1e-6, dy, dro)
-    scale = grad_scale(ro, w, dy) + float(dro.abs().max())
-    for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight"), strict=True):
-        grad_close(g, exp, what, None if what == "dweight" else scale)
+    for m, n in ((13, 1000), (3, 40000)):
+        x, r, w, y, ro, dy, dro = fused_forward(mod, m, n, "dtype", dtype=dtype)
+        got = torch.autograd.grad((y, ro), (x, r, w), (dy, dro))
+        want = fused_add_rms_norm_grads_ref(x, r, w, 1e-6, dy, dro)
+        scale = grad_scale(ro, w, dy) + float(dro.abs().max())
+        for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight"), strict=True):
+            grad_close(g, exp, what, None if what == "dweight" else scale)
 
 
 @pytest.mark.parametrize("sms", [0, 132], ids=lambda s: f"sms{s}")

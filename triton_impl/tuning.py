@@ -112,6 +112,8 @@ BWD_SHARD_FROM_BYTES = 65536
 BWD_SHARD_N = 2048
 BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 16
+#: The sharded kernel's next row loaded before its arrival's count returns (1), or after.
+BWD_SHARD_EARLY_LOADS = 1
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
 #: Warps of a program the register-resident rows aim at an SM, and the programs that makes
@@ -126,6 +128,8 @@ BWD_PIPELINED = 3
 #: Split rows' scalar edges loaded a row ahead: 0 never, 1 where the body is pipelined
 #: (its cp.async copies take whole 4-byte words, so not a 16-bit edge element), 2 always.
 BWD_EDGES_AHEAD = 1
+#: A row's two sums (s^2, g*s) in one reduction, one exchange between warps (1), or two.
+BWD_PAIRED_SUMS = 1
 #: The final reduction's tile: partials elements a program loads at once (many loads in
 #: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
 #: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ... DW_BLOCK_N of whose programs
