@@ -11,7 +11,9 @@ predict-change-measure loop.
                                  [--tune "BWD_SHARD_N=8192,BWD_SHARD_THREAD_ELEMS=16;..."]
 
 --tune: each ';'-separated setting of triton_impl.backward's tuning names is probed in turn
-(the Triton rows only change), for the predict-change-measure loop of a tuning value.
+(the settings accumulate; after the first, the Triton rows alone, the only ones they move),
+for the predict-change-measure loop of a tuning value; an empty first setting probes the
+defaults.
 """
 
 import argparse
@@ -64,7 +66,8 @@ def main() -> int:
     import triton_impl.backward as bwd
 
     wrong = 0
-    for setting in args.tune.split(";"):
+    impls = args.impls
+    for i, setting in enumerate(args.tune.split(";")):
         pairs = [kv.split("=") for kv in setting.split(",") if kv]
         for name, value in pairs:
             if not hasattr(bwd, name):
@@ -72,6 +75,12 @@ def main() -> int:
             setattr(bwd, name, int(value))
         if pairs:
             print(f"--- tune {setting}", flush=True)
+        # the settings after the first move only the Triton rows: the others are not re-timed
+        args.impls = (
+            impls
+            if i == 0
+            else ",".join(name for name in impls.split(",") if name.startswith("triton"))
+        )
         wrong += probe(args, triton_impl)
     if wrong:
         print(f"{wrong} results differ from the reference: the probe fails")
