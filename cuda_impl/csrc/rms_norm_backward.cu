@@ -194,6 +194,29 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
 // CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
 
+#ifdef RMSNORM_BWD_PROBE_TX_SUMS
+// probe: the cluster's row sums as a transaction barrier a slot set (the forward's
+// cluster_sum), not a cluster barrier a row
+constexpr bool kTxSums = true;
+#else
+constexpr bool kTxSums = false;
+#endif
+
+// A cluster CTA's start: its rank and the cluster's size, the transaction form's SETS
+// mbarriers initialised (one arrival each), and this CTA's arrival announced (relaxed: the
+// fence orders the initialisation before it); the first exchange completes that barrier.
+template <int SETS>
+__device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* bars) {
+  cluster_position(rank, ranks);
+  if constexpr (kTxSums) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < SETS; ++i) mbar_init(&bars[i]);
+      mbar_init_fence();
+    }
+  }
+  cluster_arrive_relaxed();
+}
+
 // The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
 // `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
 // own slots in rank order (the same result in every CTA). Consecutive rows use different
@@ -202,15 +225,31 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // the slow CTA reaches only after its reads. `first`: the first exchange also completes
 // the barrier phase every CTA opened at its start (so none writes into a peer that is not
 // running yet).
-__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks], int set,
+//
+// kTxSums: no cluster barrier after the first; each CTA's sums land on its peers' slots
+// and on their mbarrier of that set (st.async), and a CTA waits on its own for all of them
+// (bit `set` of `parity`: the phase that set is in). A fast CTA writes a set again (two or
+// more rows later) only after the rows between complete, each of which needs the slow
+// CTA's sums, which it sends after a CTA barrier that its reads of the set came before.
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks],
+                                                uint64_t* bars, uint32_t& parity, int set,
                                                 int rank, int ranks, bool first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (first) cluster_wait();
-  if (static_cast<int>(threadIdx.x) < ranks)
-    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
-  cluster_arrive_release();
-  cluster_wait();
+  if constexpr (kTxSums) {
+    if (threadIdx.x == 0) mbar_expect(&bars[set], static_cast<uint32_t>(ranks * sizeof(float2)));
+    if (first) cluster_wait();
+    if (static_cast<int>(threadIdx.x) < ranks)
+      st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
+    mbar_wait(&bars[set], (parity >> set) & 1u);
+    parity ^= 1u << set;
+  } else {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (first) cluster_wait();
+    if (static_cast<int>(threadIdx.x) < ranks)
+      *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
+    cluster_arrive_release();
+    cluster_wait();
+  }
   v = make_float2(0.f, 0.f);
   for (int r = 0; r < ranks; ++r) {
     v.x += slots[set][r].x;
@@ -243,11 +282,10 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   // CLUSTER (probe): a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
   // (rank + 1) N / ranks), the two sums through distributed shared memory (cluster_sums2)
   __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxClusterRanks];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? 2 : 1];
+  uint32_t parity = 0;
   int rank = 0, ranks = 1;
-  if constexpr (CLUSTER) {
-    cluster_position(rank, ranks);
-    cluster_arrive_relaxed();
-  }
+  if constexpr (CLUSTER) cluster_start<2>(rank, ranks, sum_bars);
   const int64_t first_row = blockIdx.x / ranks;  // this CTA's (cluster's) first row
   const int64_t row_step = gridDim.x / ranks;
   const int t = threadIdx.x;
@@ -328,7 +366,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       }
       float2 sums = block_sum2<THREADS>(ss, gs, red);
       if constexpr (CLUSTER) {
-        sums = cluster_sums2(sums, slots, set, rank, ranks, row == first_row);
+        sums = cluster_sums2(sums, slots, sum_bars, parity, set, rank, ranks, row == first_row);
         set ^= 1;
       }
       const float rstd = rsqrtf(sums.x * inv_n + a.eps);
@@ -480,6 +518,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
   __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxClusterRanks];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? STAGES : 1];
+  uint32_t parity = 0;
   const int t = threadIdx.x;
   const int N = a.N;
   const int cap = a.cap;
@@ -495,10 +535,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
 
   int rank = 0, ranks = 1;
-  if constexpr (CLUSTER) {
-    cluster_position(rank, ranks);
-    cluster_arrive_relaxed();
-  }
+  if constexpr (CLUSTER) cluster_start<STAGES>(rank, ranks, sum_bars);
   const int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
   const int64_t row_step = gridDim.x / ranks;    // the clusters
   const int g0 = rank * cap;                     // this CTA's first group of a row
@@ -634,7 +671,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
       }
     });
     float2 sums = block_sum2<THREADS>(ss, gs, red);
-    if constexpr (CLUSTER) sums = cluster_sums2(sums, slots, st, rank, ranks, row == first_row);
+    if constexpr (CLUSTER)
+      sums = cluster_sums2(sums, slots, sum_bars, parity, st, rank, ranks, row == first_row);
     const float rstd = rsqrtf(sums.x * inv_n + a.eps);
     const float c2 = sums.y * inv_n * rstd * rstd;
     const int64_t off = -phase;
