@@ -317,7 +317,8 @@ def test_dweight_is_deterministic(name):
 
 #: Each form of the Triton backward's switches in triton_impl.tuning, beside the defaults
 SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHEAD=2),
-            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=0)]  # fmt: skip
+            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=0),
+            dict(BWD_MAX_WARPS=32, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -328,14 +329,15 @@ def test_triton_backward_switches(monkeypatch, dtype, switches):
     """Triton's backward under each form of its switches: the split rows' edge elements
     loaded with the row or a row ahead (several rows a program, the last row's look-ahead
     past M masked), a row's two sums in one reduction or two, the sharded rows' next row
-    loaded before or after the arrival's count returns; the plain op's and the fused
-    add's."""
+    loaded before or after the arrival's count returns, the widest register rows on up to
+    32 warps and not sharded; the plain op's and the fused add's."""
     mod = backend("triton")
     from triton_impl import backward
 
     for name, value in switches.items():
         monkeypatch.setattr(backward, name, value)
-    more = [(2000, 4095), (600, 40000)] if HAS_GPU else []  # many rows a program, a group
+    # on a GPU: many rows a program or a group; rows of 32 warps a program (BWD_MAX_WARPS)
+    more = [(2000, 4095), (600, 40000), (300, 8192), (300, 16384)] if HAS_GPU else []
     for m, n in [(19, 33), (13, 1000), (3, 40000), *more]:
         x = rows(m, n, dtype).requires_grad_()
         w = weight_of(n, dtype, "dtype").requires_grad_()

@@ -61,6 +61,7 @@ from triton_impl.tuning import (
     BWD_CHUNK,
     BWD_EDGES_AHEAD,
     BWD_MAX_N,
+    BWD_MAX_WARPS,
     BWD_PAIRED_SUMS,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
@@ -342,7 +343,7 @@ def bwd_config(n: int, split_vec: int = 0) -> tuple[int, bool, int]:
     if triton.next_power_of_2(n) > BWD_MAX_N:
         return BWD_CHUNK, True, 16
     block_n = triton.next_power_of_2(n // split_vec * split_vec if split_vec else n)
-    return block_n, False, max(1, min(16, block_n // (32 * BWD_THREAD_ELEMS)))
+    return block_n, False, max(1, min(BWD_MAX_WARPS, block_n // (32 * BWD_THREAD_ELEMS)))
 
 
 def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:

@@ -116,6 +116,9 @@ BWD_SHARD_WARPS_PER_SM = 16
 BWD_SHARD_EARLY_LOADS = 1
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
+#: The most warps a register-resident row takes (its tile / BWD_THREAD_ELEMS threads up to
+#: this; 16-bit 16384 holds 32 elements a thread at 16, and spills).
+BWD_MAX_WARPS = 16
 #: Warps of a program the register-resident rows aim at an SM, and the programs that makes
 #: (PERF_NOTES v16: more or fewer programs an SM did not move the chunked rows).
 BWD_WARPS_PER_SM = 32
