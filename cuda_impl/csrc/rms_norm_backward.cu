@@ -240,7 +240,7 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
     if (first) cluster_wait();
     if (static_cast<int>(threadIdx.x) < ranks)
       st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
-    mbar_wait(&bars[set], (parity >> set) & 1u);
+    mbar_wait<true>(&bars[set], (parity >> set) & 1u);
     parity ^= 1u << set;
   } else {
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();

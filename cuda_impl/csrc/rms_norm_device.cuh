@@ -127,17 +127,29 @@ __device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
                : "memory");
 #endif
 }
-// until bar's phase of this parity completes
+// until bar's phase of this parity completes; CLUSTER: acquiring at cluster scope, which
+// orders this CTA's later writes into a peer (a slot set used again) after what the peers
+// did before their bytes landed here (their reads of that set)
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
+    if constexpr (CLUSTER) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+          "selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+          "0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 #endif
 }
