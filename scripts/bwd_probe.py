@@ -102,8 +102,11 @@ def main() -> int:
     p.add_argument("--table", default="", help="a device call's log: its probes side by side")
     args = p.parse_args()
     if args.table:
-        with open(args.table, errors="replace") as f:
-            print(table(f.read()))
+        try:
+            with open(args.table, errors="replace") as f:
+                print(table(f.read()))
+        except OSError as e:
+            raise SystemExit(f"--table: {e}") from None
         return 0
     import triton_impl
     import triton_impl.backward as bwd
