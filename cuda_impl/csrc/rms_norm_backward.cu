@@ -727,9 +727,10 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
 // dweight[c] = sum over the P partials rows, cast once. A block takes COLS columns (32
 // bytes of a partials row at least: whole sectors where N is a multiple of 8) and
 // kReduceThreads / COLS slices: slice j sums rows j, j + slices, ... in order, kReduceUnroll
-// loads in flight, then the slices' sums meet in a fixed tree: the same order every run. The fewer columns a block, the more blocks and the
-// fewer rows a slice: the partials are read at the latency of a few rounds of loads, not of
-// P / 8 of them (narrow rows have the most partials rows: a CTA each).
+// loads in flight, then the slices' sums meet in a fixed tree: the same order every run.
+// The fewer columns a block, the more blocks and the fewer rows a slice: the partials are
+// read at the latency of a few rounds of loads, not of P / 8 of them (narrow rows have the
+// most partials rows: a CTA each).
 template <typename W, int COLS>
 __global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* __restrict__ dwp,
                                                                  W* dw, int P, int N) {
@@ -759,7 +760,8 @@ template <typename W>
 void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
   auto launch = [&](auto cols) {
     constexpr int kCols = decltype(cols)::value;
-    dw_reduce_kernel<W, kCols><<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
+    dw_reduce_kernel<W, kCols>
+        <<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
   };
   if ((N + 31) / 32 >= sms)
     launch(std::integral_constant<int, 32>{});
