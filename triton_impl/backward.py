@@ -290,13 +290,12 @@ def _rms_norm_bwd_sharded(
             # others' visible when this arrival was the last
             tl.debug_barrier()
             tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
-            s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
-                                        ok & (nxt < M), "")  # fmt: skip
-            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         else:
             arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
-            s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
-                                        ok & (nxt < M), "")  # fmt: skip
+        s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
+                                    ok & (nxt < M), "")  # fmt: skip
+        if EARLY:
+            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         while arrived < SHARDS:
             arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         # summed in shard order: the same bits on every run and in every shard
