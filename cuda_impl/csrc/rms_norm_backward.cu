@@ -194,13 +194,24 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
 // CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
 
-#ifdef RMSNORM_BWD_PROBE_TX_SUMS
+#if defined(RMSNORM_BWD_PROBE_TX_SUMS) || defined(RMSNORM_BWD_PROBE_TX_AHEAD)
 // probe: the cluster's row sums as a transaction barrier a slot set (the forward's
 // cluster_sum), not a cluster barrier a row
 constexpr bool kTxSums = true;
 #else
 constexpr bool kTxSums = false;
 #endif
+#ifdef RMSNORM_BWD_PROBE_TX_AHEAD
+// probe (with kTxSums): the staged cluster kernel sends a row's sums to its peers before it
+// waits for the previous row's, so that wait overlaps the next row's first pass
+constexpr bool kTxAhead = true;
+#else
+constexpr bool kTxAhead = false;
+#endif
+// The slot sets of the ahead form: a CTA sends row q's sums once it has all of row q - 2's,
+// which each peer sent before it read row q - 3's (and after it had read row q - 4's), so
+// rows q - 3 to q need sets of their own.
+constexpr int kAheadSets = 4;
 
 // A cluster CTA's start: its rank and the cluster's size, the transaction form's SETS
 // mbarriers initialised (one arrival each), and this CTA's arrival announced (relaxed: the
@@ -231,17 +242,46 @@ __device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* b
 // (bit `set` of `parity`: the phase that set is in). A fast CTA writes a set again (two or
 // more rows later) only after the rows between complete, each of which needs the slow
 // CTA's sums, which it sends after a CTA barrier that its reads of the set came before.
+// The two halves, cluster_send2 and cluster_collect2, are the ahead form's.
+__device__ __forceinline__ void cluster_send2(float2 v, float2 (*slots)[kMaxClusterRanks],
+                                              uint64_t* bars, int set, int rank, int ranks,
+                                              bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) mbar_expect(&bars[set], static_cast<uint32_t>(ranks * sizeof(float2)));
+  if (first) cluster_wait();
+  if (static_cast<int>(threadIdx.x) < ranks)
+    st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
+#endif
+}
+
+// this CTA's slots of `set`, once every CTA's sums have landed there, added in rank order
+__device__ __forceinline__ float2 slots_sum(const float2 (*slots)[kMaxClusterRanks], int set,
+                                            int ranks) {
+  float2 v = make_float2(0.f, 0.f);
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float2 cluster_collect2(const float2 (*slots)[kMaxClusterRanks],
+                                                   uint64_t* bars, uint32_t& parity, int set,
+                                                   int ranks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_wait<true>(&bars[set], (parity >> set) & 1u);
+  parity ^= 1u << set;
+#endif
+  return slots_sum(slots, set, ranks);
+}
+
 __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks],
                                                 uint64_t* bars, uint32_t& parity, int set,
                                                 int rank, int ranks, bool first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kTxSums) {
-    if (threadIdx.x == 0) mbar_expect(&bars[set], static_cast<uint32_t>(ranks * sizeof(float2)));
-    if (first) cluster_wait();
-    if (static_cast<int>(threadIdx.x) < ranks)
-      st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
-    mbar_wait<true>(&bars[set], (parity >> set) & 1u);
-    parity ^= 1u << set;
+    cluster_send2(v, slots, bars, set, rank, ranks, first);
+    return cluster_collect2(slots, bars, parity, set, ranks);
   } else {
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     if (first) cluster_wait();
@@ -249,16 +289,12 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
       *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
     cluster_arrive_release();
     cluster_wait();
-  }
-  v = make_float2(0.f, 0.f);
-  for (int r = 0; r < ranks; ++r) {
-    v.x += slots[set][r].x;
-    v.y += slots[set][r].y;
+    return slots_sum(slots, set, ranks);
   }
 #else
   __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
-#endif
   return v;
+#endif
 }
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
@@ -457,9 +493,9 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 // The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
 // memory (staged_stages), the next rows' copies (cp.async, 16 bytes a thread at a time, no
 // registers held) in flight while the current row is reduced and stored, so a CTA never
-// waits on a row's loads with nothing else to do. The row's values are read from shared memory twice (the
-// sums, then ds), the fp32 weight once a CTA into shared memory; dweight's share stays in
-// registers.
+// waits on a row's loads with nothing else to do. The row's values are read from shared
+// memory twice (the sums, then ds), the fp32 weight once a CTA into shared memory;
+// dweight's share stays in registers.
 //
 // Any row alignment: a row's groups are counted from the 16-byte boundary at or before its
 // start (its phase: elements past that boundary), so every group is one aligned 16-byte
@@ -517,8 +553,12 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxClusterRanks];
-  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? STAGES : 1];
+  // AHEAD: a row's sums sent before the previous row's are waited for (kTxAhead); with one
+  // row ahead of the one reduced, two rows are staged and the rest in flight
+  constexpr bool AHEAD = CLUSTER && kTxAhead && STAGES >= 3;
+  constexpr int SETS = AHEAD ? kAheadSets : STAGES;  // the cluster's slot sets
+  __shared__ float2 slots[CLUSTER ? SETS : 1][kMaxClusterRanks];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? SETS : 1];
   uint32_t parity = 0;
   const int t = threadIdx.x;
   const int N = a.N;
@@ -535,7 +575,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
 
   int rank = 0, ranks = 1;
-  if constexpr (CLUSTER) cluster_start<STAGES>(rank, ranks, sum_bars);
+  if constexpr (CLUSTER) cluster_start<SETS>(rank, ranks, sum_bars);
   const int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
   const int64_t row_step = gridDim.x / ranks;    // the clusters
   const int g0 = rank * cap;                     // this CTA's first group of a row
@@ -652,14 +692,12 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
     if (j == 0 || first_row + j * row_step < a.M) issue(first_row + j * row_step, j);
     cp_async_commit();
   }
-  for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
-    const int64_t ahead = row + (STAGES - 1) * row_step;
-    if (ahead < a.M) issue(ahead, last(st));  // the stage read last
-    cp_async_commit();
-    cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
+  // the row's two sums over this CTA's groups of stage st, whose copies have landed (KEEP:
+  // the values kept in sk and dk)
+  auto cta_sums = [&](int st) {
     float ss = 0.f, gs = 0.f;
-    each_group(st, std::false_type{}, [&](int k, int, const float(&sv)[VEC],
-                                          const float(&dv)[VEC], const float(&wv)[VEC]) {
+    each_group(st, std::false_type{}, [&](int k, int, const float(&sv)[VEC], const float(&dv)[VEC],
+                                          const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
@@ -670,9 +708,10 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
         }
       }
     });
-    float2 sums = block_sum2<THREADS>(ss, gs, red);
-    if constexpr (CLUSTER)
-      sums = cluster_sums2(sums, slots, sum_bars, parity, st, rank, ranks, row == first_row);
+    return block_sum2<THREADS>(ss, gs, red);
+  };
+  // ds of `row` from stage st, and its dweight share, given the whole row's sums
+  auto finish = [&](int64_t row, int st, float2 sums) {
     const float rstd = rsqrtf(sums.x * inv_n + a.eps);
     const float c2 = sums.y * inv_n * rstd * rstd;
     const int64_t off = -phase;
@@ -716,6 +755,36 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
         }
       }
     });
+  };
+  if constexpr (AHEAD) {
+    // row first_row's sums sent; then each row's successor's sent before its own are
+    // collected. Row first_row + j * row_step goes through set j % SETS.
+    cp_async_wait<STAGES - 2>();
+    cluster_send2(cta_sums(0), slots, sum_bars, 0, rank, ranks, true);
+    int set = 0;
+    for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
+      const int64_t ahead = row + (STAGES - 1) * row_step;
+      if (ahead < a.M) issue(ahead, last(st));  // the stage finished last
+      cp_async_commit();
+      const int set1 = set + 1 == SETS ? 0 : set + 1;
+      if (row + row_step < a.M) {
+        cp_async_wait<STAGES - 2>();  // the next row's copies landed
+        cluster_send2(cta_sums(next(st)), slots, sum_bars, set1, rank, ranks, false);
+      }
+      finish(row, st, cluster_collect2(slots, sum_bars, parity, set, ranks));
+      set = set1;
+    }
+  } else {
+    for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
+      const int64_t ahead = row + (STAGES - 1) * row_step;
+      if (ahead < a.M) issue(ahead, last(st));  // the stage read last
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
+      float2 sums = cta_sums(st);
+      if constexpr (CLUSTER)
+        sums = cluster_sums2(sums, slots, sum_bars, parity, st, rank, ranks, row == first_row);
+      finish(row, st, sums);
+    }
   }
   if (a.w == nullptr && w_t == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
@@ -754,21 +823,15 @@ __global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* 
   if (slice == 0 && c < N) dw[c] = from_float<W>(part[0][col]);
 }
 
-// dweight from the partials: blocks of the widest columns (8, 16 or 32) of which there are
-// at least as many as SMs (the last one partial; 8 for narrower rows), Triton's rule.
-template <typename W>
+// dweight from the partials: blocks of the widest columns (kReduceMaxCols, half that, ...
+// down to kReduceMinCols) of which there are at least as many as SMs (the last block
+// partial), Triton's rule (tuning.DW_BLOCK_N).
+template <typename W, int COLS = kReduceMaxCols>
 void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
-  auto launch = [&](auto cols) {
-    constexpr int kCols = decltype(cols)::value;
-    dw_reduce_kernel<W, kCols>
-        <<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
-  };
-  if ((N + 31) / 32 >= sms)
-    launch(std::integral_constant<int, 32>{});
-  else if ((N + 15) / 16 >= sms)
-    launch(std::integral_constant<int, 16>{});
-  else
-    launch(std::integral_constant<int, 8>{});
+  if constexpr (COLS > kReduceMinCols) {
+    if ((N + COLS - 1) / COLS < sms) return reduce_dweight<W, COLS / 2>(dwp, dw, P, N, sms, stream);
+  }
+  dw_reduce_kernel<W, COLS><<<(N + COLS - 1) / COLS, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
 }
 
 // ---- launch ---------------------------------------------------------------------------

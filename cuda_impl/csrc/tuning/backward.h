@@ -33,6 +33,10 @@ constexpr int kScalarVpt = 4;
 // 8 warps of 4 loads over 32 columns took 21 us of the op's 250; PERF_NOTES v47).
 constexpr int kReduceThreads = 1024;
 constexpr int kReduceUnroll = 8;
+// Columns a block of the dweight reduction: the widest of kReduceMaxCols, half that, ...
+// kReduceMinCols (32 bytes of a partials row) of whose blocks there are as many as SMs.
+constexpr int kReduceMaxCols = 32;
+constexpr int kReduceMinCols = 8;
 // CTAs a cluster may hold for rows wider than one CTA stages: the portable size.
 constexpr int kMaxClusterRanks = 8;
 // A cluster's CTAs (rows wider than one CTA stages), by op: threads a CTA and rows of its
