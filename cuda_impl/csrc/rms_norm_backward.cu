@@ -209,8 +209,8 @@ constexpr bool kTxAhead = true;
 constexpr bool kTxAhead = false;
 #endif
 // The slot sets of the ahead form: a CTA sends row q's sums once it has all of row q - 2's,
-// which each peer sent before it read row q - 3's (and after it had read row q - 4's), so
-// rows q - 3 to q need sets of their own.
+// which each peer sent before it read row q - 3's (and after it had read row q - 4's, a
+// CTA barrier between: block_sum2's), so rows q - 3 to q need sets of their own.
 constexpr int kAheadSets = 4;
 
 // A cluster CTA's start: its rank and the cluster's size, the transaction form's SETS
@@ -251,6 +251,8 @@ __device__ __forceinline__ void cluster_send2(float2 v, float2 (*slots)[kMaxClus
   if (first) cluster_wait();
   if (static_cast<int>(threadIdx.x) < ranks)
     st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
+#else
+  __trap();  // a GPU without clusters (has_clusters)
 #endif
 }
 
@@ -271,6 +273,8 @@ __device__ __forceinline__ float2 cluster_collect2(const float2 (*slots)[kMaxClu
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   mbar_wait<true>(&bars[set], (parity >> set) & 1u);
   parity ^= 1u << set;
+#else
+  __trap();
 #endif
   return slots_sum(slots, set, ranks);
 }
@@ -556,6 +560,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   // AHEAD: a row's sums sent before the previous row's are waited for (kTxAhead); with one
   // row ahead of the one reduced, two rows are staged and the rest in flight
   constexpr bool AHEAD = CLUSTER && kTxAhead && STAGES >= 3;
+  static_assert(!AHEAD || THREADS > 32, "kAheadSets' order rests on block_sum2's CTA barrier");
   constexpr int SETS = AHEAD ? kAheadSets : STAGES;  // the cluster's slot sets
   __shared__ float2 slots[CLUSTER ? SETS : 1][kMaxClusterRanks];
   __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? SETS : 1];
