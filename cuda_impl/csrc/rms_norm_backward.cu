@@ -1075,7 +1075,13 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     // the plain op's shape where it was measured, aligned rows whose two CTAs fit an SM:
     // fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside an
     // fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
+#ifdef RMSNORM_BWD_PROBE_FUSED_PLAIN_SHAPE
+    // probe: the fused add's aligned rows too (v43 measured them 2-5 points slower so with
+    // the exchange a cluster barrier; the ahead form's wait is behind the next row's sums)
+    const bool plain_shape = r.vec_ok && (std::is_same_v<T, float> || r.w16);
+#else
     const bool plain_shape = !r.fused && r.vec_ok && (std::is_same_v<T, float> || r.w16);
+#endif
     if (plain_shape && cluster(integral_constant<int, kClusterPlain.threads>{},
                                integral_constant<int, kClusterPlain.stages>{}, std::true_type{}))
       return true;
