@@ -317,8 +317,8 @@ def test_dweight_is_deterministic(name):
 
 #: Each form of the Triton backward's switches in triton_impl.tuning, beside the defaults
 SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHEAD=2),
-            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=0),
-            dict(BWD_MAX_WARPS=32, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
+            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=1),
+            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -336,7 +336,7 @@ def test_triton_backward_switches(monkeypatch, dtype, switches):
 
     for name, value in switches.items():
         monkeypatch.setattr(backward, name, value)
-    # on a GPU: many rows a program or a group; rows of 32 warps a program (BWD_MAX_WARPS)
+    # on a GPU: many rows a program or a group; rows of 32 warps a program (BWD_MAX_WARPS_N)
     more = [(2000, 4095), (600, 40000), (300, 8192), (300, 16384)] if HAS_GPU else []
     for m, n in [(19, 33), (13, 1000), (3, 40000), *more]:
         x = rows(m, n, dtype).requires_grad_()

@@ -62,6 +62,7 @@ from triton_impl.tuning import (
     BWD_EDGES_AHEAD,
     BWD_MAX_N,
     BWD_MAX_WARPS,
+    BWD_MAX_WARPS_N,
     BWD_PAIRED_SUMS,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
@@ -72,6 +73,7 @@ from triton_impl.tuning import (
     BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
+    BWD_WIDE_MAX_WARPS,
     DW_BLOCK_N,
     DW_MIN_BLOCK_N,
     DW_TILE,
@@ -342,7 +344,8 @@ def bwd_config(n: int, split_vec: int = 0) -> tuple[int, bool, int]:
     if triton.next_power_of_2(n) > BWD_MAX_N:
         return BWD_CHUNK, True, 16
     block_n = triton.next_power_of_2(n // split_vec * split_vec if split_vec else n)
-    return block_n, False, max(1, min(BWD_MAX_WARPS, block_n // (32 * BWD_THREAD_ELEMS)))
+    most = BWD_MAX_WARPS if block_n <= BWD_MAX_WARPS_N else BWD_WIDE_MAX_WARPS
+    return block_n, False, max(1, min(most, block_n // (32 * BWD_THREAD_ELEMS)))
 
 
 def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:

@@ -194,55 +194,35 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
 // CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
 
-#if defined(RMSNORM_BWD_PROBE_TX_SUMS) || defined(RMSNORM_BWD_PROBE_TX_AHEAD)
-// probe: the cluster's row sums as a transaction barrier a slot set (the forward's
-// cluster_sum), not a cluster barrier a row
-constexpr bool kTxSums = true;
-#else
-constexpr bool kTxSums = false;
-#endif
-#ifdef RMSNORM_BWD_PROBE_TX_AHEAD
-// probe (with kTxSums): the staged cluster kernel sends a row's sums to its peers before it
-// waits for the previous row's, so that wait overlaps the next row's first pass
-constexpr bool kTxAhead = true;
-#else
-constexpr bool kTxAhead = false;
-#endif
 // The slot sets of the ahead form: a CTA sends row q's sums once it has all of row q - 2's,
 // which each peer sent before it read row q - 3's (and after it had read row q - 4's, a
 // CTA barrier between: block_sum2's), so rows q - 3 to q need sets of their own.
 constexpr int kAheadSets = 4;
 
-// A cluster CTA's start: its rank and the cluster's size, the transaction form's SETS
-// mbarriers initialised (one arrival each), and this CTA's arrival announced (relaxed: the
-// fence orders the initialisation before it); the first exchange completes that barrier.
+// A cluster CTA's start: its rank and the cluster's size, its SETS mbarriers initialised
+// (one arrival each), and this CTA's arrival announced (relaxed: the fence orders the
+// initialisation before it); the first exchange completes that cluster barrier.
 template <int SETS>
 __device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* bars) {
   cluster_position(rank, ranks);
-  if constexpr (kTxSums) {
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < SETS; ++i) mbar_init(&bars[i]);
-      mbar_init_fence();
-    }
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < SETS; ++i) mbar_init(&bars[i]);
+    mbar_init_fence();
   }
   cluster_arrive_relaxed();
 }
 
-// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
-// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
-// own slots in rank order (the same result in every CTA). Consecutive rows use different
-// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
-// a slow one is still reading: to write a set again it must pass the next barrier, which
-// the slow CTA reaches only after its reads. `first`: the first exchange also completes
-// the barrier phase every CTA opened at its start (so none writes into a peer that is not
-// running yet).
-//
-// kTxSums: no cluster barrier after the first; each CTA's sums land on its peers' slots
-// and on their mbarrier of that set (st.async), and a CTA waits on its own for all of them
-// (bit `set` of `parity`: the phase that set is in). A fast CTA writes a set again (two or
-// more rows later) only after the rows between complete, each of which needs the slow
-// CTA's sums, which it sends after a CTA barrier that its reads of the set came before.
-// The two halves, cluster_send2 and cluster_collect2, are the ahead form's.
+// The sums of a row over the CTAs of a cluster, as a transaction barrier a slot set (the
+// forward's cluster_sum), not a cluster barrier a row (which measured 5-13 points of copy
+// slower on every cluster row, fp32 65536 55% against 43%; PERF_NOTES v49): each CTA's
+// (s^2, g*s) lands in slot `rank` of every CTA's slots[set] and on that CTA's mbarrier of
+// the set (st.async, cluster_send2); a CTA waits on its own for all of them (bit `set` of
+// `parity`: the phase that set is in) and adds its slots in rank order, the same result in
+// every CTA (cluster_collect2). A fast CTA writes a set again only after the rows between
+// complete, each of which needs the slow CTA's sums, which it sends after a CTA barrier
+// that its reads of the set came before. `first`: the first exchange also completes the
+// cluster barrier phase every CTA opened at its start (so none writes into a peer that is
+// not running yet).
 __device__ __forceinline__ void cluster_send2(float2 v, float2 (*slots)[kMaxClusterRanks],
                                               uint64_t* bars, int set, int rank, int ranks,
                                               bool first) {
@@ -252,53 +232,32 @@ __device__ __forceinline__ void cluster_send2(float2 v, float2 (*slots)[kMaxClus
   if (static_cast<int>(threadIdx.x) < ranks)
     st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
 #else
-  __trap();  // a GPU without clusters (has_clusters)
+  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
 #endif
-}
-
-// this CTA's slots of `set`, once every CTA's sums have landed there, added in rank order
-__device__ __forceinline__ float2 slots_sum(const float2 (*slots)[kMaxClusterRanks], int set,
-                                            int ranks) {
-  float2 v = make_float2(0.f, 0.f);
-  for (int r = 0; r < ranks; ++r) {
-    v.x += slots[set][r].x;
-    v.y += slots[set][r].y;
-  }
-  return v;
 }
 
 __device__ __forceinline__ float2 cluster_collect2(const float2 (*slots)[kMaxClusterRanks],
                                                    uint64_t* bars, uint32_t& parity, int set,
                                                    int ranks) {
+  float2 v = make_float2(0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   mbar_wait<true>(&bars[set], (parity >> set) & 1u);
   parity ^= 1u << set;
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
+  }
 #else
   __trap();
 #endif
-  return slots_sum(slots, set, ranks);
+  return v;
 }
 
 __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks],
                                                 uint64_t* bars, uint32_t& parity, int set,
                                                 int rank, int ranks, bool first) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kTxSums) {
-    cluster_send2(v, slots, bars, set, rank, ranks, first);
-    return cluster_collect2(slots, bars, parity, set, ranks);
-  } else {
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    if (first) cluster_wait();
-    if (static_cast<int>(threadIdx.x) < ranks)
-      *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
-    cluster_arrive_release();
-    cluster_wait();
-    return slots_sum(slots, set, ranks);
-  }
-#else
-  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
-  return v;
-#endif
+  cluster_send2(v, slots, bars, set, rank, ranks, first);
+  return cluster_collect2(slots, bars, parity, set, ranks);
 }
 
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
@@ -322,7 +281,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   // CLUSTER (probe): a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
   // (rank + 1) N / ranks), the two sums through distributed shared memory (cluster_sums2)
   __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxClusterRanks];
-  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? 2 : 1];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER ? 2 : 1];
   uint32_t parity = 0;
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) cluster_start<2>(rank, ranks, sum_bars);
@@ -557,13 +516,15 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  // AHEAD: a row's sums sent before the previous row's are waited for (kTxAhead); with one
-  // row ahead of the one reduced, two rows are staged and the rest in flight
-  constexpr bool AHEAD = CLUSTER && kTxAhead && STAGES >= 3;
+  // AHEAD: a row's sums sent before the previous row's are waited for, so that wait has
+  // the next row's first pass in front of it (2-4 points of copy at bf16 65536 and fp32
+  // 32768, PERF_NOTES v49); with one row ahead of the one reduced, two rows are staged and
+  // the rest in flight
+  constexpr bool AHEAD = CLUSTER && STAGES >= 3;
   static_assert(!AHEAD || THREADS > 32, "kAheadSets' order rests on block_sum2's CTA barrier");
   constexpr int SETS = AHEAD ? kAheadSets : STAGES;  // the cluster's slot sets
   __shared__ float2 slots[CLUSTER ? SETS : 1][kMaxClusterRanks];
-  __shared__ __align__(8) uint64_t sum_bars[CLUSTER && kTxSums ? SETS : 1];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER ? SETS : 1];
   uint32_t parity = 0;
   const int t = threadIdx.x;
   const int N = a.N;
@@ -974,8 +935,8 @@ struct Rows {
 
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
 // them, if its stages fit (staged_stages', else 2); else a cluster of the fewest CTAs (2, 4,
-// 8; sm_90) whose shares of the row fit, of the op's CTA shape (kClusterPlain or
-// kClusterFused).
+// 8; sm_90) whose shares of the row fit, of the row's CTA shape (kClusterCta or
+// kClusterOneCta).
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
@@ -1072,22 +1033,16 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   };
   using std::integral_constant;
   if constexpr (std::is_same_v<T, S>) {  // the plain op's types (and the fused add's alike)
-    // the plain op's shape where it was measured, aligned rows whose two CTAs fit an SM:
-    // fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside an
-    // fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
-#ifdef RMSNORM_BWD_PROBE_FUSED_PLAIN_SHAPE
-    // probe: the fused add's aligned rows too (v43 measured them 2-5 points slower so with
-    // the exchange a cluster barrier; the ahead form's wait is behind the next row's sums)
-    const bool plain_shape = r.vec_ok && (std::is_same_v<T, float> || r.w16);
-#else
-    const bool plain_shape = !r.fused && r.vec_ok && (std::is_same_v<T, float> || r.w16);
-#endif
-    if (plain_shape && cluster(integral_constant<int, kClusterPlain.threads>{},
-                               integral_constant<int, kClusterPlain.stages>{}, std::true_type{}))
+    // kClusterCta where it was measured, aligned rows whose two CTAs fit an SM (both
+    // ops): fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside
+    // an fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
+    const bool two_ctas = r.vec_ok && (std::is_same_v<T, float> || r.w16);
+    if (two_ctas && cluster(integral_constant<int, kClusterCta.threads>{},
+                               integral_constant<int, kClusterCta.stages>{}, std::true_type{}))
       return true;
   }
-  if (cluster(integral_constant<int, kClusterFused.threads>{},
-              integral_constant<int, kClusterFused.stages>{}, std::false_type{}))
+  if (cluster(integral_constant<int, kClusterOneCta.threads>{},
+              integral_constant<int, kClusterOneCta.stages>{}, std::false_type{}))
     return true;
   return false;
 }
@@ -1144,23 +1099,22 @@ Launch pick(const Rows& r) {
     if (edges && (kFusedToo || !r.fused) && whole <= kEdges16MaxGroups)
       return pick_registers<T, S, true, kThreads>(whole);
   }
-#ifdef RMSNORM_BWD_PROBE_REGCLUSTER
-  // probe: the plain op's aligned rows past one CTA (fp32 past 2048 groups, 16-bit past
-  // 1024) in registers over a cluster of the fewest CTAs (2-8) whose equal shares of whole
-  // groups fit RMSNORM_BWD_PROBE_REGCLUSTER threads (512 or 256) of kRegWideVpt groups
-  // (fp32) or kVpt (16-bit)
-  if (r.clusters && !r.fused && r.vec_ok && cap > (std::is_same_v<T, float> ? 2048 : 1024)) {
-    constexpr int kThreads = RMSNORM_BWD_PROBE_REGCLUSTER;
-    constexpr int kGroups = std::is_same_v<T, float> ? kRegWideVpt : kVpt;
-    for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
-      if (cap % ranks != 0 || cap / ranks > kThreads * kGroups) continue;
-      l.kernel = rms_norm_bwd_kernel<T, S, kThreads, kGroups, V, false, false, true>;
-      l.threads = kThreads;
-      l.ranks = ranks;
-      return l;
+  // The plain op's aligned fp32 rows past one CTA (2048 groups) in registers over a
+  // cluster of the fewest CTAs (2-8) whose equal shares of whole groups fit
+  // kRegClusterThreads threads of kRegWideVpt groups: fp32 16384 / 32768 / 65536 77 / 79 /
+  // 55% of copy staged, 87 / 80 / 77% so (16-bit rows lost 16-22 points so; PERF_NOTES v49).
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
+    if (r.clusters && !r.fused && r.vec_ok && cap > 2048) {
+      for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
+        if (cap % ranks != 0 || cap / ranks > kRegClusterThreads * kRegWideVpt) continue;
+        l.kernel = rms_norm_bwd_kernel<T, S, kRegClusterThreads, kRegWideVpt, V, false, false,
+                                       true>;
+        l.threads = kRegClusterThreads;
+        l.ranks = ranks;
+        return l;
+      }
     }
   }
-#endif
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;
   l.kernel = r.vec_ok ? rms_norm_bwd_kernel<T, S, 1024, kVpt, V, true>
