@@ -10,12 +10,18 @@ predict-change-measure loop.
                                  [--weight dtype|fp32|none]
                                  [--tune "BWD_SHARD_N=8192,BWD_SHARD_THREAD_ELEMS=16;..."]
 
+    python3 scripts/bwd_probe.py --table run.log   # no GPU: a device call's probes, side by side
+
 --tune: each ';'-separated setting of triton_impl.backward's tuning names is probed in turn
-(the Triton rows only change), for the predict-change-measure loop of a tuning value.
+(the settings accumulate; after the first, the Triton rows alone, the only ones they move),
+for the predict-change-measure loop of a tuning value; an empty first setting probes the
+defaults.
 """
 
 import argparse
+import collections
 import functools
+import re
 import statistics
 
 import torch
@@ -50,6 +56,40 @@ def error(got, want) -> float:
     )
 
 
+ROW = re.compile(r"^(\w+)\s+(\d+)x(\d+)\s+(\w+)\s+[\d.]+\s+([\d.]+)\s+\S+(\s+WRONG)?$")
+
+
+def table(log: str) -> str:
+    """The probes of a device call's log (scripts/h200.sh backward: the default build, its
+    --tune settings, each variant's build) side by side, as markdown: a row an impl, dtype
+    and width, a column a probe, % of copy (! where the result was wrong)."""
+    columns, cells, probe = [], collections.defaultdict(dict), None
+    for line in log.split("\n"):
+        if line.startswith("=== the backward kernels alone"):
+            probe = "default"
+        elif line.startswith("=== variant "):
+            probe = line.split()[2].split(":")[0]
+        elif line.startswith("--- tune ") and probe is not None:
+            probe = line[len("--- tune ") :].strip()
+        elif line.startswith("==="):
+            probe = None
+        m = ROW.match(line.strip()) if probe is not None else None
+        if m:
+            dtype, _, n, impl, pct, bad = m.groups()
+            if probe not in columns:
+                columns.append(probe)
+            cells[(impl, dtype, int(n))][probe] = f"{pct}{'!' if bad else ''}"
+    if not cells:
+        return "no probe rows in the log"
+    out = ["| impl | dtype | N | " + " | ".join(columns) + " |",
+           "|---|---|---|" + "---|" * len(columns)]  # fmt: skip
+    for impl, dtype, n in sorted(cells):
+        row = cells[(impl, dtype, n)]
+        out.append(f"| {impl} | {dtype} | {n} | "
+                   + " | ".join(row.get(c, "") for c in columns) + " |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dtypes", default="bf16,fp32")
@@ -59,12 +99,21 @@ def main() -> int:
     p.add_argument("--weight", default="dtype", choices=("dtype", "fp32", "none"),
                    help="the weight: x's dtype (default), fp32 beside x, or none")  # fmt: skip
     p.add_argument("--tune", default="", help="';'-separated NAME=V,... settings, each probed")
+    p.add_argument("--table", default="", help="a device call's log: its probes side by side")
     args = p.parse_args()
+    if args.table:
+        try:
+            with open(args.table, errors="replace") as f:
+                print(table(f.read()))
+        except OSError as e:
+            raise SystemExit(f"--table: {e}") from None
+        return 0
     import triton_impl
     import triton_impl.backward as bwd
 
     wrong = 0
-    for setting in args.tune.split(";"):
+    impls = args.impls
+    for i, setting in enumerate(args.tune.split(";")):
         pairs = [kv.split("=") for kv in setting.split(",") if kv]
         for name, value in pairs:
             if not hasattr(bwd, name):
@@ -72,6 +121,12 @@ def main() -> int:
             setattr(bwd, name, int(value))
         if pairs:
             print(f"--- tune {setting}", flush=True)
+        # the settings after the first move only the Triton rows: the others are not re-timed
+        args.impls = (
+            impls
+            if i == 0
+            else ",".join(name for name in impls.split(",") if name.startswith("triton"))
+        )
         wrong += probe(args, triton_impl)
     if wrong:
         print(f"{wrong} results differ from the reference: the probe fails")

@@ -74,10 +74,9 @@ def compile_backward(dtype: str, n: int):
     sharded = backward.shard_plan(n, elem, H200_SMS)
     if sharded:
         shards, block_n, warps = sharded
-        per_sm = max(1, backward.BWD_SHARD_WARPS_PER_SM // warps)  # as _run_sharded
-        options = dict(maxnreg=backward.SM_REGISTERS // (32 * warps * per_sm))
-        consts = dict(BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
-                      HAS_WEIGHT=True, HAS_DRO=False, HAS_DS2=False)  # fmt: skip
+        consts = backward.shard_meta(sharded, has_weight=True)
+        del consts["num_warps"]
+        options = dict(maxnreg=consts.pop("maxnreg"))
         sig = {**{p: f"*{ty}" for p in ptrs}, "dwp_ptr": "*fp32", "part_ptr": "*fp32",
                "count_ptr": "*i32", **{s: "i32" for s in strides}}  # fmt: skip
         sig.update(M="i32", N="i32", eps="fp32")

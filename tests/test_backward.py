@@ -315,6 +315,42 @@ def test_dweight_is_deterministic(name):
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+#: Each form of the Triton backward's switches in triton_impl.tuning, beside the defaults
+SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHEAD=2),
+            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=1),
+            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "switches", SWITCHES, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items())
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_backward_switches(monkeypatch, dtype, switches):
+    """Triton's backward under each form of its switches: the split rows' edge elements
+    loaded with the row or a row ahead (several rows a program, the last row's look-ahead
+    past M masked), a row's two sums in one reduction or two, the sharded rows' next row
+    loaded before or after the arrival's count returns, the widest register rows on up to
+    32 warps and not sharded; the plain op's and the fused add's."""
+    mod = backend("triton")
+    from triton_impl import backward
+
+    for name, value in switches.items():
+        monkeypatch.setattr(backward, name, value)
+    # on a GPU: many rows a program or a group; rows of 32 warps a program (BWD_MAX_WARPS_N)
+    more = [(2000, 4095), (600, 40000), (300, 8192), (300, 16384)] if HAS_GPU else []
+    for m, n in [(19, 33), (13, 1000), (3, 40000), *more]:
+        x = rows(m, n, dtype).requires_grad_()
+        w = weight_of(n, dtype, "dtype").requires_grad_()
+        assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(dtype))
+    for m, n in [(13, 1000), (3, 40000), *more]:
+        x, r, w, y, ro, dy, dro = fused_forward(mod, m, n, "dtype", dtype=dtype)
+        got = torch.autograd.grad((y, ro), (x, r, w), (dy, dro))
+        want = fused_add_rms_norm_grads_ref(x, r, w, 1e-6, dy, dro)
+        scale = grad_scale(ro, w, dy) + float(dro.abs().max())
+        for g, exp, what in zip(got, want, ("dx", "dresidual", "dweight"), strict=True):
+            grad_close(g, exp, what, None if what == "dweight" else scale)
+
+
 @pytest.mark.parametrize("sms", [0, 132], ids=lambda s: f"sms{s}")
 @pytest.mark.parametrize("p, n", [(3, 17), (600, 1000), (70, 4096), (20, 6000)], ids=str)
 def test_triton_dweight_reduction_column_blocks(p, n, sms):

@@ -529,6 +529,44 @@ def test_sweep_takes_its_grid_from_plan():
         assert "from harness.plan import" in text and "from harness.bench" not in text, path
 
 
+def _script(name: str):
+    """scripts/NAME.py as a module (scripts/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_device_log_tools():
+    """A device call's log: bwd_probe --table puts its probes side by side (the default
+    build, a --tune setting, a variant; a wrong result marked), and keep_log keeps a
+    redrawn line's last form and drops pytest-benchmark's warnings."""
+    log = "\n".join([
+        "=== the backward kernels alone (a tuning probe, not a record) (21:41:13)",
+        "dtype         shape    impl        us  % copy   rel err",
+        "bf16   131072x1024    triton     205.6    92.2   2.8e-03",
+        "bf16   131072x1024      cuda     251.8    75.3   2.8e-03",
+        "--- tune BWD_EDGES_AHEAD=0",
+        "bf16   131072x1024    triton     210.0    90.1   2.8e-03  WRONG",
+        "=== variant tx:RMSNORM_BWD_PROBE_TX_SUMS=1 (the probe again, on its build) (21:42:00)",
+        "bf16   131072x1024      cuda     240.0    78.0   2.8e-03",
+        "=== compute-sanitizer memcheck (21:43:00)",
+        "bf16   131072x1024      cuda     1.0    1.0   2.8e-03",
+    ])  # fmt: skip
+    assert _script("bwd_probe").table(log).split("\n") == [
+        "| impl | dtype | N | default | BWD_EDGES_AHEAD=0 | tx |",
+        "|---|---|---|---|---|---|",
+        "| cuda | bf16 | 1024 | 75.3 |  | 78.0 |",
+        "| triton | bf16 | 1024 | 92.2 | 90.1! |  |",
+    ]
+    noise = "x.py:44: PytestBenchmarkWarning: off\n  warner(PytestBenchmarkWarning(text))"
+    assert _script("keep_log").clean(f"a\r 50%\r100%\n{noise}\nok") == ["100%", "ok"]
+
+
 def test_latest_record_wins():
     a = _timing("triton", "bf16", 8, 4096, 10.0, ["grid"])
     b = _timing("triton", "bf16", 8, 4096, 5.0, ["grid"])

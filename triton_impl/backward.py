@@ -59,15 +59,21 @@ from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
     BWD_CHUNK,
+    BWD_EDGES_AHEAD,
     BWD_MAX_N,
+    BWD_MAX_WARPS,
+    BWD_MAX_WARPS_N,
+    BWD_PAIRED_SUMS,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
+    BWD_SHARD_EARLY_LOADS,
     BWD_SHARD_FROM_BYTES,
     BWD_SHARD_N,
     BWD_SHARD_THREAD_ELEMS,
     BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
+    BWD_WIDE_MAX_WARPS,
     DW_BLOCK_N,
     DW_MIN_BLOCK_N,
     DW_TILE,
@@ -96,6 +102,16 @@ def _store_ds(ds, cc, ok, dro_row, ds_row, ds2_row, HAS_DRO: tl.constexpr, HAS_D
 
 
 @triton.jit
+def _sum2(a, b, PAIRED: tl.constexpr):
+    # a row's two sums; PAIRED: in one reduction, whose exchange between warps is one store
+    # of both, one CTA barrier and one load (two tl.sum calls take a barrier pair each)
+    if PAIRED:
+        return tl.split(tl.sum(tl.join(a, b), axis=0))
+    else:
+        return tl.sum(a, axis=0), tl.sum(b, axis=0)
+
+
+@triton.jit
 def _body(row, head, ON16: tl.constexpr):
     # where a row's body starts; ON16: promised to the compiler to be a 16-byte boundary
     # (the launcher made sure), so the body's accesses can take 16-byte vectors. The hint
@@ -116,7 +132,7 @@ def _rms_norm_bwd(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EDGES_AHEAD: tl.constexpr, PAIRED: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -144,6 +160,10 @@ def _rms_norm_bwd(
         if HAS_WEIGHT:
             wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if EDGES_AHEAD:
+            first = pid.to(tl.int64)
+            se_next, dye_next = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy,
+                                          e_col, e_ok, "")  # fmt: skip
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
         for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
             s_row = s_ptr + row * stride_s
@@ -151,19 +171,27 @@ def _rms_norm_bwd(
             dro_row = dro_ptr + row * stride_dro
             ds_row = ds_ptr + row * stride_ds
             ds2_row = ds2_ptr + row * stride_ds2
-            # the row in registers: load, both sums (s^2, g*s), ds, dweight's share
+            # the row in registers: load, both sums (s^2, g*s), ds, dweight's share; the edge
+            # elements' loads first (CUDA's odd rows: issued after the body's, they held the
+            # row's sums back). EDGES_AHEAD: a row earlier, as the pipeliner does the body's,
+            # which takes cp.async (whole 4-byte words) and so not a 16-bit edge element
+            if EDGES_AHEAD:
+                se, dye = se_next, dye_next
+                nxt = row + tl.num_programs(0)
+                se_next, dye_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy,
+                                              e_col, e_ok & (nxt < M), "")  # fmt: skip
+            elif SPLIT:
+                se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
             sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
                                 body, "")  # fmt: skip
             gb = dyb * wb if HAS_WEIGHT else dyb
-            ss = tl.sum(sb * sb, axis=0)
+            ss, gs = _sum2(sb * sb, gb * sb, PAIRED)
             if SPLIT:
-                se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
                 ge = dye * we if HAS_WEIGHT else dye
-                ss += tl.sum(se * se, axis=0)
+                sse, gse = _sum2(se * se, ge * se, PAIRED)
+                ss += sse
+                gs += gse
             rstd = tl.rsqrt(ss / N + eps)
-            gs = tl.sum(gb * sb, axis=0)
-            if SPLIT:
-                gs += tl.sum(ge * se, axis=0)
             c = gs / N * rstd * rstd
             _store_ds((gb - sb * c) * rstd, cols, body, _body(dro_row, head, SPLIT),
                       _body(ds_row, head, SPLIT), _body(ds2_row, head, SPLIT), HAS_DRO,
@@ -198,8 +226,9 @@ def _rms_norm_bwd(
                     g = g * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
                 ss += s * s
                 gs += g * s
-            rstd = tl.rsqrt(tl.sum(ss, axis=0) / N + eps)
-            c = tl.sum(gs, axis=0) / N * rstd * rstd
+            ss, gs = _sum2(ss, gs, PAIRED)
+            rstd = tl.rsqrt(ss / N + eps)
+            c = gs / N * rstd * rstd
             # sweep 2: re-read (L2-resident), ds, dweight's share into the partials row
             for start in range(0, N, BLOCK_N):
                 cc = start + cols
@@ -225,6 +254,7 @@ def _rms_norm_bwd_sharded(
     M, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+    PAIRED: tl.constexpr, EARLY: tl.constexpr,
 ):
     # fmt: on
     # A group of SHARDS programs walks rows group, group + groups, ...; each holds BLOCK_N
@@ -250,18 +280,31 @@ def _rms_norm_bwd_sharded(
     for row in range(group.to(tl.int64), M, groups):
         g = dy * w if HAS_WEIGHT else dy
         parts = part_ptr + row * 2 * SHARDS
-        tl.store(parts + shard, tl.sum(s * s, axis=0))
-        tl.store(parts + SHARDS + shard, tl.sum(g * s, axis=0))
-        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        ss, gs = _sum2(s * s, g * s, PAIRED)
+        tl.store(parts + shard, ss)
+        tl.store(parts + SHARDS + shard, gs)
         nxt = row + groups
+        if EARLY:
+            # the arrival's count unread, so no thread waits for it before the next row's
+            # loads go out (a count that is read reaches the other threads through shared
+            # memory behind a CTA barrier); the barrier before it orders every thread's
+            # stores before its release, and a first acquire after the loads makes the
+            # others' visible when this arrival was the last
+            tl.debug_barrier()
+            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
+        else:
+            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
         s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
                                     ok & (nxt < M), "")  # fmt: skip
+        if EARLY:
+            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         while arrived < SHARDS:
             arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         # summed in shard order: the same bits on every run and in every shard
-        ss = tl.sum(tl.load(parts + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"), axis=0)
-        gs = tl.sum(tl.load(parts + SHARDS + k, mask=k < SHARDS, other=0.0, cache_modifier=".cg"),
-                    axis=0)  # fmt: skip
+        mine = k < SHARDS
+        ss, gs = _sum2(tl.load(parts + k, mask=mine, other=0.0, cache_modifier=".cg"),
+                       tl.load(parts + SHARDS + k, mask=mine, other=0.0, cache_modifier=".cg"),
+                       PAIRED)  # fmt: skip
         rstd = tl.rsqrt(ss / N + eps)
         c = gs / N * rstd * rstd
         ds_row = ds_ptr + row * stride_ds
@@ -301,7 +344,8 @@ def bwd_config(n: int, split_vec: int = 0) -> tuple[int, bool, int]:
     if triton.next_power_of_2(n) > BWD_MAX_N:
         return BWD_CHUNK, True, 16
     block_n = triton.next_power_of_2(n // split_vec * split_vec if split_vec else n)
-    return block_n, False, max(1, min(16, block_n // (32 * BWD_THREAD_ELEMS)))
+    most = BWD_MAX_WARPS if block_n <= BWD_MAX_WARPS_N else BWD_WIDE_MAX_WARPS
+    return block_n, False, max(1, min(most, block_n // (32 * BWD_THREAD_ELEMS)))
 
 
 def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:
@@ -355,6 +399,9 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
+    # the edges a row ahead (BWD_EDGES_AHEAD: 1 where the body is pipelined, 2 every split row)
+    meta["EDGES_AHEAD"] = vec > 0 and BWD_EDGES_AHEAD >= (1 if meta["STAGES"] > 1 else 2)
+    meta["PAIRED"] = bool(BWD_PAIRED_SUMS)
     if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:
@@ -449,6 +496,25 @@ def shard_plan(n: int, element_size: int, sms: int) -> Optional[tuple[int, int, 
     return shards, block_n, max(1, min(16, block_n // (32 * BWD_SHARD_THREAD_ELEMS)))
 
 
+def shard_programs_per_sm(warps: int) -> int:
+    """Programs of the sharded kernel an SM is given: BWD_SHARD_WARPS_PER_SM warps of them,
+    each held to the registers that let them all be resident (a group whose programs were
+    not all resident would wait for the others' rows to finish)."""
+    return max(1, BWD_SHARD_WARPS_PER_SM // warps)
+
+
+def shard_meta(sharded: tuple[int, int, int], has_weight: bool, has_dro: bool = False,
+               has_ds2: bool = False) -> dict:  # fmt: skip
+    """The sharded kernel's compile-time arguments for shard_plan's answer; shared by the
+    launcher and scripts/triton_ptx.py, as bwd_meta is."""
+    shards, block_n, warps = sharded
+    return dict(BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
+                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
+                PAIRED=bool(BWD_PAIRED_SUMS), EARLY=bool(BWD_SHARD_EARLY_LOADS),
+                num_warps=warps,
+                maxnreg=SM_REGISTERS // (32 * warps * shard_programs_per_sm(warps)))  # fmt: skip
+
+
 def _run_sharded(
     sharded: tuple[int, int, int],
     sms: int,
@@ -466,9 +532,8 @@ def _run_sharded(
     s2 = rows[0]
     m, n = s2.shape
     has_w = weight is not None
-    # per_sm programs an SM, each held to the registers that let them all be resident: a
-    # group whose programs were not all resident would wait for the others' rows to finish
-    per_sm = max(1, BWD_SHARD_WARPS_PER_SM // warps)
+    meta = shard_meta(sharded, has_w, has_dro, has_ds2)
+    per_sm = shard_programs_per_sm(warps)
     if sms:
         groups = max(1, min(m, sms * per_sm // shards))
     else:
@@ -478,9 +543,7 @@ def _run_sharded(
     count = torch.zeros(m, dtype=torch.int32, device=s2.device)
     run(
         _rms_norm_bwd_sharded, (groups * shards,), *rows, dwp, part, count, *strides, m, n, eps,
-        BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
-        HAS_WEIGHT=has_w, HAS_DRO=has_dro, HAS_DS2=has_ds2, num_warps=warps,
-        maxnreg=SM_REGISTERS // (32 * warps * per_sm),
+        **meta,
     )  # fmt: skip
     return _reduce_dw(dwp, weight, groups, sms) if has_w else None
 

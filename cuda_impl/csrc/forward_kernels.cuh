@@ -632,9 +632,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   if constexpr (CLUSTER) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cluster_bar))
-                   : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbar_init(&cluster_bar);
+      mbar_init_fence();
     }
     cluster_arrive_relaxed();
 #else

@@ -117,7 +117,12 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
 }
 
 // The two row sums over the CTA: warp shuffles, then the warps' partials through shared
-// memory (every thread calls it; `red` holds 2 floats a warp).
+// memory (every thread calls it; `red` holds 2 floats a warp), lane i of every warp taking
+// warp i's and a butterfly over the warps' lanes, broadcast from lane 0: 2 loads and 2
+// log2(warps) + 2 shuffles a thread, where adding every warp's partials in turn took 4 a
+// warp (64 instructions a thread a row at 512 threads; PERF_NOTES v47). A butterfly gives
+// every lane the same sums (lanes i and i ^ off add the same two values), and every warp
+// adds the same partials in the same order: one result, the same every run.
 template <int THREADS>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
 #pragma unroll
@@ -126,20 +131,34 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
     b += __shfl_xor_sync(0xffffffffu, b, off);
   }
   constexpr int kWarps = THREADS / 32;
+  static_assert(THREADS % 32 == 0 && (kWarps & (kWarps - 1)) == 0, "a power of two of warps");
   if constexpr (kWarps > 1) {
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) {
       red[2 * warp] = a;
       red[2 * warp + 1] = b;
     }
     __syncthreads();
+#ifdef RMSNORM_BWD_PROBE_SERIAL_SUM  // probe: every warp's partials added in turn (before v47)
     a = 0.f;
     b = 0.f;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) {  // same order in every thread: one result
+    for (int i = 0; i < kWarps; ++i) {
       a += red[2 * i];
       b += red[2 * i + 1];
     }
+#else
+    a = lane < kWarps ? red[2 * lane] : 0.f;
+    b = lane < kWarps ? red[2 * lane + 1] : 0.f;
+#pragma unroll
+    for (int off = kWarps / 2; off > 0; off /= 2) {
+      a += __shfl_xor_sync(0xffffffffu, a, off);
+      b += __shfl_xor_sync(0xffffffffu, b, off);
+    }
+    a = __shfl_sync(0xffffffffu, a, 0);
+    b = __shfl_sync(0xffffffffu, b, 0);
+#endif
     __syncthreads();  // red is reused by the next row
   }
   return make_float2(a, b);
@@ -171,6 +190,76 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
       sizeof(S));
 }
 
+// Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
+// `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
+// CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
+
+// The slot sets of the ahead form: a CTA sends row q's sums once it has all of row q - 2's,
+// which each peer sent before it read row q - 3's (and after it had read row q - 4's, a
+// CTA barrier between: block_sum2's), so rows q - 3 to q need sets of their own.
+constexpr int kAheadSets = 4;
+
+// A cluster CTA's start: its rank and the cluster's size, its SETS mbarriers initialised
+// (one arrival each), and this CTA's arrival announced (relaxed: the fence orders the
+// initialisation before it); the first exchange completes that cluster barrier.
+template <int SETS>
+__device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* bars) {
+  cluster_position(rank, ranks);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < SETS; ++i) mbar_init(&bars[i]);
+    mbar_init_fence();
+  }
+  cluster_arrive_relaxed();
+}
+
+// The sums of a row over the CTAs of a cluster, as a transaction barrier a slot set (the
+// forward's cluster_sum), not a cluster barrier a row (which measured 5-13 points of copy
+// slower on every cluster row, fp32 65536 55% against 43%; PERF_NOTES v49): each CTA's
+// (s^2, g*s) lands in slot `rank` of every CTA's slots[set] and on that CTA's mbarrier of
+// the set (st.async, cluster_send2); a CTA waits on its own for all of them (bit `set` of
+// `parity`: the phase that set is in) and adds its slots in rank order, the same result in
+// every CTA (cluster_collect2). A fast CTA writes a set again only after the rows between
+// complete, each of which needs the slow CTA's sums, which it sends after a CTA barrier
+// that its reads of the set came before. `first`: the first exchange also completes the
+// cluster barrier phase every CTA opened at its start (so none writes into a peer that is
+// not running yet).
+__device__ __forceinline__ void cluster_send2(float2 v, float2 (*slots)[kMaxClusterRanks],
+                                              uint64_t* bars, int set, int rank, int ranks,
+                                              bool first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) mbar_expect(&bars[set], static_cast<uint32_t>(ranks * sizeof(float2)));
+  if (first) cluster_wait();
+  if (static_cast<int>(threadIdx.x) < ranks)
+    st_async(&slots[set][rank], v, &bars[set], static_cast<int>(threadIdx.x));
+#else
+  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
+#endif
+}
+
+__device__ __forceinline__ float2 cluster_collect2(const float2 (*slots)[kMaxClusterRanks],
+                                                   uint64_t* bars, uint32_t& parity, int set,
+                                                   int ranks) {
+  float2 v = make_float2(0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_wait<true>(&bars[set], (parity >> set) & 1u);
+  parity ^= 1u << set;
+  for (int r = 0; r < ranks; ++r) {
+    v.x += slots[set][r].x;
+    v.y += slots[set][r].y;
+  }
+#else
+  __trap();
+#endif
+  return v;
+}
+
+__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks],
+                                                uint64_t* bars, uint32_t& parity, int set,
+                                                int rank, int ranks, bool first) {
+  cluster_send2(v, slots, bars, set, rank, ranks, first);
+  return cluster_collect2(slots, bars, parity, set, ranks);
+}
+
 // T: dy's and dx's dtype; S: s's (and d_residual_out's, dresidual's). VPT groups of VEC
 // elements a thread; CHUNKED: the row in chunks of THREADS * VPT * VEC elements.
 //
@@ -180,20 +269,31 @@ __device__ __forceinline__ int row_phase(const BwdArgs& a, int64_t row) {
 // groups are its aligned body; its head (the elements before the body) and its tail (those
 // after it), fewer than VEC each, are one element a thread for the first head + tail
 // threads, which own those columns in every row as they own their groups'.
-template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false>
+template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false,
+          bool CLUSTER = false>
 __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   static_assert(!EDGES || (!CHUNKED && sizeof(S) == sizeof(T) && 2 * VEC <= THREADS),
                 "one phase in s and dy; a thread for each edge element");
+  static_assert(!CLUSTER || (!CHUNKED && !EDGES), "aligned rows held in registers");
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
+  // CLUSTER (probe): a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
+  // (rank + 1) N / ranks), the two sums through distributed shared memory (cluster_sums2)
+  __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxClusterRanks];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER ? 2 : 1];
+  uint32_t parity = 0;
+  int rank = 0, ranks = 1;
+  if constexpr (CLUSTER) cluster_start<2>(rank, ranks, sum_bars);
+  const int64_t first_row = blockIdx.x / ranks;  // this CTA's (cluster's) first row
+  const int64_t row_step = gridDim.x / ranks;
   const int t = threadIdx.x;
   const int N = a.N;
   const float inv_n = 1.f / static_cast<float>(N);
-  float* dwp = a.dwp + static_cast<int64_t>(blockIdx.x) * N;
+  float* dwp = a.dwp + first_row * N;
   float dw[kElems];
   // the body's first column and groups; this thread's edge column (-1: none)
-  int head = 0, body = N / VEC, xc = -1;
+  int head = CLUSTER ? rank * (N / ranks) : 0, body = N / ranks / VEC, xc = -1;
   if constexpr (EDGES) {
     const int phase = row_phase<S>(a, blockIdx.x);
     head = min(N, (VEC - phase) % VEC);
@@ -217,7 +317,8 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       }
     }
   }
-  for (int64_t row = blockIdx.x; row < a.M; row += gridDim.x) {
+  int set = 0;  // CLUSTER: the slots this row's sums go through (alternate rows alternate)
+  for (int64_t row = first_row; row < a.M; row += row_step) {
     const S* sr = static_cast<const S*>(a.s) + row * a.stride_s;
     const T* dyr = static_cast<const T*>(a.dy) + row * a.stride_dy;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro : nullptr;
@@ -262,7 +363,11 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
           gs = fmaf(dv[i] * wi, sv[i], gs);
         }
       }
-      const float2 sums = block_sum2<THREADS>(ss, gs, red);
+      float2 sums = block_sum2<THREADS>(ss, gs, red);
+      if constexpr (CLUSTER) {
+        sums = cluster_sums2(sums, slots, sum_bars, parity, set, rank, ranks, row == first_row);
+        set ^= 1;
+      }
       const float rstd = rsqrtf(sums.x * inv_n + a.eps);
       const float c2 = sums.y * inv_n * rstd * rstd;
       if (EDGES && xc >= 0) {
@@ -351,9 +456,9 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
 // The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
 // memory (staged_stages), the next rows' copies (cp.async, 16 bytes a thread at a time, no
 // registers held) in flight while the current row is reduced and stored, so a CTA never
-// waits on a row's loads with nothing else to do. The row's values are read from shared memory twice (the
-// sums, then ds), the fp32 weight once a CTA into shared memory; dweight's share stays in
-// registers.
+// waits on a row's loads with nothing else to do. The row's values are read from shared
+// memory twice (the sums, then ds), the fp32 weight once a CTA into shared memory;
+// dweight's share stays in registers.
 //
 // Any row alignment: a row's groups are counted from the 16-byte boundary at or before its
 // start (its phase: elements past that boundary), so every group is one aligned 16-byte
@@ -378,43 +483,12 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Bytes of shared memory a CTA of the staged kernel needs: `stages` rows of s and dy, and
-// the weight (w_bytes an element: 4, or T's 2), `cap` groups each.
+// the weight (w_bytes an element: 4, T's 2, or 0 where KEEP holds it in registers), `cap`
+// groups each.
 template <typename T, typename S>
 int staged_smem_bytes(int cap, int stages, int w_bytes) {
   const int elems = cap * kVec<T>;
   return stages * elems * static_cast<int>(sizeof(S) + sizeof(T)) + elems * w_bytes;
-}
-
-// Rows wider than one CTA stages (CLUSTER) are shared by a thread-block cluster: CTA
-// `rank` takes groups [rank * cap, (rank + 1) * cap) of every row of its cluster, and the
-// CTAs' row sums are combined through distributed shared memory (see cluster_sums2).
-
-// The sums of a row over the CTAs of a cluster: each CTA writes its (s^2, g*s) into slot
-// `rank` of every CTA's slots[set], then one release/acquire barrier, then each adds its
-// own slots in rank order (the same result in every CTA). Consecutive rows use different
-// sets (the row's stage), so a fast CTA writing the next row's sums never overwrites slots
-// a slow one is still reading: to write a set again it must pass the next barrier, which
-// the slow CTA reaches only after its reads. `first`: the first exchange also completes
-// the barrier phase every CTA opened at its start (so none writes into a peer that is not
-// running yet).
-__device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxClusterRanks], int set,
-                                                int rank, int ranks, bool first) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (first) cluster_wait();
-  if (static_cast<int>(threadIdx.x) < ranks)
-    *cluster.map_shared_rank(&slots[set][rank], threadIdx.x) = v;
-  cluster_arrive_release();
-  cluster_wait();
-  v = make_float2(0.f, 0.f);
-  for (int r = 0; r < ranks; ++r) {
-    v.x += slots[set][r].x;
-    v.y += slots[set][r].y;
-  }
-#else
-  __trap();  // a GPU without clusters: the host picks no cluster kernel there (has_clusters)
-#endif
-  return v;
 }
 
 // STAGES rows a CTA in shared memory: the one being reduced and stored, and the next
@@ -424,13 +498,34 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
 // measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
 // the 512-thread 3-row cluster kernel does not, v43).
-template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT>
-__global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(BwdArgs a) {
+//
+// KEEP: the row's values, as floats, and the weight of this thread's columns stay in
+// registers from the sums to ds (no second pass over shared memory, no conversions again,
+// no weight in shared memory), at up to 128 registers a thread (512 threads' worth an SM).
+// Built for the plain op's aligned 16-bit rows (so no phase and no edge tests) to 512
+// threads, whose CTAs an SM shared memory had held to 512-704 threads: 16-bit rows are the
+// ones whose instructions a byte (two elements to convert, to sum, to scale) held the
+// kernel back, and there it measured 2-9 points of copy faster; the fused add's lost 4-12
+// points (PERF_NOTES v47).
+template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
+          bool KEEP = false>
+__global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THREADS)
+    rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
+  static_assert(!KEEP || (!CLUSTER && !WT && THREADS <= 512), "one CTA a row, an fp32 weight");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
-  __shared__ float2 slots[CLUSTER ? STAGES : 1][kMaxClusterRanks];
+  // AHEAD: a row's sums sent before the previous row's are waited for, so that wait has
+  // the next row's first pass in front of it (2-4 points of copy at bf16 65536 and fp32
+  // 32768, PERF_NOTES v49); with one row ahead of the one reduced, two rows are staged and
+  // the rest in flight
+  constexpr bool AHEAD = CLUSTER && STAGES >= 3;
+  static_assert(!AHEAD || THREADS > 32, "kAheadSets' order rests on block_sum2's CTA barrier");
+  constexpr int SETS = AHEAD ? kAheadSets : STAGES;  // the cluster's slot sets
+  __shared__ float2 slots[CLUSTER ? SETS : 1][kMaxClusterRanks];
+  __shared__ __align__(8) uint64_t sum_bars[CLUSTER ? SETS : 1];
+  uint32_t parity = 0;
   const int t = threadIdx.x;
   const int N = a.N;
   const int cap = a.cap;
@@ -446,10 +541,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
 
   int rank = 0, ranks = 1;
-  if constexpr (CLUSTER) {
-    cluster_position(rank, ranks);
-    cluster_arrive_relaxed();
-  }
+  if constexpr (CLUSTER) cluster_start<SETS>(rank, ranks, sum_bars);
   const int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
   const int64_t row_step = gridDim.x / ranks;    // the clusters
   const int g0 = rank * cap;                     // this CTA's first group of a row
@@ -457,7 +549,8 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   const T* dy_base = static_cast<const T*>(a.dy);
   // this CTA's phase (the same in every tensor and every row it takes) and the groups a
   // row spans from its aligned start
-  const int phase = row_phase<S>(a, first_row);
+  // (KEEP's rows are aligned and whole groups: the host picks it for those alone)
+  const int phase = KEEP ? 0 : row_phase<S>(a, first_row);
   const int groups = (phase + N + VEC - 1) / VEC;
   const float inv_n = 1.f / static_cast<float>(N);
   // this thread's k-th group: local index l (its place in the stage), row group g
@@ -479,19 +572,27 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
-  // the weight of this thread's groups (0 outside the row), read by this thread alone
-  each_lane([&](int, int l, int i, int col) {
+  // the weight of this thread's groups (0 outside the row), read by this thread alone: into
+  // shared memory, or (KEEP) registers
+  float wr[KEEP ? VPT * VEC : 1] = {};
+  each_lane([&](int k, int l, int i, int col) {
     const bool out = col < 0 || col >= N;
-    if (w_t)
+    if constexpr (KEEP)
+      wr[k * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
+    else if (w_t)
       wt_sm[l * VEC + i] = out ? from_float<T>(0.f) : w_t[col];
     else
       w_sm[l * VEC + i] = out ? 0.f : (a.w ? a.w[col] : 1.f);
   });
-  auto weight = [&](int l, float (&wv)[VEC]) {
-    if (w_t)
+  auto weight = [&](int k, int l, float (&wv)[VEC]) {
+    if constexpr (KEEP) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) wv[i] = wr[k * VEC + i];
+    } else if (w_t) {
       load_group<T, VEC>(wt_sm + l * VEC, wv);
-    else
+    } else {
       load_group<float, VEC>(w_sm + l * VEC, wv);
+    }
   };
   auto issue = [&](int64_t row, int st) {
     const S* sr = s_base + row * a.stride_s - phase;
@@ -510,7 +611,7 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
   auto fetch = [&](int st, int l, int g, float (&sv)[VEC], float (&dv)[VEC]) {
     load_group<S, VEC>(s_sm + st * stage_elems + l * VEC, sv);
     load_group<T, VEC>(dy_sm + st * stage_elems + l * VEC, dv);
-    if (g == 0 || g == groups - 1) {
+    if (!KEEP && (g == 0 || g == groups - 1)) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const int col = g * VEC + i - phase;
@@ -519,16 +620,26 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     }
   };
 
+  // KEEP: the row's values as the sums left them, for ds
+  float sk[KEEP ? VPT * VEC : 1], dk[KEEP ? VPT * VEC : 1];
   // fn(k, g, sv, dv, wv) for each group this thread owns, with its s, dy and weight from
-  // stage st (both passes over a row)
-  auto each_group = [&](int st, auto&& fn) {
+  // stage st (the sums; ds too unless KEEP), or (AGAIN) from sk and dk
+  auto each_group = [&](int st, auto again, auto&& fn) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       int l, g;
       if (!owns(k, l, g)) continue;
       float sv[VEC], dv[VEC], wv[VEC];
-      fetch(st, l, g, sv, dv);
-      weight(l, wv);
+      if constexpr (decltype(again)::value) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          sv[i] = sk[k * VEC + i];
+          dv[i] = dk[k * VEC + i];
+        }
+      } else {
+        fetch(st, l, g, sv, dv);
+      }
+      weight(k, l, wv);
       fn(k, g, sv, dv, wv);
     }
   };
@@ -547,31 +658,36 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
     if (j == 0 || first_row + j * row_step < a.M) issue(first_row + j * row_step, j);
     cp_async_commit();
   }
-  for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
-    const int64_t ahead = row + (STAGES - 1) * row_step;
-    if (ahead < a.M) issue(ahead, last(st));  // the stage read last
-    cp_async_commit();
-    cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
+  // the row's two sums over this CTA's groups of stage st, whose copies have landed (KEEP:
+  // the values kept in sk and dk)
+  auto cta_sums = [&](int st) {
     float ss = 0.f, gs = 0.f;
-    each_group(st, [&](int, int, const float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
+    each_group(st, std::false_type{}, [&](int k, int, const float(&sv)[VEC], const float(&dv)[VEC],
+                                          const float(&wv)[VEC]) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         ss = fmaf(sv[i], sv[i], ss);
         gs = fmaf(dv[i] * wv[i], sv[i], gs);
+        if constexpr (KEEP) {
+          sk[k * VEC + i] = sv[i];
+          dk[k * VEC + i] = dv[i];
+        }
       }
     });
-    float2 sums = block_sum2<THREADS>(ss, gs, red);
-    if constexpr (CLUSTER) sums = cluster_sums2(sums, slots, st, rank, ranks, row == first_row);
+    return block_sum2<THREADS>(ss, gs, red);
+  };
+  // ds of `row` from stage st, and its dweight share, given the whole row's sums
+  auto finish = [&](int64_t row, int st, float2 sums) {
     const float rstd = rsqrtf(sums.x * inv_n + a.eps);
     const float c2 = sums.y * inv_n * rstd * rstd;
     const int64_t off = -phase;
     T* dsr = static_cast<T*>(a.ds) + row * a.stride_ds + off;
     S* ds2r = a.ds2 ? static_cast<S*>(a.ds2) + row * a.stride_ds2 + off : nullptr;
     const S* dror = a.dro ? static_cast<const S*>(a.dro) + row * a.stride_dro + off : nullptr;
-    each_group(st, [&](int k, int g, float(&sv)[VEC], const float(&dv)[VEC],
-                       const float(&wv)[VEC]) {
-      const bool whole = (g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0);
+    each_group(st, std::bool_constant<KEEP>{}, [&](int k, int g, float(&sv)[VEC],
+                                                   const float(&dv)[VEC], const float(&wv)[VEC]) {
+      const bool whole =
+          KEEP || ((g > 0 || phase == 0) && (g < groups - 1 || (phase + N) % VEC == 0));
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
@@ -605,6 +721,36 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) rms_norm_bwd_staged(B
         }
       }
     });
+  };
+  if constexpr (AHEAD) {
+    // row first_row's sums sent; then each row's successor's sent before its own are
+    // collected. Row first_row + j * row_step goes through set j % SETS.
+    cp_async_wait<STAGES - 2>();
+    cluster_send2(cta_sums(0), slots, sum_bars, 0, rank, ranks, true);
+    int set = 0;
+    for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
+      const int64_t ahead = row + (STAGES - 1) * row_step;
+      if (ahead < a.M) issue(ahead, last(st));  // the stage finished last
+      cp_async_commit();
+      const int set1 = set + 1 == SETS ? 0 : set + 1;
+      if (row + row_step < a.M) {
+        cp_async_wait<STAGES - 2>();  // the next row's copies landed
+        cluster_send2(cta_sums(next(st)), slots, sum_bars, set1, rank, ranks, false);
+      }
+      finish(row, st, cluster_collect2(slots, sum_bars, parity, set, ranks));
+      set = set1;
+    }
+  } else {
+    for (int64_t row = first_row; row < a.M; row += row_step, st = next(st)) {
+      const int64_t ahead = row + (STAGES - 1) * row_step;
+      if (ahead < a.M) issue(ahead, last(st));  // the stage read last
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();  // this thread's copies of `row` landed (it reads no others)
+      float2 sums = cta_sums(st);
+      if constexpr (CLUSTER)
+        sums = cluster_sums2(sums, slots, sum_bars, parity, st, rank, ranks, row == first_row);
+      finish(row, st, sums);
+    }
   }
   if (a.w == nullptr && w_t == nullptr) return;
   float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
@@ -643,21 +789,15 @@ __global__ void __launch_bounds__(kReduceThreads) dw_reduce_kernel(const float* 
   if (slice == 0 && c < N) dw[c] = from_float<W>(part[0][col]);
 }
 
-// dweight from the partials: blocks of the widest columns (8, 16 or 32) of which there are
-// at least as many whole ones as SMs (8 for narrower rows).
-template <typename W>
+// dweight from the partials: blocks of the widest columns (kReduceMaxCols, half that, ...
+// down to kReduceMinCols) of which there are at least as many as SMs (the last block
+// partial), Triton's rule (tuning.DW_BLOCK_N).
+template <typename W, int COLS = kReduceMaxCols>
 void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t stream) {
-  auto launch = [&](auto cols) {
-    constexpr int kCols = decltype(cols)::value;
-    dw_reduce_kernel<W, kCols>
-        <<<(N + kCols - 1) / kCols, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
-  };
-  if (N / 32 >= sms)
-    launch(std::integral_constant<int, 32>{});
-  else if (N / 16 >= sms)
-    launch(std::integral_constant<int, 16>{});
-  else
-    launch(std::integral_constant<int, 8>{});
+  if constexpr (COLS > kReduceMinCols) {
+    if ((N + COLS - 1) / COLS < sms) return reduce_dweight<W, COLS / 2>(dwp, dw, P, N, sms, stream);
+  }
+  dw_reduce_kernel<W, COLS><<<(N + COLS - 1) / COLS, kReduceThreads, 0, stream>>>(dwp, dw, P, N);
 }
 
 // ---- launch ---------------------------------------------------------------------------
@@ -739,8 +879,8 @@ Launch by_threads(int cap, Make make) {
 // Rows a CTA of the one-CTA staged kernel keeps in shared memory, for rows of
 // `stage_bytes` of s and dy: a row must stay in flight while the one before it is reduced
 // and stored, and a short row is done before the next one lands (bwd_tuning::kRings).
-int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
-  if (!aligned) return fp32 ? kUnalignedRing32 : kUnalignedRing16;
+int staged_stages(int stage_bytes, bool fused, bool aligned) {
+  if (!aligned) return kUnalignedRing;
   for (const Ring& ring : kRings)
     if (stage_bytes <= ring.max_row_bytes) return fused ? ring.fused : ring.plain;
   return 2;
@@ -748,20 +888,24 @@ int staged_stages(int stage_bytes, bool fused, bool aligned, bool fp32) {
 
 // The one-CTA staged kernel of THREADS threads with `stages` rows, or fewer (`stages` says
 // which) where that depth is not built; with the weight in T if `wt` asks and the kernel is
-// built so (`wt` says). Built are the depths staged_stages gives: 4 for 16-bit rows of the
-// plain op (16 KB a row: 256 threads or fewer), 3 for rows to 32 KB (512 threads; the fused
-// add's fp32 residual, 16 KB: 256) and for fp32's unaligned rows (any); and the weight in T
-// for 16-bit dy's 2-row rings of 512 and 1024 threads.
+// built so (`wt` says); KEEP if `keep` asks and the kernel is built so (`keep` says). Built
+// are the depths staged_stages gives: the plain op's aligned 16-bit rows (KEEP) 4 to 256
+// threads (16 KB a row) and 3 at 512 (32 KB); the fused add's rows to 16 KB 3 (256 threads
+// or fewer); 2 for the rest, with the weight in T for 16-bit dy's rings of 512 and 1024
+// threads. (fp32's rows take the register kernel or a cluster, but for the fused add's
+// aligned ones.)
 template <typename T, typename S, int THREADS>
-KernelPtr staged_kernel(int& stages, bool& wt) {
-  constexpr bool same = std::is_same_v<T, S>;
-  if constexpr (THREADS <= 256 && same && sizeof(T) == 2) {
-    if (stages == 4) {
+KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
+  if constexpr (std::is_same_v<T, S> && sizeof(T) == 2 && THREADS <= 512) {
+    constexpr int kKeepStages = THREADS <= 256 ? 4 : 3;
+    if (keep && stages >= kKeepStages) {
+      stages = kKeepStages;
       wt = false;
-      return rms_norm_bwd_staged<T, S, THREADS, kVpt, 4, false, false>;
+      return rms_norm_bwd_staged<T, S, THREADS, kVpt, kKeepStages, false, false, true>;
     }
   }
-  if constexpr (THREADS <= 256 || (same && (THREADS <= 512 || std::is_same_v<T, float>))) {
+  keep = false;
+  if constexpr (THREADS <= 256) {
     if (stages >= 3) {
       stages = 3;
       wt = false;
@@ -791,8 +935,8 @@ struct Rows {
 
 // The staged kernel for rows of `row_groups` groups: one CTA, the fewest threads that span
 // them, if its stages fit (staged_stages', else 2); else a cluster of the fewest CTAs (2, 4,
-// 8; sm_90) whose shares of the row fit, of the op's CTA shape (kClusterPlain or
-// kClusterFused).
+// 8; sm_90) whose shares of the row fit, of the row's CTA shape (kClusterCta or
+// kClusterOneCta).
 template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
@@ -810,7 +954,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     return cap <= 1024 * kVpt && smem(cap, stages, cluster) <= r.smem_optin - kStaticSmemMargin;
   };
   const int stage_bytes = row_groups * kVec<T> * static_cast<int>(sizeof(S) + sizeof(T));
-  int stages = staged_stages(stage_bytes, r.fused, r.vec_ok, std::is_same_v<T, float>);
+  int stages = staged_stages(stage_bytes, r.fused, r.vec_ok);
   // 16-bit rows off a 16-byte boundary in the odd band (bwd_tuning::kOdd*)
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     if (!r.vec_ok && row_groups >= kOddMinGroups && row_groups <= kOddMaxGroups &&
@@ -824,16 +968,41 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   }
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
+#ifdef RMSNORM_BWD_PROBE_VPT1
+    // probe: one group a thread (KEEP, 64 registers) for the plain op's aligned 16-bit rows
+    // to 512 groups, 4 rows to 256 threads and 3 at 512 (Triton's shape)
+    if constexpr (std::is_same_v<T, S> && sizeof(T) == 2) {
+      if (!r.fused && r.vec_ok && row_groups <= 512 && stages >= 3) {
+        auto one = [&](auto threads) {
+          constexpr int kT = decltype(threads)::value;
+          constexpr int kS = kT <= 256 ? 4 : 3;
+          l.kernel = rms_norm_bwd_staged<T, S, kT, 1, kS, false, false, true>;
+          l.threads = kT;
+          l.cap = row_groups;
+          l.wt = false;
+          l.smem = staged_smem_bytes<T, S>(row_groups, kS, 0);
+          return true;
+        };
+        using std::integral_constant;
+        if (row_groups <= 64) return one(integral_constant<int, 64>{});
+        if (row_groups <= 128) return one(integral_constant<int, 128>{});
+        if (row_groups <= 256) return one(integral_constant<int, 256>{});
+        return one(integral_constant<int, 512>{});
+      }
+    }
+#endif
     bool wt = in_t(row_groups, stages, false);
-    l = by_threads(row_groups, [&stages, &wt](auto threads) {
+    // KEEP (rms_norm_bwd_staged): the plain op's aligned 16-bit rows
+    bool keep = !r.fused && r.vec_ok;
+    l = by_threads(row_groups, [&stages, &wt, &keep](auto threads) {
       Launch one;
-      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt);
+      one.kernel = staged_kernel<T, S, decltype(threads)::value>(stages, wt, keep);
       one.threads = threads;
       return one;
     });
     l.cap = row_groups;
     l.wt = wt;
-    l.smem = staged_smem_bytes<T, S>(row_groups, stages, wt ? 2 : 4);
+    l.smem = staged_smem_bytes<T, S>(row_groups, stages, keep ? 0 : wt ? 2 : 4);
     return true;
   }
   if (!r.clusters) return false;
@@ -864,16 +1033,16 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   };
   using std::integral_constant;
   if constexpr (std::is_same_v<T, S>) {  // the plain op's types (and the fused add's alike)
-    // the plain op's shape where it was measured, aligned rows whose two CTAs fit an SM:
-    // fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside an
-    // fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
-    const bool plain_shape = !r.fused && r.vec_ok && (std::is_same_v<T, float> || r.w16);
-    if (plain_shape && cluster(integral_constant<int, kClusterPlain.threads>{},
-                               integral_constant<int, kClusterPlain.stages>{}, std::true_type{}))
+    // kClusterCta where it was measured, aligned rows whose two CTAs fit an SM (both
+    // ops): fp32, and 16-bit with the weight kept in T (112 KB a CTA); a 16-bit row beside
+    // an fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
+    const bool two_ctas = r.vec_ok && (std::is_same_v<T, float> || r.w16);
+    if (two_ctas && cluster(integral_constant<int, kClusterCta.threads>{},
+                               integral_constant<int, kClusterCta.stages>{}, std::true_type{}))
       return true;
   }
-  if (cluster(integral_constant<int, kClusterFused.threads>{},
-              integral_constant<int, kClusterFused.stages>{}, std::false_type{}))
+  if (cluster(integral_constant<int, kClusterOneCta.threads>{},
+              integral_constant<int, kClusterOneCta.stages>{}, std::false_type{}))
     return true;
   return false;
 }
@@ -906,23 +1075,45 @@ template <typename T, typename S>
 Launch pick(const Rows& r) {
   constexpr int V = kVec<T>;
   Launch l;
-  const int cap = r.vec_ok ? r.N / V : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
+  const int whole = r.N / V;  // a row's whole groups (its aligned body's at most, with edges)
+  const int cap = r.vec_ok ? whole : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
   // The register-resident kernel, with no shared memory to limit its CTAs an SM, kept
   // more rows in flight than two stages a CTA did: fp32 rms_norm's aligned rows to 8192
   // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15);
   // rows of one phase off a 16-byte boundary or of odd N (EDGES, v46): fp32's of both ops,
   // and 16-bit rms_norm's to kEdges16MaxGroups
-  const bool edges = !r.vec_ok && r.staged && r.N / V <= 1024 * kVpt;
+  const bool edges = !r.vec_ok && r.staged && whole <= 1024 * kVpt;
   if constexpr (std::is_same_v<T, float>) {
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
-    if (edges) return pick_registers<T, S, true>(r.N / V);
+    if (edges) return pick_registers<T, S, true>(whole);
   }
   if constexpr (sizeof(T) == 2 && std::is_same_v<T, S>) {
     // built to the threads those rows take, no further
     constexpr int kThreads = kEdges16MaxGroups / kVpt;
     static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "whole threads of kVpt");
-    if (edges && !r.fused && r.N / V <= kEdges16MaxGroups)
-      return pick_registers<T, S, true, kThreads>(r.N / V);
+#ifdef RMSNORM_BWD_PROBE_EDGES16_FUSED  // probe: the fused add's 16-bit odd rows too
+    constexpr bool kFusedToo = true;
+#else
+    constexpr bool kFusedToo = false;
+#endif
+    if (edges && (kFusedToo || !r.fused) && whole <= kEdges16MaxGroups)
+      return pick_registers<T, S, true, kThreads>(whole);
+  }
+  // The plain op's aligned fp32 rows past one CTA (2048 groups) in registers over a
+  // cluster of the fewest CTAs (2-8) whose equal shares of whole groups fit
+  // kRegClusterThreads threads of kRegWideVpt groups: fp32 16384 / 32768 / 65536 77 / 79 /
+  // 55% of copy staged, 87 / 80 / 77% so (16-bit rows lost 16-22 points so; PERF_NOTES v49).
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
+    if (r.clusters && !r.fused && r.vec_ok && cap > 2048) {
+      for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {
+        if (cap % ranks != 0 || cap / ranks > kRegClusterThreads * kRegWideVpt) continue;
+        l.kernel = rms_norm_bwd_kernel<T, S, kRegClusterThreads, kRegWideVpt, V, false, false,
+                                       true>;
+        l.threads = kRegClusterThreads;
+        l.ranks = ranks;
+        return l;
+      }
+    }
   }
   if (r.staged && pick_staged<T, S>(cap, r, l)) return l;
   l.threads = 1024;

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cooperative_groups.h>
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -105,6 +106,80 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The steps of a sum over a cluster's CTAs as a transaction barrier (sm_90; before it, never
+// called: the host launches no cluster kernel there). An mbarrier of one arrival, made
+// visible to the cluster's CTAs by the fence before the cluster arrive that announces it.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// the one arrival of bar's phase, which then completes when `bytes` more have landed on it
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+// until bar's phase of this parity completes; CLUSTER: acquiring at cluster scope, which
+// orders this CTA's later writes into a peer (a slot set used again) after what the peers
+// did before their bytes landed here (their reads of that set)
+template <bool CLUSTER = false>
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    if constexpr (CLUSTER) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+          "selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+          "0, p; }"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    }
+  } while (!done);
+#endif
+}
+// v into `slot` of CTA `peer`'s shared memory, its bytes counted on that CTA's `bar`
+template <typename V>
+__device__ __forceinline__ void st_async(const V* slot, V v, uint64_t* bar, int peer) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t at, peer_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(at)
+               : "r"(smem_u32(slot)), "r"(peer));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(peer_bar)
+               : "r"(smem_u32(bar)), "r"(peer));
+  if constexpr (std::is_same_v<V, float2>) {
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+            at),
+        "f"(v.x), "f"(v.y), "r"(peer_bar)
+        : "memory");
+  } else {
+    static_assert(std::is_same_v<V, float>, "a float or a float2");
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                     at),
+                 "f"(v), "r"(peer_bar)
+                 : "memory");
+  }
+#endif
+}
+
 // The sum over the CTAs of a cluster as one transaction barrier (as QuACK's rmsnorm does
 // it), not a CTA barrier and then a cluster barrier: each warp's partial goes straight to
 // slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
@@ -126,32 +201,10 @@ __device__ __forceinline__ float cluster_sum(float part, float* parts, uint64_t*
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(static_cast<uint32_t>(kWarps * ranks * sizeof(float)))
-                 : "memory");
-  }
+  if (threadIdx.x == 0) mbar_expect(bar, static_cast<uint32_t>(kWarps * ranks * sizeof(float)));
   cluster_wait();  // every peer runs, its mbarrier initialised
-  if (lane < ranks) {
-    uint32_t slot, peer_bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(slot)
-                 : "r"(smem_u32(&parts[rank * kWarps + warp])), "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer_bar) : "r"(smem_u32(bar)), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
-                     slot),
-                 "f"(part), "r"(peer_bar)
-                 : "memory");
-  }
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar))
-        : "memory");
-  } while (!done);
+  if (lane < ranks) st_async(&parts[rank * kWarps + warp], part, bar, lane);
+  mbar_wait(bar, 0);
   // the same slots in the same order in every warp of every CTA: one result
   float s = 0.f;
   for (int i = lane; i < kWarps * ranks; i += 32) s += parts[i];

@@ -18,6 +18,9 @@ constexpr int kVpt = 2;
 // copy on 1024 threads of 2, 84% with either this or the weight in registers, 92% with both
 // (PERF_NOTES v45).
 constexpr int kRegWideVpt = 4;
+// Threads a CTA of the register-resident kernel's cluster rows (the plain op's aligned fp32
+// rows past 2048 groups; PERF_NOTES v49).
+constexpr int kRegClusterThreads = 512;
 // 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
 // many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
 // there against 65-66% staged with the edge loads last, 82-84% in the run of record with
@@ -33,21 +36,26 @@ constexpr int kScalarVpt = 4;
 // 8 warps of 4 loads over 32 columns took 21 us of the op's 250; PERF_NOTES v47).
 constexpr int kReduceThreads = 1024;
 constexpr int kReduceUnroll = 8;
+// Columns a block of the dweight reduction: the widest of kReduceMaxCols, half that, ...
+// kReduceMinCols (32 bytes of a partials row) of whose blocks there are as many as SMs.
+constexpr int kReduceMaxCols = 32;
+constexpr int kReduceMinCols = 8;
 // CTAs a cluster may hold for rows wider than one CTA stages: the portable size.
 constexpr int kMaxClusterRanks = 8;
-// A cluster's CTAs (rows wider than one CTA stages), by op: threads a CTA and rows of its
-// share of s and dy in shared memory, in the fewest CTAs (2, 4, 8) whose shares that holds.
-// The plain op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two
-// rows ahead than as one 160 KB CTA with one; the fused add, whose d_residual_out loads
-// keep bytes in flight too, 2-5 points slower so (PERF_NOTES v43). Rows past the plain
-// op's shares (fp32 65536), rows off a 16-byte boundary and 16-bit rows whose weight is
-// not kept in T (128 KB, one CTA an SM), none of them measured so, take the fused add's.
+// A cluster's CTAs (rows wider than one CTA stages): threads a CTA and rows of its share of
+// s and dy in shared memory, in the fewest CTAs (2, 4, 8) whose shares that holds. The plain
+// op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two rows
+// ahead (kClusterCta) than as one 160 KB CTA with one (kClusterOneCta; PERF_NOTES v43), and
+// the fused add's 3-10 points faster so once a row's sums went ahead of the previous row's
+// wait (v49; with a cluster barrier a row it had lost 2-5 points so). Rows past those
+// shares (fp32 65536's fused add), rows off a 16-byte boundary and 16-bit rows whose weight
+// is not kept in T (128 KB, one CTA an SM), none of them measured so, take kClusterOneCta.
 struct ClusterCta {
   int threads;
   int stages;
 };
-constexpr ClusterCta kClusterPlain{512, 3};
-constexpr ClusterCta kClusterFused{1024, 2};
+constexpr ClusterCta kClusterCta{512, 3};
+constexpr ClusterCta kClusterOneCta{1024, 2};
 // Shared memory left for the static part (the row sums, 2 floats a warp) under the opt-in
 // most a CTA may ask for.
 constexpr int kStaticSmemMargin = 1024;
@@ -67,10 +75,9 @@ constexpr Ring kRings[] = {
     {32768, 3, 2},
     {INT_MAX, 2, 2},
 };
-// Rows off a 16-byte boundary: deeper rings only slowed 16-bit rows (their spare lanes);
-// fp32's kept one more.
-constexpr int kUnalignedRing16 = 2;
-constexpr int kUnalignedRing32 = 3;
+// 16-bit rows off a 16-byte boundary: deeper rings only slowed them (their spare lanes).
+// (fp32's, which kept one more, now take the register kernel or a cluster.)
+constexpr int kUnalignedRing = 2;
 
 // 16-bit rows off a 16-byte boundary of this many groups (N = 4095, 4097: 513) that stay
 // staged (the fused add's; rms_norm's past kEdges16MaxGroups) take kOddThreads threads of
