@@ -214,7 +214,7 @@ __device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* b
 
 // The sums of a row over the CTAs of a cluster, as a transaction barrier a slot set (the
 // forward's cluster_sum), not a cluster barrier a row (which measured 5-13 points of copy
-// slower on every cluster row, fp32 65536 55% against 43%; PERF_NOTES v49): each CTA's
+// slower on every cluster row, fp32 65536 55% against 43%; PERF_NOTES v50): each CTA's
 // (s^2, g*s) lands in slot `rank` of every CTA's slots[set] and on that CTA's mbarrier of
 // the set (st.async, cluster_send2); a CTA waits on its own for all of them (bit `set` of
 // `parity`: the phase that set is in) and adds its slots in rank order, the same result in
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
-  // CLUSTER (probe): a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
+  // CLUSTER: a row over the cluster's CTAs, CTA `rank` its columns [rank N / ranks,
   // (rank + 1) N / ranks), the two sums through distributed shared memory (cluster_sums2)
   __shared__ float2 slots[CLUSTER ? 2 : 1][kMaxClusterRanks];
   __shared__ __align__(8) uint64_t sum_bars[CLUSTER ? 2 : 1];
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   __shared__ float red[2 * (THREADS / 32)];
   // AHEAD: a row's sums sent before the previous row's are waited for, so that wait has
   // the next row's first pass in front of it (2-4 points of copy at bf16 65536 and fp32
-  // 32768, PERF_NOTES v49); with one row ahead of the one reduced, two rows are staged and
+  // 32768, PERF_NOTES v50); with one row ahead of the one reduced, two rows are staged and
   // the rest in flight
   constexpr bool AHEAD = CLUSTER && STAGES >= 3;
   static_assert(!AHEAD || THREADS > 32, "kAheadSets' order rests on block_sum2's CTA barrier");
@@ -1038,7 +1038,7 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
     // an fp32 weight, or none, would take 128 KB, one CTA an SM, a shape never measured
     const bool two_ctas = r.vec_ok && (std::is_same_v<T, float> || r.w16);
     if (two_ctas && cluster(integral_constant<int, kClusterCta.threads>{},
-                               integral_constant<int, kClusterCta.stages>{}, std::true_type{}))
+                            integral_constant<int, kClusterCta.stages>{}, std::true_type{}))
       return true;
   }
   if (cluster(integral_constant<int, kClusterOneCta.threads>{},
@@ -1102,7 +1102,7 @@ Launch pick(const Rows& r) {
   // The plain op's aligned fp32 rows past one CTA (2048 groups) in registers over a
   // cluster of the fewest CTAs (2-8) whose equal shares of whole groups fit
   // kRegClusterThreads threads of kRegWideVpt groups: fp32 16384 / 32768 / 65536 77 / 79 /
-  // 55% of copy staged, 87 / 80 / 77% so (16-bit rows lost 16-22 points so; PERF_NOTES v49).
+  // 55% of copy staged, 87 / 80 / 77% so (16-bit rows lost 16-22 points so; PERF_NOTES v50).
   if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
     if (r.clusters && !r.fused && r.vec_ok && cap > 2048) {
       for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {

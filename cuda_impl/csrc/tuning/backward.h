@@ -19,7 +19,7 @@ constexpr int kVpt = 2;
 // (PERF_NOTES v45).
 constexpr int kRegWideVpt = 4;
 // Threads a CTA of the register-resident kernel's cluster rows (the plain op's aligned fp32
-// rows past 2048 groups; PERF_NOTES v49).
+// rows past 2048 groups; PERF_NOTES v50).
 constexpr int kRegClusterThreads = 512;
 // 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
 // many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
@@ -47,7 +47,7 @@ constexpr int kMaxClusterRanks = 8;
 // op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two rows
 // ahead (kClusterCta) than as one 160 KB CTA with one (kClusterOneCta; PERF_NOTES v43), and
 // the fused add's 3-10 points faster so once a row's sums went ahead of the previous row's
-// wait (v49; with a cluster barrier a row it had lost 2-5 points so). Rows past those
+// wait (v50; with a cluster barrier a row it had lost 2-5 points so). Rows past those
 // shares (fp32 65536's fused add), rows off a 16-byte boundary and 16-bit rows whose weight
 // is not kept in T (128 KB, one CTA an SM), none of them measured so, take kClusterOneCta.
 struct ClusterCta {
