@@ -4,6 +4,8 @@ Importing harness.impls first sets TRITON_INTERPRET=1 on a machine without a GPU
 Triton is imported anywhere, so the Triton kernel's numerics are checked on CPU.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -40,6 +42,17 @@ def fn_or_skip(name: str):
     if impl.unavailable:
         pytest.skip(f"{name}: {impl.unavailable}")
     return impl.fn
+
+
+def hide_packages(monkeypatch, *packages: str) -> None:
+    """Make importing each package, and any of its modules, raise ImportError for one test:
+    a module another test already imported (where the package is installed) would
+    otherwise be found in sys.modules without its package being looked up."""
+    for name in list(sys.modules):
+        if name in packages or name.split(".")[0] in packages:
+            monkeypatch.setitem(sys.modules, name, None)
+    for package in packages:
+        monkeypatch.setitem(sys.modules, package, None)
 
 
 def refusal(main, argv, capsys) -> str:

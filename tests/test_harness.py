@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE, HAS_GPU, hide_packages
 from harness import analysis, bench, hardware, measure, plan, plot, records, timing
 from harness.cases import Case
 from harness.impls import (
@@ -904,8 +904,7 @@ def _fake_liger_function(monkeypatch, module: str, name: str, ref, n_args: int) 
 
 
 def test_fused_add_peers_missing_are_unavailable(monkeypatch):
-    for module in ("liger_kernel", "quack"):
-        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    hide_packages(monkeypatch, "liger_kernel", "quack")
     reg = fused_add_registry(baselines=True)
     assert "liger-kernel not importable" in reg["liger"].unavailable
     assert "quack not importable" in reg["quack"].unavailable
@@ -1101,7 +1100,7 @@ def test_run_takes_the_ops_in_turn_shape_by_shape(tmp_path, monkeypatch, capsys)
     measured = _fake_run(monkeypatch, tmp_path, 0.0)
     args = bench.parse_args(["--quick", "--impls", "triton,eager,liger", "--out", str(tmp_path)])
     args.budget_s = 100.0
-    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not installed, whatever is here
+    hide_packages(monkeypatch, "liger_kernel")  # not installed, whatever is here
     assert bench.run_gpu(args, args.impls, tmp_path) == 0
     shapes = plan.plan(args.dtypes, quick=True)
     assert [(op, m, n) for op, m, n, _ in measured] == [

@@ -11,7 +11,6 @@ the interpreter; they are skipped, saying so, while triton_impl's backward raise
 """
 
 import dataclasses
-import sys
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from test_harness import (
     synthetic_records,
 )
 
-from conftest import DEVICE, impl_or_skip, refusal
+from conftest import DEVICE, hide_packages, impl_or_skip, refusal
 from harness import analysis, bench, impls, measure, plan, plot, records, timing
 from harness.cases import Case
 from harness.impls import FUSED_ADD_GRADS, RMS_NORM_GRADS, Impl, runnable
@@ -386,8 +385,7 @@ def test_kernel_path_claims_nothing_for_native_gradients():
 
 
 def test_grad_peers_missing_are_unavailable(monkeypatch):
-    for module in ("liger_kernel", "quack"):
-        monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    hide_packages(monkeypatch, "liger_kernel", "quack")
     for op in GRAD_OPS.values():
         full = op.registry(baselines=True)
         assert "liger-kernel not importable" in full["liger"].unavailable
