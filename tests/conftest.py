@@ -49,7 +49,7 @@ def hide_packages(monkeypatch, *packages: str) -> None:
     a module another test already imported (where the package is installed) would
     otherwise be found in sys.modules without its package being looked up."""
     for name in list(sys.modules):
-        if name in packages or name.split(".")[0] in packages:
+        if name.split(".")[0] in packages:
             monkeypatch.setitem(sys.modules, name, None)
     for package in packages:
         monkeypatch.setitem(sys.modules, package, None)
