@@ -316,9 +316,12 @@ def test_dweight_is_deterministic(name):
 
 
 #: Tuning values of the Triton backward (triton_impl.tuning) the defaults do not reach: 16
-#: warps at 8192; 32 warps at 16384, with fp32 16384 held whole rather than sharded
+#: warps at 8192; 32 warps at 16384, with fp32 16384 held whole rather than sharded; tiles
+#: wider than their threads hold (2 warps), their weight loaded each row or held
 SWITCHES = [dict(BWD_MAX_WARPS_N=4096),
-            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
+            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072),
+            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=0),
+            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=1)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -327,8 +330,9 @@ SWITCHES = [dict(BWD_MAX_WARPS_N=4096),
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_triton_backward_switches(monkeypatch, dtype, switches):
     """Triton's backward at tuning values its defaults do not reach: the register-resident
-    rows on fewer or more warps, the widest of them held whole rather than sharded; the
-    plain op's and the fused add's."""
+    rows on fewer or more warps, the widest of them held whole rather than sharded, tiles
+    wider than their threads hold with the weight loaded each row or held; the plain op's
+    and the fused add's."""
     mod = backend("triton")
     from triton_impl import backward
 

@@ -70,6 +70,7 @@ from triton_impl.tuning import (
     BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
+    BWD_WEIGHT_EACH_ROW,
     BWD_WIDE_MAX_WARPS,
     DW_BLOCK_N,
     DW_MIN_BLOCK_N,
@@ -126,7 +127,7 @@ def _rms_norm_bwd(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, W_ROW: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -151,7 +152,7 @@ def _rms_norm_bwd(
             head = 0
             nbody = N
         body = cols < nbody
-        if HAS_WEIGHT:
+        if HAS_WEIGHT and not W_ROW:
             wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
@@ -168,6 +169,10 @@ def _rms_norm_bwd(
                 se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
             sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
                                 body, "")  # fmt: skip
+            if HAS_WEIGHT and W_ROW:
+                # W_ROW: the weight loaded (from L1 / L2) for the sum and again for ds, so
+                # it holds no registers across the row's reduction
+                wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
             gb = dyb * wb if HAS_WEIGHT else dyb
             ss, gs = _sum2(sb * sb, gb * sb)
             if SPLIT:
@@ -177,6 +182,9 @@ def _rms_norm_bwd(
                 gs += gse
             rstd = tl.rsqrt(ss / N + eps)
             c = gs / N * rstd * rstd
+            if HAS_WEIGHT and W_ROW:
+                wb = tl.load(w_ptr + head + cols, mask=body, other=0.0, volatile=True)
+                gb = dyb * wb.to(tl.float32)
             _store_ds((gb - sb * c) * rstd, cols, body, _body(dro_row, head, SPLIT),
                       _body(ds_row, head, SPLIT), _body(ds2_row, head, SPLIT), HAS_DRO,
                       HAS_DS2)  # fmt: skip
@@ -370,6 +378,8 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
+    # the weight loaded each row where the tile is wider than its threads hold
+    meta["W_ROW"] = bool(BWD_WEIGHT_EACH_ROW) and block_n > 32 * warps * BWD_THREAD_ELEMS
     if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:

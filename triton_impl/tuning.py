@@ -114,6 +114,9 @@ BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 16
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
+#: Register-resident tiles wider than their threads' BWD_THREAD_ELEMS (16-bit 16384 on 16
+#: warps) load the weight each row, for the sum and again for ds, rather than hold it.
+BWD_WEIGHT_EACH_ROW = 0
 #: The most warps a register-resident row takes (its tile / BWD_THREAD_ELEMS threads up to
 #: this): 32 to tiles of BWD_MAX_WARPS_N, 16 wider. 8192 measured 2-3 points of copy faster
 #: on 32 than on 16 (both dtypes, both ops); 16-bit 16384, which spills on either, 1 point
