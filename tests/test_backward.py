@@ -317,13 +317,11 @@ def test_dweight_is_deterministic(name):
 
 #: Tuning values of the Triton backward (triton_impl.tuning) the defaults do not reach: 16
 #: warps at 8192; 32 warps at 16384, with fp32 16384 held whole rather than sharded; tiles
-#: wider than their threads hold (2 warps), their weight loaded each row or held; every
-#: register tile's weight loaded each row
+#: wider than their threads hold (2 warps), their weight loaded each row or held
 SWITCHES = [dict(BWD_MAX_WARPS_N=4096),
             dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072),
             dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=0),
-            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=1),
-            dict(BWD_WEIGHT_EACH_ROW=3)]  # fmt: skip
+            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=1)]  # fmt: skip
 
 
 @pytest.mark.parametrize(

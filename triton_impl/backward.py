@@ -378,9 +378,9 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
-    # the weight loaded each row (BWD_WEIGHT_EACH_ROW: which tiles)
-    wide = block_n > 32 * warps * BWD_THREAD_ELEMS
-    meta["W_ROW"] = not chunked and BWD_WEIGHT_EACH_ROW >= (1 if wide else 2 if vec else 3)
+    # the weight loaded each row where the tile is wider than its threads hold
+    wide = not chunked and block_n > 32 * warps * BWD_THREAD_ELEMS
+    meta["W_ROW"] = bool(BWD_WEIGHT_EACH_ROW) and wide
     if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:

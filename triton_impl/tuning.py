@@ -114,11 +114,12 @@ BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 16
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
-#: Register-resident tiles that load the weight each row, for the sum and again for ds,
-#: rather than hold it across the row's reduction: 0 none, 1 tiles wider than their threads'
-#: BWD_THREAD_ELEMS (16-bit 16384 on 16 warps), 2 those and the split rows (their register
-#: cap), 3 all.
-BWD_WEIGHT_EACH_ROW = 0
+#: Register-resident tiles wider than their threads' BWD_THREAD_ELEMS (16-bit 16384 on 16
+#: warps) load the weight each row, for the sum and again for ds, rather than hold it across
+#: the row's reduction (1), which spilled (0): bf16 16384 73 -> 90% of copy, the fused add's
+#: 78 -> 88% (H100; PERF_NOTES v51). The split rows' tiles lost so (bf16 4095 89 -> 29%,
+#: fp32 91 -> 77%), and every tile's (bf16 1024 93 -> 84%).
+BWD_WEIGHT_EACH_ROW = 1
 #: The most warps a register-resident row takes (its tile / BWD_THREAD_ELEMS threads up to
 #: this): 32 to tiles of BWD_MAX_WARPS_N, 16 wider. 8192 measured 2-3 points of copy faster
 #: on 32 than on 16 (both dtypes, both ops); 16-bit 16384, which spills on either, 1 point
