@@ -315,10 +315,13 @@ def test_dweight_is_deterministic(name):
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
-#: Each form of the Triton backward's switches in triton_impl.tuning, beside the defaults
-SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHEAD=2),
-            dict(BWD_PAIRED_SUMS=0, BWD_SHARD_EARLY_LOADS=1),
-            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072)]  # fmt: skip
+#: Tuning values of the Triton backward (triton_impl.tuning) the defaults do not reach: 16
+#: warps at 8192; 32 warps at 16384, with fp32 16384 held whole rather than sharded; tiles
+#: wider than their threads hold (2 warps), their weight loaded each row or held
+SWITCHES = [dict(BWD_MAX_WARPS_N=4096),
+            dict(BWD_MAX_WARPS_N=16384, BWD_SHARD_FROM_BYTES=131072),
+            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=0),
+            dict(BWD_MAX_WARPS=2, BWD_WIDE_MAX_WARPS=2, BWD_WEIGHT_EACH_ROW=1)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -326,11 +329,10 @@ SWITCHES = [dict(BWD_EDGES_AHEAD=0), dict(BWD_EDGES_AHEAD=1), dict(BWD_EDGES_AHE
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_triton_backward_switches(monkeypatch, dtype, switches):
-    """Triton's backward under each form of its switches: the split rows' edge elements
-    loaded with the row or a row ahead (several rows a program, the last row's look-ahead
-    past M masked), a row's two sums in one reduction or two, the sharded rows' next row
-    loaded before or after the arrival's count returns, the widest register rows on up to
-    32 warps and not sharded; the plain op's and the fused add's."""
+    """Triton's backward at tuning values its defaults do not reach: the register-resident
+    rows on fewer or more warps, the widest of them held whole rather than sharded, tiles
+    wider than their threads hold with the weight loaded each row or held; the plain op's
+    and the fused add's."""
     mod = backend("triton")
     from triton_impl import backward
 

@@ -550,7 +550,7 @@ def test_device_log_tools():
         "dtype         shape    impl        us  % copy   rel err",
         "bf16   131072x1024    triton     205.6    92.2   2.8e-03",
         "bf16   131072x1024      cuda     251.8    75.3   2.8e-03",
-        "--- tune BWD_EDGES_AHEAD=0",
+        "--- tune BWD_SHARD_N=4096",
         "bf16   131072x1024    triton     210.0    90.1   2.8e-03  WRONG",
         "=== variant tx:RMSNORM_BWD_PROBE_TX_SUMS=1 (the probe again, on its build) (21:42:00)",
         "bf16   131072x1024      cuda     240.0    78.0   2.8e-03",
@@ -558,7 +558,7 @@ def test_device_log_tools():
         "bf16   131072x1024      cuda     1.0    1.0   2.8e-03",
     ])  # fmt: skip
     assert _script("bwd_probe").table(log).split("\n") == [
-        "| impl | dtype | N | default | BWD_EDGES_AHEAD=0 | tx |",
+        "| impl | dtype | N | default | BWD_SHARD_N=4096 | tx |",
         "|---|---|---|---|---|---|",
         "| cuda | bf16 | 1024 | 75.3 |  | 78.0 |",
         "| triton | bf16 | 1024 | 92.2 | 90.1! |  |",

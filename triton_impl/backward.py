@@ -59,20 +59,18 @@ from triton_impl.kernels import INTERPRET, _split_at, _split_edges
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
     BWD_CHUNK,
-    BWD_EDGES_AHEAD,
     BWD_MAX_N,
     BWD_MAX_WARPS,
     BWD_MAX_WARPS_N,
-    BWD_PAIRED_SUMS,
     BWD_PIPELINED,
     BWD_PIPELINED_MAX_N,
-    BWD_SHARD_EARLY_LOADS,
     BWD_SHARD_FROM_BYTES,
     BWD_SHARD_N,
     BWD_SHARD_THREAD_ELEMS,
     BWD_SHARD_WARPS_PER_SM,
     BWD_THREAD_ELEMS,
     BWD_WARPS_PER_SM,
+    BWD_WEIGHT_EACH_ROW,
     BWD_WIDE_MAX_WARPS,
     DW_BLOCK_N,
     DW_MIN_BLOCK_N,
@@ -102,13 +100,10 @@ def _store_ds(ds, cc, ok, dro_row, ds_row, ds2_row, HAS_DRO: tl.constexpr, HAS_D
 
 
 @triton.jit
-def _sum2(a, b, PAIRED: tl.constexpr):
-    # a row's two sums; PAIRED: in one reduction, whose exchange between warps is one store
-    # of both, one CTA barrier and one load (two tl.sum calls take a barrier pair each)
-    if PAIRED:
-        return tl.split(tl.sum(tl.join(a, b), axis=0))
-    else:
-        return tl.sum(a, axis=0), tl.sum(b, axis=0)
+def _sum2(a, b):
+    # a row's two sums in one reduction, whose exchange between warps is one store of both,
+    # one CTA barrier and one load (two tl.sum calls take a barrier pair each)
+    return tl.split(tl.sum(tl.join(a, b), axis=0))
 
 
 @triton.jit
@@ -132,7 +127,7 @@ def _rms_norm_bwd(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-    STAGES: tl.constexpr, EDGES_AHEAD: tl.constexpr, PAIRED: tl.constexpr,
+    STAGES: tl.constexpr, W_ROW: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
@@ -157,13 +152,9 @@ def _rms_norm_bwd(
             head = 0
             nbody = N
         body = cols < nbody
-        if HAS_WEIGHT:
+        if HAS_WEIGHT and not W_ROW:
             wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if EDGES_AHEAD:
-            first = pid.to(tl.int64)
-            se_next, dye_next = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy,
-                                          e_col, e_ok, "")  # fmt: skip
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
         for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
             s_row = s_ptr + row * stride_s
@@ -173,26 +164,27 @@ def _rms_norm_bwd(
             ds2_row = ds2_ptr + row * stride_ds2
             # the row in registers: load, both sums (s^2, g*s), ds, dweight's share; the edge
             # elements' loads first (CUDA's odd rows: issued after the body's, they held the
-            # row's sums back). EDGES_AHEAD: a row earlier, as the pipeliner does the body's,
-            # which takes cp.async (whole 4-byte words) and so not a 16-bit edge element
-            if EDGES_AHEAD:
-                se, dye = se_next, dye_next
-                nxt = row + tl.num_programs(0)
-                se_next, dye_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy,
-                                              e_col, e_ok & (nxt < M), "")  # fmt: skip
-            elif SPLIT:
+            # row's sums back)
+            if SPLIT:
                 se, dye = _load_row(s_row, dy_row, e_col, e_ok, "")
             sb, dyb = _load_row(_body(s_row, head, SPLIT), _body(dy_row, head, SPLIT), cols,
                                 body, "")  # fmt: skip
+            if HAS_WEIGHT and W_ROW:
+                # W_ROW: the weight loaded (from L1 / L2) for the sum and again for ds, so
+                # it holds no registers across the row's reduction
+                wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
             gb = dyb * wb if HAS_WEIGHT else dyb
-            ss, gs = _sum2(sb * sb, gb * sb, PAIRED)
+            ss, gs = _sum2(sb * sb, gb * sb)
             if SPLIT:
                 ge = dye * we if HAS_WEIGHT else dye
-                sse, gse = _sum2(se * se, ge * se, PAIRED)
+                sse, gse = _sum2(se * se, ge * se)
                 ss += sse
                 gs += gse
             rstd = tl.rsqrt(ss / N + eps)
             c = gs / N * rstd * rstd
+            if HAS_WEIGHT and W_ROW:
+                wb = tl.load(w_ptr + head + cols, mask=body, other=0.0, volatile=True)
+                gb = dyb * wb.to(tl.float32)
             _store_ds((gb - sb * c) * rstd, cols, body, _body(dro_row, head, SPLIT),
                       _body(ds_row, head, SPLIT), _body(ds2_row, head, SPLIT), HAS_DRO,
                       HAS_DS2)  # fmt: skip
@@ -226,7 +218,7 @@ def _rms_norm_bwd(
                     g = g * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
                 ss += s * s
                 gs += g * s
-            ss, gs = _sum2(ss, gs, PAIRED)
+            ss, gs = _sum2(ss, gs)
             rstd = tl.rsqrt(ss / N + eps)
             c = gs / N * rstd * rstd
             # sweep 2: re-read (L2-resident), ds, dweight's share into the partials row
@@ -254,7 +246,6 @@ def _rms_norm_bwd_sharded(
     M, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
-    PAIRED: tl.constexpr, EARLY: tl.constexpr,
 ):
     # fmt: on
     # A group of SHARDS programs walks rows group, group + groups, ...; each holds BLOCK_N
@@ -280,31 +271,19 @@ def _rms_norm_bwd_sharded(
     for row in range(group.to(tl.int64), M, groups):
         g = dy * w if HAS_WEIGHT else dy
         parts = part_ptr + row * 2 * SHARDS
-        ss, gs = _sum2(s * s, g * s, PAIRED)
+        ss, gs = _sum2(s * s, g * s)
         tl.store(parts + shard, ss)
         tl.store(parts + SHARDS + shard, gs)
         nxt = row + groups
-        if EARLY:
-            # the arrival's count unread, so no thread waits for it before the next row's
-            # loads go out (a count that is read reaches the other threads through shared
-            # memory behind a CTA barrier); the barrier before it orders every thread's
-            # stores before its release, and a first acquire after the loads makes the
-            # others' visible when this arrival was the last
-            tl.debug_barrier()
-            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
-        else:
-            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
         s_next, dy_next = _load_row(s_ptr + nxt * stride_s, dy_ptr + nxt * stride_dy, cols,
                                     ok & (nxt < M), "")  # fmt: skip
-        if EARLY:
-            arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         while arrived < SHARDS:
             arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         # summed in shard order: the same bits on every run and in every shard
         mine = k < SHARDS
         ss, gs = _sum2(tl.load(parts + k, mask=mine, other=0.0, cache_modifier=".cg"),
-                       tl.load(parts + SHARDS + k, mask=mine, other=0.0, cache_modifier=".cg"),
-                       PAIRED)  # fmt: skip
+                       tl.load(parts + SHARDS + k, mask=mine, other=0.0, cache_modifier=".cg"))
         rstd = tl.rsqrt(ss / N + eps)
         c = gs / N * rstd * rstd
         ds_row = ds_ptr + row * stride_ds
@@ -399,9 +378,9 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
-    # the edges a row ahead (BWD_EDGES_AHEAD: 1 where the body is pipelined, 2 every split row)
-    meta["EDGES_AHEAD"] = vec > 0 and BWD_EDGES_AHEAD >= (1 if meta["STAGES"] > 1 else 2)
-    meta["PAIRED"] = bool(BWD_PAIRED_SUMS)
+    # the weight loaded each row where the tile is wider than its threads hold
+    wide = not chunked and block_n > 32 * warps * BWD_THREAD_ELEMS
+    meta["W_ROW"] = bool(BWD_WEIGHT_EACH_ROW) and wide
     if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
         cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     else:
@@ -510,7 +489,6 @@ def shard_meta(sharded: tuple[int, int, int], has_weight: bool, has_dro: bool = 
     shards, block_n, warps = sharded
     return dict(BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
-                PAIRED=bool(BWD_PAIRED_SUMS), EARLY=bool(BWD_SHARD_EARLY_LOADS),
                 num_warps=warps,
                 maxnreg=SM_REGISTERS // (32 * warps * shard_programs_per_sm(warps)))  # fmt: skip
 

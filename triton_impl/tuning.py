@@ -112,12 +112,14 @@ BWD_SHARD_FROM_BYTES = 65536
 BWD_SHARD_N = 2048
 BWD_SHARD_THREAD_ELEMS = 16
 BWD_SHARD_WARPS_PER_SM = 16
-#: The sharded kernel's next row loaded before its arrival's count returns (1), or after
-#: (0: 3-5 points of copy faster at 16-bit 32768 / 65536 and fp32 32768 / 65536; PERF_NOTES
-#: v50).
-BWD_SHARD_EARLY_LOADS = 0
 #: fp32 elements of s and dy (each) a thread holds for the register-resident rows.
 BWD_THREAD_ELEMS = 8
+#: Register-resident tiles wider than their threads' BWD_THREAD_ELEMS (16-bit 16384 on 16
+#: warps) load the weight each row, for the sum and again for ds, rather than hold it across
+#: the row's reduction (1), which spilled (0): bf16 16384 73 -> 90% of copy, the fused add's
+#: 78 -> 88% (H100; PERF_NOTES v51). The split rows' tiles lost so (bf16 4095 89 -> 29%,
+#: fp32 91 -> 77%), and every tile's (bf16 1024 93 -> 84%).
+BWD_WEIGHT_EACH_ROW = 1
 #: The most warps a register-resident row takes (its tile / BWD_THREAD_ELEMS threads up to
 #: this): 32 to tiles of BWD_MAX_WARPS_N, 16 wider. 8192 measured 2-3 points of copy faster
 #: on 32 than on 16 (both dtypes, both ops); 16-bit 16384, which spills on either, 1 point
@@ -134,13 +136,6 @@ BWD_WARPS_PER_SM = 32
 #: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
 BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
-#: Split rows' scalar edges loaded a row ahead: 0 never, 1 where the body is pipelined
-#: (its cp.async copies take whole 4-byte words, so not a 16-bit edge element), 2 always.
-#: 0: bf16 4095 / 4097 78% of copy against 74% with 1 (Triton 3.6 spills it), fp32 4095
-#: 91% against 88% with 2 (PERF_NOTES v50).
-BWD_EDGES_AHEAD = 0
-#: A row's two sums (s^2, g*s) in one reduction, one exchange between warps (1), or two.
-BWD_PAIRED_SUMS = 1
 #: The final reduction's tile: partials elements a program loads at once (many loads in
 #: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
 #: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ... DW_BLOCK_N of whose programs

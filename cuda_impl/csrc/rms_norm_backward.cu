@@ -117,13 +117,16 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
 }
 
 // The two row sums over the CTA: warp shuffles, then the warps' partials through shared
-// memory (every thread calls it; `red` holds 2 floats a warp), lane i of every warp taking
-// warp i's and a butterfly over the warps' lanes, broadcast from lane 0: 2 loads and 2
-// log2(warps) + 2 shuffles a thread, where adding every warp's partials in turn took 4 a
-// warp (64 instructions a thread a row at 512 threads; PERF_NOTES v47). A butterfly gives
-// every lane the same sums (lanes i and i ^ off add the same two values), and every warp
-// adds the same partials in the same order: one result, the same every run.
-template <int THREADS>
+// memory (every thread calls it; `red` holds 2 floats a warp). By default lane i of every
+// warp takes warp i's partials and a butterfly over the warps' lanes sums them, broadcast
+// from lane 0: 2 loads and 2 log2(warps) + 2 shuffles a thread, where adding every warp's
+// partials in turn takes 4 a warp (64 instructions a thread a row at 512 threads). A
+// butterfly gives every lane the same sums (lanes i and i ^ off add the same two values),
+// and every warp adds the same partials in the same order: one result, the same every run.
+// IN_TURN: every thread adds the warps' partials in turn, no shuffles after the barrier;
+// faster where the kernel waits on shuffles more than on loads from shared memory (the
+// plain op's 16-bit rows kept in registers, PERF_NOTES v51).
+template <int THREADS, bool IN_TURN = false>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
@@ -140,25 +143,25 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
       red[2 * warp + 1] = b;
     }
     __syncthreads();
-#ifdef RMSNORM_BWD_PROBE_SERIAL_SUM  // probe: every warp's partials added in turn (before v47)
-    a = 0.f;
-    b = 0.f;
+    if constexpr (IN_TURN) {
+      a = 0.f;
+      b = 0.f;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) {
-      a += red[2 * i];
-      b += red[2 * i + 1];
-    }
-#else
-    a = lane < kWarps ? red[2 * lane] : 0.f;
-    b = lane < kWarps ? red[2 * lane + 1] : 0.f;
+      for (int i = 0; i < kWarps; ++i) {
+        a += red[2 * i];
+        b += red[2 * i + 1];
+      }
+    } else {
+      a = lane < kWarps ? red[2 * lane] : 0.f;
+      b = lane < kWarps ? red[2 * lane + 1] : 0.f;
 #pragma unroll
-    for (int off = kWarps / 2; off > 0; off /= 2) {
-      a += __shfl_xor_sync(0xffffffffu, a, off);
-      b += __shfl_xor_sync(0xffffffffu, b, off);
+      for (int off = kWarps / 2; off > 0; off /= 2) {
+        a += __shfl_xor_sync(0xffffffffu, a, off);
+        b += __shfl_xor_sync(0xffffffffu, b, off);
+      }
+      a = __shfl_sync(0xffffffffu, a, 0);
+      b = __shfl_sync(0xffffffffu, b, 0);
     }
-    a = __shfl_sync(0xffffffffu, a, 0);
-    b = __shfl_sync(0xffffffffu, b, 0);
-#endif
     __syncthreads();  // red is reused by the next row
   }
   return make_float2(a, b);
@@ -674,7 +677,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
         }
       }
     });
-    return block_sum2<THREADS>(ss, gs, red);
+    return block_sum2<THREADS, KEEP>(ss, gs, red);
   };
   // ds of `row` from stage st, and its dweight share, given the whole row's sums
   auto finish = [&](int64_t row, int st, float2 sums) {
@@ -968,29 +971,6 @@ bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   }
   if (!fits(row_groups, stages)) stages = 2;
   if (fits(row_groups, stages)) {
-#ifdef RMSNORM_BWD_PROBE_VPT1
-    // probe: one group a thread (KEEP, 64 registers) for the plain op's aligned 16-bit rows
-    // to 512 groups, 4 rows to 256 threads and 3 at 512 (Triton's shape)
-    if constexpr (std::is_same_v<T, S> && sizeof(T) == 2) {
-      if (!r.fused && r.vec_ok && row_groups <= 512 && stages >= 3) {
-        auto one = [&](auto threads) {
-          constexpr int kT = decltype(threads)::value;
-          constexpr int kS = kT <= 256 ? 4 : 3;
-          l.kernel = rms_norm_bwd_staged<T, S, kT, 1, kS, false, false, true>;
-          l.threads = kT;
-          l.cap = row_groups;
-          l.wt = false;
-          l.smem = staged_smem_bytes<T, S>(row_groups, kS, 0);
-          return true;
-        };
-        using std::integral_constant;
-        if (row_groups <= 64) return one(integral_constant<int, 64>{});
-        if (row_groups <= 128) return one(integral_constant<int, 128>{});
-        if (row_groups <= 256) return one(integral_constant<int, 256>{});
-        return one(integral_constant<int, 512>{});
-      }
-    }
-#endif
     bool wt = in_t(row_groups, stages, false);
     // KEEP (rms_norm_bwd_staged): the plain op's aligned 16-bit rows
     bool keep = !r.fused && r.vec_ok;
@@ -1091,12 +1071,7 @@ Launch pick(const Rows& r) {
     // built to the threads those rows take, no further
     constexpr int kThreads = kEdges16MaxGroups / kVpt;
     static_assert(kThreads * kVpt == kEdges16MaxGroups && kThreads <= 512, "whole threads of kVpt");
-#ifdef RMSNORM_BWD_PROBE_EDGES16_FUSED  // probe: the fused add's 16-bit odd rows too
-    constexpr bool kFusedToo = true;
-#else
-    constexpr bool kFusedToo = false;
-#endif
-    if (edges && (kFusedToo || !r.fused) && whole <= kEdges16MaxGroups)
+    if (edges && !r.fused && whole <= kEdges16MaxGroups)
       return pick_registers<T, S, true, kThreads>(whole);
   }
   // The plain op's aligned fp32 rows past one CTA (2048 groups) in registers over a

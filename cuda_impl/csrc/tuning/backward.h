@@ -24,9 +24,10 @@ constexpr int kRegClusterThreads = 512;
 // 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
 // many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
 // there against 65-66% staged with the edge loads last, 82-84% in the run of record with
-// them first; the fused add's lost 4 points so (edge loads last; not probed first), and
-// aligned 16-bit rows in registers lost from 4096 up (69% against 79%; 8192: 57% against
-// 76%), so wider odd rows stay staged (PERF_NOTES v46).
+// them first; the fused add's lost 4 points so with the edge loads last and 1 with them
+// first (4095: 79% against 80%, PERF_NOTES v51), and aligned 16-bit rows in registers lost
+// from 4096 up (69% against 79%; 8192: 57% against 76%), so wider odd rows stay staged
+// (PERF_NOTES v46).
 constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
