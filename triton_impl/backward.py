@@ -171,7 +171,8 @@ def _rms_norm_bwd(
                                 body, "")  # fmt: skip
             if HAS_WEIGHT and W_ROW:
                 # W_ROW: the weight loaded (from L1 / L2) for the sum and again for ds, so
-                # it holds no registers across the row's reduction
+                # it holds no registers across the row's reduction (the second load is
+                # volatile: the compiler would merge the two and keep the weight live)
                 wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
             gb = dyb * wb if HAS_WEIGHT else dyb
             ss, gs = _sum2(sb * sb, gb * sb)
