@@ -379,15 +379,11 @@ def bwd_meta(
                 HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
                 num_warps=warps)  # fmt: skip
-    # the weight loaded each row where the tile is wider than its threads hold
+    # a register-resident tile wider than its threads hold: the weight loaded each row
     wide = not chunked and block_n > 32 * warps * BWD_THREAD_ELEMS
     meta["W_ROW"] = bool(BWD_WEIGHT_EACH_ROW) and wide
-    if vec and block_n <= 32 * warps * BWD_THREAD_ELEMS:
-        cap = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
-    else:
-        cap = 0
-    if cap:
-        meta["maxnreg"] = cap
+    if vec and not wide:
+        meta["maxnreg"] = SM_REGISTERS // (32 * warps * programs_per_sm(warps))
     return meta
 
 
