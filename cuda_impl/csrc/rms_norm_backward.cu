@@ -123,9 +123,10 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
 // partials in turn takes 4 a warp (64 instructions a thread a row at 512 threads). A
 // butterfly gives every lane the same sums (lanes i and i ^ off add the same two values),
 // and every warp adds the same partials in the same order: one result, the same every run.
-// IN_TURN: every thread adds the warps' partials in turn, no shuffles after the barrier;
-// faster where the kernel waits on shuffles more than on loads from shared memory (the
-// plain op's 16-bit rows kept in registers, PERF_NOTES v51).
+// IN_TURN: every thread adds the warps' partials in turn, no shuffles after the barrier:
+// 3-5 points of copy faster for the plain op's 16-bit rows on one CTA of 1024 threads
+// (16384), 2 slower for the fused add's on the same kernel and level elsewhere
+// (PERF_NOTES v51).
 template <int THREADS, bool IN_TURN = false>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
 #pragma unroll
@@ -509,9 +510,9 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // threads, whose CTAs an SM shared memory had held to 512-704 threads: 16-bit rows are the
 // ones whose instructions a byte (two elements to convert, to sum, to scale) held the
 // kernel back, and there it measured 2-9 points of copy faster; the fused add's lost 4-12
-// points (PERF_NOTES v47).
+// points (PERF_NOTES v47). IN_TURN: the CTA sums' form (block_sum2).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
-          bool KEEP = false>
+          bool KEEP = false, bool IN_TURN = false>
 __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THREADS)
     rms_norm_bwd_staged(BwdArgs a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
@@ -677,7 +678,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
         }
       }
     });
-    return block_sum2<THREADS, KEEP>(ss, gs, red);
+    return block_sum2<THREADS, IN_TURN>(ss, gs, red);
   };
   // ds of `row` from stage st, and its dweight share, given the whole row's sums
   auto finish = [&](int64_t row, int st, float2 sums) {
@@ -895,10 +896,11 @@ int staged_stages(int stage_bytes, bool fused, bool aligned) {
 // are the depths staged_stages gives: the plain op's aligned 16-bit rows (KEEP) 4 to 256
 // threads (16 KB a row) and 3 at 512 (32 KB); the fused add's rows to 16 KB 3 (256 threads
 // or fewer); 2 for the rest, with the weight in T for 16-bit dy's rings of 512 and 1024
-// threads. (fp32's rows take the register kernel or a cluster, but for the fused add's
-// aligned ones.)
+// threads, the plain op's 1024-thread one with its CTA sums in turn (block_sum2).
+// (fp32's rows take the register kernel or a cluster, but for the fused add's aligned ones.)
 template <typename T, typename S, int THREADS>
 KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
+  [[maybe_unused]] const bool plain16 = keep;  // the plain op's aligned 16-bit rows
   if constexpr (std::is_same_v<T, S> && sizeof(T) == 2 && THREADS <= 512) {
     constexpr int kKeepStages = THREADS <= 256 ? 4 : 3;
     if (keep && stages >= kKeepStages) {
@@ -917,6 +919,10 @@ KernelPtr staged_kernel(int& stages, bool& wt, bool& keep) {
   }
   stages = 2;
   if constexpr (THREADS >= 512 && sizeof(T) == 2) {
+    if constexpr (THREADS == 1024 && std::is_same_v<T, S>) {
+      if (wt && plain16)
+        return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true, false, true>;
+    }
     if (wt) return rms_norm_bwd_staged<T, S, THREADS, kVpt, 2, false, true>;
   }
   wt = false;
