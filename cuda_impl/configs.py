@@ -21,6 +21,8 @@ from typing import Optional
 
 import torch
 
+from rmsnorm_api import as_int, check_width
+
 
 @functools.cache
 def variant_bits() -> dict[str, int]:
@@ -51,6 +53,14 @@ class Config:
     vpt: int
     cluster: int = 1
     variant: int = 0
+
+    def __post_init__(self) -> None:
+        # integers by the contract's rule (a NumPy integer too); whether the library
+        # compiled such a config is the op's to say, at the call
+        for name, lo in (("row_threads", 1), ("vpt", 1), ("cluster", 1), ("variant", 0)):
+            object.__setattr__(
+                self, name, as_int(getattr(self, name), name, "cuda_impl Config", lo)
+            )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +123,7 @@ def default_config(
     no kernel takes).
     dtype, x's name, as triton_impl's rule takes it: the CUDA ladders key on element size
     alone."""
+    n, element_size = check_width(n, element_size, "default_config")
     rt, vpt, ranks, variant = _table_fn(op, 1, "default_config")(n, element_size)
     return Config(rt, vpt, ranks, variant)
 
@@ -121,6 +132,7 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     """Compiled configs of op that hold the row with at most 4x spare capacity (clusters:
     the fewest CTAs that hold it, and twice that; row-chunk configs: a chunk at most 4x the
     row), the sweep-only ones included when built."""
+    n, element_size = check_width(n, element_size, "search_space")
     vecs = max(1, n * element_size // 16)
     out = []
     for c in compiled_configs(op):

@@ -23,6 +23,7 @@ from rmsnorm_api import (
     bypass_ok,
     call_op,
     check_backward_inputs,
+    check_forced_config_grad,
     check_fused_inputs,
     check_in_place,
     check_inputs,
@@ -237,6 +238,9 @@ def fused_add_rms_norm_with_config(
     cfg: one of cuda_impl.compiled_configs('fused_add_rms_norm'), its cluster the CTAs
     sharing a row."""
     check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
+    check_forced_config_grad(
+        "cuda_impl.fused_add_rms_norm_with_config", x=x, residual=residual, weight=weight
+    )
     _check_cfg(cfg, "fused_add_rms_norm_with_config")
     return torch.ops.cuda_impl.fused_add_rms_norm_with_config(
         x, residual, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
@@ -267,6 +271,7 @@ def rms_norm_with_config(
     """rms_norm with a forced launch config, for sweeps; same result. cfg: a compiled one
     (cuda_impl.compiled_configs()), its cluster the CTAs sharing a row."""
     check_inputs(x, weight, eps, impl=_IMPL)
+    check_forced_config_grad("cuda_impl.rms_norm_with_config", x=x, weight=weight)
     _check_cfg(cfg, "rms_norm_with_config")
     return torch.ops.cuda_impl.rms_norm_with_config(
         x, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
@@ -188,6 +190,37 @@ def _check_shaped_like_x(t: torch.Tensor, name: str, x: torch.Tensor, impl: str)
         )
 
 
+def as_int(v: object, name: str, where: str, lo: int, hi: Optional[int] = None) -> int:
+    """v as an int in [lo, hi] (hi None: no bound), the one rule for the integers the two
+    backends' config helpers take: an integer by operator.index (a Python or NumPy
+    integer; never a bool, a float or a string), else ValueError naming where and name."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        value = operator.index(v)
+    except TypeError:
+        value = None
+    if value is None or value < lo or (hi is not None and value > hi):
+        want = f"an int in [{lo}, {hi}]" if hi is not None else f"an int >= {lo}"
+        raise ValueError(f"{where}: {name} is {v!r}; expected {want}")
+    return value
+
+
+#: The element sizes (bytes) of DTYPES, as the config helpers take them.
+ELEMENT_SIZES = (2, 4)
+
+
+def check_width(n: object, element_size: object, where: str) -> tuple[int, int]:
+    """A row width and an element size as both backends' config helpers (default_config,
+    search_space) take them: n an int in [1, MAX_N], element_size 2 or 4 (as_int's rule);
+    returned as ints, else ValueError naming where and the argument."""
+    n = as_int(n, "n", where, 1, MAX_N)
+    size = as_int(element_size, "element_size", where, min(ELEMENT_SIZES), max(ELEMENT_SIZES))
+    if size not in ELEMENT_SIZES:
+        raise ValueError(f"{where}: element_size is {element_size!r}; expected 2 or 4")
+    return n, size
+
+
 def check_x(x: torch.Tensor, *, impl: str = "rms_norm", name: str = "x") -> None:
     """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules
     and the backward (name: dy there)."""
@@ -286,9 +319,13 @@ def fused_backward_outputs(
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{impl}: eps must be a real number, got {_type_name(eps)}")
-    if not (math.isfinite(eps) and EPS_MIN <= eps <= EPS_MAX):
+    try:
+        value, shown = float(eps), repr(float(eps))
+    except OverflowError:  # an int past float's range, shown shortened
+        value, shown = math.inf, reprlib.repr(eps)
+    if not (math.isfinite(value) and EPS_MIN <= value <= EPS_MAX):
         raise ValueError(
-            f"{impl}: eps is {float(eps)!r}; expected a number in float32's normal range"
+            f"{impl}: eps is {shown}; expected a number in float32's normal range"
             f" [{EPS_MIN:.7g}, {EPS_MAX:.7g}]"
         )
 
@@ -354,6 +391,13 @@ def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> Non
                     f"{impl}: {form} does not support forward-mode AD, but {name} has a"
                     " tangent (use the functional form)"
                 )
+
+
+def check_forced_config_grad(impl: str, **tensors: Optional[torch.Tensor]) -> None:
+    """The forced-config functions (rms_norm_with_config, fused_add_rms_norm_with_config:
+    sweeps and profiles) have no autograd: refuse inputs that want it, naming the function
+    and the first such tensor, rather than return an output with no gradient."""
+    _refuse_grad("a forced config (for sweeps and profiles)", impl, **tensors)
 
 
 def _rows(t: torch.Tensor) -> Optional[tuple[int, int, int, int]]:

@@ -29,6 +29,7 @@ functorch's transforms accept it.
 
 from __future__ import annotations
 
+import collections
 from typing import Optional
 
 import torch
@@ -36,6 +37,7 @@ from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd import forward_ad
 
 _C = torch._C
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 #: The backend autograd keys our ops' tensors dispatch to (a CPU tensor under the Triton
 #: interpreter, a CUDA tensor, a meta tensor); nested tensors have a kernel of their own.
 AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
@@ -55,6 +57,34 @@ def _needs_autograd(args) -> bool:
     if forward_ad._current_level >= 0 and _C._is_fwd_grad_enabled():
         return True
     return _C.is_grad_enabled() and _C._any_requires_grad(*args)
+
+
+#: Nodes walked from an op's inputs to find a leaf's AccumulateGrad (_hands_no_gradient_out).
+_PROBE_NODES = 32
+
+
+def _hands_no_gradient_out(ctx) -> bool:
+    """Whether the backward pass running ctx's node hands none of its gradients to the
+    caller as tensors, so that two gradients may be one tensor unseen: a ``backward()``
+    (every gradient accumulated into .grad or consumed by other nodes), not
+    ``torch.autograd.grad`` (or torch.func's transforms, AOTAutograd's tracing), which
+    return the gradients it captures as they are. Told by the engine's answer for a leaf's
+    AccumulateGrad node reached from ctx's inputs (the weight's first): in the graph of a
+    backward() it runs, in a torch.autograd.grad it never runs and, if it is an input
+    there, asking raises. No such node within _PROBE_NODES: False (the safe answer)."""
+    nodes = [n for n, _ in ctx.next_functions if n is not None]
+    todo = collections.deque(nodes[::-1])  # breadth first, the weight's node first
+    for _ in range(_PROBE_NODES):
+        if not todo:
+            return False
+        node = todo.popleft()
+        if isinstance(node, _ACCUMULATE_GRAD):
+            try:
+                return _C._will_engine_execute_node(node)
+            except RuntimeError:  # a captured leaf: torch.autograd.grad
+                return False
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return False
 
 
 def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.Tensor]:
@@ -123,15 +153,16 @@ def _functions(ns: str) -> dict:
 
         # autograd hands an unused output's gradient in as zeros, so dy and d_residual_out
         # are both tensors here. dx and dresidual are one value, cast to x's and the
-        # residual's dtypes: where those are one dtype, dx is returned as both and the
-        # kernels skip dresidual's store (one tensor of the backward's five fewer to write).
-        # Autograd hands a gradient shared so to each leaf as its own (AccumulateGrad copies
-        # one that something else still holds), and torch's nodes never write into a
-        # gradient they are given; torch.autograd.grad returns the one tensor for both.
+        # residual's dtypes: where those are one dtype and no one can see the two as tensors
+        # (_hands_no_gradient_out), dx is returned as both and the kernels skip dresidual's
+        # store (one tensor of the backward's five fewer to write). The engine passes a
+        # gradient shared so on to the nodes behind x and residual, which never write into
+        # a gradient they are given, and AccumulateGrad copies one that something else
+        # still holds, so each leaf's .grad is its own.
         @staticmethod
         def backward(ctx, dy, d_residual_out):
             residual_out, weight = ctx.saved_tensors
-            share = dy.dtype == residual_out.dtype
+            share = dy.dtype == residual_out.dtype and _hands_no_gradient_out(ctx)
             dx, dres, dw = ops.fused_add_rms_norm_backward(
                 dy, d_residual_out, residual_out, weight, ctx.eps, not share
             )

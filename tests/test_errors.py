@@ -416,18 +416,83 @@ def test_triton_forced_config_errors(cfg, what):
         rms_norm_with_config(x, w, 1e-6, cfg)
 
 
-@pytest.mark.parametrize("n, elem", [(0, 2), (-5, 2), (10**12, 2), (MAX_N + 1, 4), (64, 3)])
-def test_default_config_range(n, elem):
-    """Both backends' config rules refuse widths and element sizes no kernel takes."""
-    fn_or_skip("triton")
-    from triton_impl import default_config, search_space
+@pytest.mark.parametrize(
+    "n, elem",
+    [
+        (0, 2),
+        (-5, 2),
+        (10**12, 2),
+        (MAX_N + 1, 4),
+        (64, 3),
+        (64, 8),
+        (True, 2),
+        (64.0, 2),
+        (64, 2.0),
+        ("64", 2),
+    ],  # fmt: skip
+)
+@pytest.mark.parametrize("backend", IMPLS)
+def test_config_helpers_refuse_what_no_kernel_takes(backend, n, elem):
+    """Both backends' config helpers, one rule (rmsnorm_api.check_width): widths and element
+    sizes no kernel takes, and what is not an integer, refused by name."""
+    fn_or_skip(backend)
+    pkg = __import__(f"{backend}_impl")
+    for helper in ("default_config", "search_space"):
+        with pytest.raises(ValueError, match=rf"{helper}: (n|element_size) is"):
+            getattr(pkg, helper)(n, elem)
 
-    with pytest.raises(ValueError, match=r"default_config: (n|element_size) is"):
-        default_config(n, elem)
-    with pytest.raises(ValueError, match=r"search_space: (n|element_size) is"):
-        search_space(n, elem)
+
+@pytest.mark.parametrize("backend", IMPLS)
+def test_config_helpers_take_numpy_integers(backend):
+    """An integer is an integer by operator.index, a NumPy one too; the answer is the one
+    for the Python int."""
+    np = pytest.importorskip("numpy")
+    fn_or_skip(backend)
+    pkg = __import__(f"{backend}_impl")
+    for n in (np.int64(4096), np.int32(4097)):
+        for helper in ("default_config", "search_space"):
+            fn = getattr(pkg, helper)
+            assert fn(n, np.int64(2)) == fn(int(n), 2)
+    assert pkg.Config(*pkg.default_config(4096, 2).as_dict().values()) == pkg.default_config(
+        np.int64(4096), 2
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, what",
+    [
+        ((-1, 0), "row_threads is -1"),
+        ((256, 0), "vpt is 0"),
+        ((256, 2, 0), "cluster is 0"),
+        ((256, 2, 1, -1), "variant is -1"),
+        ((True, 2), "row_threads is True"),
+        ((256.0, 2), "row_threads is 256.0"),
+    ],  # fmt: skip
+)
+def test_cuda_config_fields_are_integers(fields, what):
     fn_or_skip("cuda")
-    import cuda_impl
+    from cuda_impl import Config
 
-    with pytest.raises(ValueError, match=r"rms_norm_default_config: (n|element_size) is"):
-        cuda_impl.default_config(n, elem)
+    with pytest.raises(ValueError, match=rf"cuda_impl Config: {what}; expected an int >="):
+        Config(*fields)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("backend", IMPLS)
+def test_forced_config_functions_refuse_autograd(backend, op):
+    """The forced-config functions (sweeps, profiles) have no backward: an input that
+    requires grad is refused by the function's name, never given an output that silently
+    has no gradient; under no_grad they run."""
+    impl_or_skip(backend)
+    pkg = __import__(f"{backend}_impl")
+    fn = getattr(pkg, f"{op}_with_config")
+    x, w = x_and_w(64, torch.float32)
+    args = (x, torch.randn_like(x)) if op != "rms_norm" else (x,)
+    cfg = pkg.default_config(64, 4, op)
+    for t in (*args, w):
+        t.requires_grad_(True)
+        with pytest.raises(ValueError, match=rf"{backend}_impl.{op}_with_config: .* requires grad"):
+            fn(*args, w, 1e-6, cfg)
+        with torch.no_grad():
+            fn(*args, w, 1e-6, cfg)
+        t.requires_grad_(False)

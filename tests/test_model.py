@@ -15,7 +15,7 @@ import torch
 from conftest import DEVICE, HAS_GPU, refusal
 from harness import hardware, measure, model, records, timing
 from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
-from rmsnorm_api.swap import is_rms_norm, swap_rms_norm
+from rmsnorm_api.swap import VERIFY_TOL, is_rms_norm, swap_rms_norm
 
 VARIANTS = model.variants()
 
@@ -231,6 +231,155 @@ def test_swap_keeps_a_shared_norm_shared():
     net = torch.nn.ModuleDict({"a": torch.nn.Sequential(norm), "b": torch.nn.Sequential(norm)})
     assert swap_rms_norm(net, torch.nn.RMSNorm) == 1
     assert net["a"][0] is net["b"][0]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda n: torch.nn.Sequential(n, torch.nn.Linear(64, 64), n), id="sequential"),
+        pytest.param(lambda n: torch.nn.ModuleList([n, n, n]), id="module-list"),
+    ],
+)
+def test_swap_fills_every_slot_of_a_norm_registered_twice(build):
+    """A norm in several slots of one parent is swapped in each, for one replacement: the
+    tie holds through a training step."""
+    norm = LlamaRMSNorm(64)
+    net = build(norm)
+    assert swap_rms_norm(net, torch.nn.RMSNorm) == 1
+    swapped = [m for m in net if not isinstance(m, torch.nn.Linear)]
+    assert all(type(m) is torch.nn.RMSNorm for m in swapped)
+    assert all(m is swapped[0] for m in swapped)
+    assert swapped[0].weight is norm.weight  # the Parameter itself
+    if isinstance(net, torch.nn.Sequential):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        net(torch.randn(3, 64)).square().sum().backward()
+        opt.step()
+        assert net[0] is net[2] and net[0].weight is norm.weight
+
+
+def test_swap_keeps_the_weight_parameter_for_an_optimizer_built_before():
+    norm = LlamaRMSNorm(16)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), norm)
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    swap_rms_norm(net, torch.nn.RMSNorm)
+    net(torch.randn(4, 16)).square().sum().backward()
+    before = net[1].weight.detach().clone()
+    opt.step()
+    assert not torch.equal(net[1].weight.detach(), before)  # the optimizer's step reached it
+
+
+class BiasRMSNorm(LlamaRMSNorm):
+    """An RMSNorm with a bias: state a plain RMSNorm would drop."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__(hidden_size, eps)
+        self.bias = torch.nn.Parameter(torch.zeros(hidden_size))
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states) + self.bias
+
+
+def _with_buffer():
+    norm = LlamaRMSNorm(8)
+    norm.register_buffer("scale", torch.ones(8))
+    return norm
+
+
+def _with_hook():
+    norm = LlamaRMSNorm(8)
+    norm.register_forward_hook(lambda *args: None)
+    return norm
+
+
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda: BiasRMSNorm(8), "parameter 'bias'"),
+        (_with_buffer, "buffer 'scale'"),
+        (_with_hook, "forward hook"),
+    ],
+)
+@pytest.mark.parametrize("verify", [True, False])
+def test_swap_refuses_a_norm_with_state_it_would_drop(make, what, verify):
+    """The bias is zero at swap time, so outputs agree; it would still be dropped (and a
+    later load_state_dict would put it nowhere): refused by the module's name, verify or
+    not, before anything is swapped."""
+    net = torch.nn.Sequential(LlamaRMSNorm(8), make())
+    with pytest.raises(
+        ValueError, match=rf"1 \(\w+RMSNorm\) not swapped for RMSNorm: it holds {what}"
+    ):
+        swap_rms_norm(net, torch.nn.RMSNorm, verify=verify)
+    assert type(net[0]) is LlamaRMSNorm
+
+
+class EpsOutsideRootRMSNorm(LlamaRMSNorm):
+    """x / (rms + eps): the same output as LlamaRMSNorm on rows of unit rms, 31% off on
+    activations of rms 3e-3 with eps 1e-5."""
+
+    def forward(self, hidden_states):
+        h = hidden_states.float()
+        rms = h.square().mean(-1, keepdim=True).sqrt()
+        return self.weight * (h / (rms + self.variance_epsilon)).to(hidden_states.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_swap_verify_tests_rows_where_eps_matters(dtype):
+    """Verification runs rows of tiny, unit and large rms in the module's dtype: a norm
+    that agrees at unit rms only is refused; the real LlamaRMSNorm passes beside it."""
+    net = torch.nn.Sequential(LlamaRMSNorm(64, eps=1e-5), EpsOutsideRootRMSNorm(64, eps=1e-5))
+    net = net.to(dtype)
+    with torch.no_grad():  # at unit rms the two agree to the dtype's rounding
+        x = torch.randn(4, 64).to(dtype)
+        torch.testing.assert_close(net[1](x), net[0](x), **VERIFY_TOL[dtype])
+    with pytest.raises(
+        ValueError, match=r"1 \(EpsOutsideRootRMSNorm\) not swapped .* on a row of rms"
+    ):
+        swap_rms_norm(net, _ours_module())
+    assert type(net[0]) is LlamaRMSNorm and type(net[1]) is EpsOutsideRootRMSNorm
+    assert swap_rms_norm(torch.nn.Sequential(net[0]), _ours_module()) == 1
+
+
+@pytest.mark.parametrize(
+    "net, cls, what",
+    [
+        (
+            lambda: torch.nn.Sequential(LlamaRMSNorm(8)).to("meta"),
+            torch.nn.RMSNorm,
+            r"0 \(LlamaRMSNorm\) .*on the meta device.*; pass verify=False",
+        ),
+        (
+            lambda: torch.nn.Sequential(LlamaRMSNorm(8)).double(),
+            None,
+            r"0 \(LlamaRMSNorm\) .*could not run it to check \(TypeError: .*float64.*verify=False",
+        ),
+        (
+            lambda: torch.nn.Sequential(LlamaRMSNorm(8, eps=0)),
+            None,
+            r"0 \(LlamaRMSNorm\) .*refuses the module's width 8 or eps 0 .*eps is 0",
+        ),
+        (
+            lambda: torch.nn.Sequential(LlamaRMSNorm(8, eps=10**400)),
+            None,
+            r"0 \(LlamaRMSNorm\) .*eps is 1000.*; expected a number in float32's normal range",
+        ),
+    ],  # fmt: skip
+)
+def test_swap_errors_name_the_module(net, cls, what):
+    """Whatever stops a swap is a ValueError naming the module and what to do."""
+    with pytest.raises(ValueError, match=what):
+        swap_rms_norm(net(), cls or _ours_module())
+
+
+def test_swap_checks_a_float64_norm_for_a_class_that_takes_it():
+    net = torch.nn.Sequential(LlamaRMSNorm(8)).double()
+    assert swap_rms_norm(net, torch.nn.RMSNorm) == 1
+
+
+def test_swap_without_verify_on_the_meta_device():
+    """A model built on the meta device swaps unchecked, its weights loaded after."""
+    net = torch.nn.Sequential(LlamaRMSNorm(8)).to("meta")
+    assert swap_rms_norm(net, torch.nn.RMSNorm, verify=False) == 1
+    assert net[0].weight.is_meta
 
 
 def test_swap_refuses_what_is_not_a_module():

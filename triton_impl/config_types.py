@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional, Union
 
-from rmsnorm_api import MAX_N
+from rmsnorm_api import MAX_N, as_int
 from triton_impl.kernels import KERNEL_KINDS
 
 
@@ -56,6 +56,10 @@ class Config:
             raise ValueError(
                 f"{where}: kernel is {self.kernel!r}; expected one of {sorted(KERNEL_KINDS)}"
             )
+        # integers by the contract's rule (a NumPy integer too), kept as ints
+        for name, lo in (("block_n", 1), ("num_warps", 1), ("block_m", 1),
+                         ("programs_per_sm", 0), ("stages", 1)):  # fmt: skip
+            object.__setattr__(self, name, as_int(getattr(self, name), name, where, lo))
         for name, hi in (("block_n", MAX_N), ("num_warps", 32), ("block_m", 1024)):
             v = getattr(self, name)
             if not (_pow2(v) and v <= hi):
@@ -67,10 +71,6 @@ class Config:
                 f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"
                 " one program a shard (0)"
             )
-        for name, lo in (("programs_per_sm", 0), ("stages", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{where}: {name} is {v!r}; expected an int >= {lo}")
         if self.stages > 1 and self.kernel not in ("persistent", "sharded"):
             raise ValueError(
                 f"{where}: stages is {self.stages}; only the persistent and sharded kernels"

@@ -25,7 +25,7 @@ from typing import Optional
 
 import triton
 
-from rmsnorm_api import MAX_N
+from rmsnorm_api import check_width
 from triton_impl.config_types import Config, Width
 from triton_impl.config_types import fused_config as _fused
 from triton_impl.kernels import FORWARD_KERNELS
@@ -91,7 +91,7 @@ def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Confi
     - wider rows, and the widths WIDE_TUNED names: the chunked two-sweep kernel or the
       sharded one (WIDE_TUNED, else SHARDED).
     """
-    check_width(n, element_size, "default_config")
+    n, element_size = check_width(n, element_size, "default_config")
     elem = element_size
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[elem]:
@@ -144,6 +144,7 @@ def default_config(
     rms_norm: the throughput rule, and for `rows` fewer programs than `sms` the latency
     rule (rows the fused kernel holds start from its tile there, the chunked kernel's
     widths up to FUSED_MAX_N included)."""
+    n, element_size = check_width(n, element_size, "default_config")
     if op == "fused_add_rms_norm":
         return fused_add_default_config(n, element_size, split_ok, dtype, rows=rows, sms=sms)
     if op != "rms_norm":
@@ -159,13 +160,6 @@ def default_config(
     if base.kernel not in ("chunked", "sharded") and triton.cdiv(rows, base.block_m) < sms:
         return latency_config(base, element_size)
     return cfg
-
-
-def check_width(n: int, element_size: int, where: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise ValueError(f"{where}: n is {n!r}; expected an int in [1, {MAX_N}]")
-    if element_size not in (2, 4):
-        raise ValueError(f"{where}: element_size is {element_size!r}; expected 2 or 4")
 
 
 def shards(cfg: Config, n: int) -> int:
@@ -231,7 +225,7 @@ def fused_add_config(
     THREAD_BYTES of it a thread, as the plain op's rule for untuned widths); the sharded
     kernel beyond (FUSED_ADD_WIDE, or FUSED_ADD_WIDE_TUNED for the dtype and width, from
     the sweep; the rest a rule, not a table)."""
-    check_width(n, element_size, "fused_add_config")
+    n, element_size = check_width(n, element_size, "fused_add_config")
     block_n = triton.next_power_of_2(n)
     if block_n > FUSED_MAX_N[element_size]:
         # the entry for this dtype, else one for every dtype of the element size
@@ -340,7 +334,7 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     short chunks for rows of two or more, and the
     sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
     config, the same fused tiles and split kernels, and the sharded kernel's candidates."""
-    check_width(n, element_size, "search_space")
+    n, element_size = check_width(n, element_size, "search_space")
     if op == "fused_add_rms_norm":
         out = [fused_add_config(n, element_size)]
         out += [c for c in _register_tiles(n, element_size) if c not in out]

@@ -33,6 +33,7 @@ from rmsnorm_api import (
     RMSNormModule,
     bypass_ok,
     call_op,
+    check_forced_config_grad,
     check_fused_inputs,
     check_in_place,
     check_inputs,
@@ -185,6 +186,7 @@ def rms_norm_with_config(
     """rms_norm with a forced launch config (a triton_impl.configs.Config, or its as_dict()
     form), for sweeps; same result. ValueError names a field no kernel can run."""
     check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    check_forced_config_grad("triton_impl.rms_norm_with_config", x=x, weight=weight)
     cfg = _forced(cfg, x, "rms_norm_with_config")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _run((x,), weight, float(eps), (y,), cfg)
@@ -200,6 +202,9 @@ def fused_add_rms_norm_with_config(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm with a forced launch config, as rms_norm_with_config."""
     _check_fused(x, residual, weight, eps, _FUSED)
+    check_forced_config_grad(
+        "triton_impl.fused_add_rms_norm_with_config", x=x, residual=residual, weight=weight
+    )
     cfg = _forced(cfg, x, "fused_add_rms_norm_with_config")
     outs = _fused_outputs(x, residual)
     _run((x, residual), weight, float(eps), outs, cfg)
