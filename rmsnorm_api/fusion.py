@@ -64,15 +64,27 @@ def _first(fn):
 
 def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
     """What the patterns leave open (their traced constants are wildcards), checked on the
-    match: the square, the mean over the last dimension kept, the sum at fp32, an add
-    without alpha; then x, residual, weight and eps as the fused op takes them: one dtype,
-    the residual of x's shape, both of stride 1 along a row, the weight 1-D of x's width, on
-    a device the backend runs on (`devices`), eps in the op's range. A match the op would
-    refuse stays the graph's own norm."""
-    from rmsnorm_api import EPS_MAX, EPS_MIN
+    match: x, residual and weight tensors (not a number added to x), the square, the mean
+    over the last dimension kept, the sum at fp32, an add without alpha; then x, residual,
+    weight and eps as the fused op takes them: one dtype, the residual of x's shape, both of
+    stride 1 along a row, the weight 1-D of x's width, on a device the backend runs on
+    (`devices`), and whatever else the op's own checks refuse (a width outside [1, MAX_N],
+    eps outside its range). A match the op would refuse stays the graph's own norm: the pass
+    never turns a compile that works into one that fails."""
+    try:
+        return _fused_op_takes(devices, match)
+    except Exception:  # a match the check cannot judge is left alone
+        return False
 
-    x, r, w = (match.kwargs[k].meta.get("val") for k in ("x", "residual", "weight"))
-    if x is None or r is None or w is None or x.device.type not in devices:
+
+def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
+    from rmsnorm_api import EPS_MAX, EPS_MIN, check_fused_inputs
+
+    nodes = [match.kwargs.get(k) for k in ("x", "residual", "weight")]
+    if not all(isinstance(n, torch.fx.Node) for n in nodes):
+        return False  # x + 1.0: a number where the fused op takes a tensor
+    x, r, w = (n.meta.get("val") for n in nodes)
+    if not all(isinstance(t, torch.Tensor) for t in (x, r, w)) or x.device.type not in devices:
         return False
     aten, prims = torch.ops.aten, torch.ops.prims
     # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
@@ -95,14 +107,20 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
             x.dtype,
         ):
             return False
-    return (
+    if not (
         x.dtype == r.dtype == w.dtype
         and x.shape == r.shape
         and (x.dim() == 0 or x.stride(-1) == 1 and r.stride(-1) == 1)  # what the op reads
         and w.dim() == 1
         and w.shape[0] == x.shape[-1]
         and x.device == r.device == w.device
-    )
+    ):
+        return False
+    try:
+        check_fused_inputs(x, r, w, eps[0], allow_cpu=True, impl="rmsnorm_api.fusion")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _patterns(backend: str) -> PatternMatcherPass:

@@ -124,6 +124,10 @@ LEFT_ALONE = {
     "other dim": lambda x, r, w: (
         (x + r) * torch.rsqrt((x + r).pow(2).mean(0, keepdim=True) + 1e-6) * w
     ),
+    # a number added, not a residual tensor (either side; the norm's three forms)
+    "x + 1.0": lambda x, r, w: F.rms_norm(x + 1.0, (x.shape[-1],), w, 1e-6),
+    "1.0 + x": lambda x, r, w: F.rms_norm(1.0 + x, (x.shape[-1],), w, 1e-6),
+    "composite of x + 2": lambda x, r, w: llama_composite(x, 2, w),
 }
 
 
@@ -134,6 +138,26 @@ def test_leaves_what_the_fused_op_does_not_compute(fusion, name, case):
     dtype = torch.float32 if case == "strided rows" else torch.bfloat16
     x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
     compiled_matches(LEFT_ALONE[case], x, r, w, dtype=dtype)
+    assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_a_number_added_before_an_rms_norm_module(fusion, name):
+    dtype = torch.bfloat16
+    x, norm = rows(6, 64, dtype=dtype), torch.nn.RMSNorm(64, device=DEVICE, dtype=dtype)
+    torch.nn.init.normal_(norm.weight)
+    compiled_matches(module_norm, x, 1, norm, dtype=dtype)
+    assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("n", [0, 262145])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_widths_the_fused_op_refuses(fusion, name, n):
+    """Rows of no element and rows past MAX_N: the graph's own norm compiles as it would
+    without the pass."""
+    dtype = torch.float32
+    x, r, w = rows(2, n, dtype=dtype), rows(2, n, dtype=dtype), rows(n, dtype=dtype)
+    compiled_matches(lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), x, r, w, dtype=dtype)
     assert fusion.rewrites == 0
 
 
