@@ -937,3 +937,26 @@ def test_speedup_lies_in_its_range_of_blocks():
     got = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text)
     assert got and all(float(lo) <= float(v) <= float(hi) for v, lo, hi in got)
     assert "[range of blocks]" in text
+
+
+def test_the_pass_is_neither_run_nor_drawn_at_the_training_step():
+    """The pass leaves training graphs, so its block there is native's: not run (the job
+    asks pass_not_applicable), and a record an earlier run wrote there drawn as not
+    applicable, not as a speedup of the pass."""
+    from harness.model.config import REPO, pass_not_applicable
+
+    assert "training graphs" in pass_not_applicable("compile", True)
+    assert "compiled graphs" in pass_not_applicable("eager", False)
+    assert pass_not_applicable("compile", False) is None
+    committed = REPO / "results" / "h200" / "model" / "records.jsonl"
+    recs = records.read_records(committed)
+    timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"
+             and r["model"]["shape"] == "train" and r["status"] == "PASS"]  # fmt: skip
+    if not timed:
+        pytest.skip("no training record of the pass in the committed records")
+    text = model.render([r for r in recs if (r.get("model") or {}).get("shape") == "train"])
+    rows = [line for line in text.splitlines() if "| compile | triton_pass |" in line]
+    assert rows and all(
+        "SKIP: not run: not applicable: the pass leaves training" in r for r in rows
+    )
+    assert "triton_pass x" not in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]  # harness/model/config.py: the repository's root
 #: The committed H200 run the no-GPU path prints (python -m harness.model --out this).
@@ -31,6 +32,23 @@ VARIANTS = (
 #: rmsnorm_api.enable_compile_fusion(backend): the pass puts the backend's fused add + norm
 #: in it, so their pieces alone are the fused variants'. Compiled modes only.
 PASS = {"triton_pass": "triton_fused", "cuda_pass": "cuda_fused"}
+
+
+def pass_not_applicable(mode: str, train: bool) -> Optional[str]:
+    """Why a PASS variant is not run in a mode at a shape (None: it is): the pass rewrites
+    compiled graphs only, and leaves training graphs (their forward saves the norm's
+    values for the backward, which none of its patterns match), where its block would be
+    native's compiled block timed again."""
+    if not mode.startswith("compile"):
+        return "not applicable: the pass rewrites compiled graphs (eagerly it is native)"
+    if train:
+        return (
+            "not applicable: the pass leaves training graphs (their forward saves the norm's"
+            " values), so its block is native's"
+        )
+    return None
+
+
 FUSED = ("triton_fused", "cuda_fused", *PASS)
 MODES = ("eager", "graph", "compile", "compile_graph")
 SHAPE_NAMES = ("prefill", "decode", "train")

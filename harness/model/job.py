@@ -24,7 +24,7 @@ from harness import measure, timing
 from harness.measure import kernel_times
 from harness.model.alone import pieces
 from harness.model.block import Variant, _import, agreement, block_fn
-from harness.model.config import BLOCK_OP, GPU_SHAPES, LAYER_OP, Shape
+from harness.model.config import BLOCK_OP, GPU_SHAPES, LAYER_OP, Shape, pass_not_applicable
 from harness.model.finish import _finish
 from harness.model.hf import layer_calls, layer_checks, layer_steps, layer_train_checks
 from harness.model.state import Run, ShapeState, _compiled, _state, _write_block
@@ -110,8 +110,8 @@ def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
         v = run.variants[name]
         where = f"{shape.name}/{mode}/{name}"
         why = v.unavailable
-        if v.compile_pass and not mode.startswith("compile"):
-            why = "not applicable: the pass rewrites compiled graphs (eagerly it is native)"
+        if v.compile_pass and not why:
+            why = pass_not_applicable(mode, shape.train)
         if why:
             _write_block(run, st.shape, mode, name, status="SKIP", notes=[f"not run: {why}"])
             run.say(f"{where}: skip ({why})")

@@ -14,10 +14,12 @@ from harness.model.config import (
     COMPILED_NORMS,
     LAYER_OP,
     MODES,
+    PASS,
     SHAPE_NAMES,
     TRAIN_MODES,
     VARIANTS,
     Shape,
+    pass_not_applicable,
 )
 from harness.model.shares import exceeds, speedup_of_medians
 
@@ -53,6 +55,19 @@ def _redrawn_speedups(recs: list[dict]) -> list[dict]:
                 m["why"] = ["raised when redrawn from the records; the run recorded no reasons"]
         out.append({**r, "model": m})
     return out
+
+
+def _applicable(r: dict) -> dict:
+    """r, or for a PASS variant where the pass does not apply (pass_not_applicable: a
+    training step) a SKIP saying so: a record an earlier run wrote there timed native's
+    block, not the pass."""
+    m = r["model"]
+    why = m.get("variant") in PASS and pass_not_applicable(
+        m.get("exec", ""), (m.get("config") or {}).get("train", False)
+    )
+    if not why or r["status"] == "SKIP":
+        return r
+    return {**r, "status": "SKIP", "notes": [f"not run: {why}"]}
 
 
 def short_kernel(name: str) -> str:
@@ -142,7 +157,8 @@ def _against_native(rows: list[dict], mode: str) -> Optional[str]:
 
 def render(recs: list[dict]) -> str:
     """The model section as markdown, from a run's records (any machine can redraw it)."""
-    recs = _redrawn_speedups([r for r in records.latest(recs) if r.get("model")])
+    recs = [_applicable(r) for r in records.latest(recs) if r.get("model")]
+    recs = _redrawn_speedups(recs)
     if not recs:
         return "no model records in this file"
     env = recs[0]["env"]
