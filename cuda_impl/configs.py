@@ -10,7 +10,7 @@ candidates), compiled by csrc/forward_table.h. Here they are read back, typed:
   and whether it ships (is on a ladder);
 - ``default_config(n, element_size, op)``: the C++ ladder's own choice for many rows;
 - ``search_space(n, element_size, op)``: the candidates ``python -m harness.sweep`` times.
-Why each rung is what it is, with the measurements: docs/PERF_NOTES.md.
+Why each rung is what it is, with the measurements: docs/notebook/01-why-the-defaults.md.
 """
 
 from __future__ import annotations

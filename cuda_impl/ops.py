@@ -159,7 +159,8 @@ def _on_gpu(x, *others) -> bool:
 
 #: The key a call that needs no gradient dispatches to, below Autograd: the autograd
 #: kernel torch.library.register_autograd installs is Python and runs on every call, a
-#: gradient or not, at more host time than the rest of a small call (docs/PERF_NOTES.md).
+#: gradient or not, at more host time than the rest of a small call
+#: (docs/notebook/07-decode-and-host-time.md, v28).
 _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 

@@ -5,7 +5,7 @@ environment in every record, the card's settings left alone).
   clock and width come from NVML (pynvml, package nvidia-ml-py), else torch's device
   properties, else a table of known parts (H200: 3201 MHz x 6016 bit -> 4814 GB/s).
 - Achievable ceiling: the median of a >= 1 GiB device-to-device copy, counting bytes read
-  plus bytes written (the runs of record: docs/PERF_NOTES.md).
+  plus bytes written (the runs of record: docs/notebook/00-method-and-the-two-numbers.md).
 - Clocks and throttle reasons are read through NVML; nothing here changes a clock or a
   power limit.
 - ``environment``: the GPU, its SMs and L2, the driver, torch, triton, CUDA, and the

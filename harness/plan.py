@@ -5,7 +5,8 @@ the same shapes:
 - grid: N in LARGE_NS with M = GRID_ELEMENTS // N (128 Mi elements: far beyond L2);
 - msweep: M = 1, 2, 4, ..., 32768 at N = MSWEEP_N in bf16 (bandwidth against the work);
 - decode: M in {1, 8, 32, 128} x N in {4096, 8192} in bf16 (graph and host time);
-- reference: bf16 shapes measured independently of this harness (docs/PERF_NOTES.md);
+- reference: bf16 shapes measured independently of this harness
+  (docs/notebook/01-why-the-defaults.md, "Harness");
 - quick: a handful of the above; custom: the shapes a command line names.
 The gradient ops (forward + backward, backward alone: harness.ops) plan their own grid
 (``grad_plan``): N in GRAD_NS with M = GRAD_ELEMENTS[dtype] // N, half the elements in fp32,
@@ -48,7 +49,7 @@ MSWEEP_MS = tuple(2**k for k in range(16))  # 1 .. 32768
 DECODE = tuple((m, n) for n in (4096, 8192) for m in (1, 8, 32, 128))
 
 #: bf16 shapes measured independently of this harness, to check it against (the figures:
-#: docs/PERF_NOTES.md).
+#: docs/notebook/01-why-the-defaults.md, "Harness").
 REFERENCE = ((8192, 8192),)
 
 QUICK_NS = (4096, 4097, 8192)

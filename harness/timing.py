@@ -8,7 +8,8 @@ repetitions (the flush kernel separates them), one sync at the end of a batch. A
 queued ahead of each batch lets the host enqueue the whole batch before the GPU reaches
 it: without it, a call whose host-side launch is slower than the flush (Python launchers:
 Triton, Liger) leaves the GPU idle between its start event and its kernel, and that idle
-gap, host time, is counted as device time (docs/PERF_NOTES.md has the figures).
+gap, host time, is counted as device time (the figures: docs/notebook/01-why-the-defaults.md,
+"Harness").
 
 Drift control: ``interleaved`` runs three blocks per shape; inside each block every
 implementation runs its repetitions in turn, and the order rotates from block to block, so
@@ -224,7 +225,7 @@ def graph_samples(fn: Callable[[], object], calls: int = 20, replays: int = 10) 
 
     One sample per replay. L2 is warm (small shapes fit in it); launch overhead is gone.
     The GPU sleeps ahead of the timed replays (sleep_ahead, as for cold samples), so the
-    host's graph launches stay out of the samples (docs/PERF_NOTES.md, v30).
+    host's graph launches stay out of the samples (docs/notebook/07-decode-and-host-time.md, v30).
     """
     graph = capture(fn, calls)
     for _ in range(3):

@@ -137,7 +137,8 @@ def _patterns(backend: str) -> PatternMatcherPass:
 
     # Traced functionalized, as AOTAutograd traces a model's own call to the op: the Triton
     # op then decomposes into its kernel launch, which Inductor's wrapper code makes itself
-    # (an opaque op is a call back into the op's Python, 2-3x the host time of a launch).
+    # (an opaque op is a call back into the op's Python, several times the host time of a
+    # launch: docs/notebook/12-the-pass-launch-and-the-sharded-backward.md, v40).
     @dispatch_functionalize
     def replace_both(x, residual, weight, eps):
         return fused(x, residual, weight, eps)

@@ -62,8 +62,9 @@ build_variant() {
 }
 
 # racecheck_verdict LOG: errors in our kernels fail the call; warnings in them are counted
-# (the cluster kernels' mbarrier.init against the first arrive, PERF_NOTES v23) and PyTorch's
-# own kernels' reports (the reference's reductions) are not ours. The whole log goes to $OUT.
+# (the cluster kernels' mbarrier.init against the first arrive:
+# docs/notebook/06-wide-rows.md, v23) and PyTorch's own kernels' reports (the reference's
+# reductions) are not ours. The whole log goes to $OUT.
 racecheck_verdict() {
   local errors warnings
   errors=$(grep -c "Error: Race reported.*rms_norm" "$1" || true)

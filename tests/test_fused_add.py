@@ -607,8 +607,8 @@ def test_compile_fullgraph(name):
 @pytest.mark.parametrize("name", BACKENDS)
 def test_cuda_graph_in_place_allocates_no_output(name):
     """The in-place form captured in a CUDA graph (as vLLM runs it), replayed on new data;
-    capturing it allocates no output (the H200 showed 1 KiB allocated during the capture,
-    far below one output's bytes, its source not yet identified: docs/PERF_NOTES.md)."""
+    capturing it allocates no output (what the capture does allocate is far below one
+    output's bytes: docs/notebook/04-the-fused-add.md, v10)."""
     pkg = backend_here(name)
     x, r, w = inputs(32, 4096, torch.bfloat16)
     pkg.fused_add_rms_norm_(x, r, w, 1e-6)  # compile outside the capture

@@ -397,7 +397,7 @@ def bwd_stages(block_n: int, chunked: bool, element_size: int, vec: int, fused: 
     buffered rows cut the programs an SM holds), the chunked rows (they loop over chunks),
     nor the fused add's split rows (measured with d_residual_out, whose loads already fill
     the gap: 3 stages lost there; without it, unmeasured, the same rule). Figures in
-    docs/PERF_NOTES.md (v16)."""
+    docs/notebook/05-the-backward.md (v16)."""
     pipelined = element_size == 2 and not chunked and block_n <= BWD_PIPELINED_MAX_N
     return BWD_PIPELINED if pipelined and not (vec and fused) else 1
 

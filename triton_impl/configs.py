@@ -14,7 +14,7 @@ The tuned data (tables and constants, forward, fused add and backward) lives in
 triton_impl.tuning, written once; the names the rules read are importable from here too.
 Tuning flows one way: the sweep's records (results/h200/sweeps/*.jsonl) -> tuning.py ->
 tests (every candidate computes the same function) -> the benchmark. Why each entry is what
-it is, with the measurements: docs/PERF_NOTES.md.
+it is, with the measurements: docs/notebook/01-why-the-defaults.md.
 """
 
 from __future__ import annotations
@@ -280,8 +280,8 @@ SEARCH_SHORT_CHUNKS = (1024, 2048)
 SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
 SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 #: The sharded kernel from rows of this width up, its programs waiting for their row's sum
-#: (the last-arrival schedule lost at every wide shape: PERF_NOTES v24): shard widths and
-#: warps, the per-thread bytes of a shard in SEARCH_SHARD_THREAD_BYTES.
+#: (the last-arrival schedule lost at every wide shape: docs/notebook/06-wide-rows.md, v24):
+#: shard widths and warps, the per-thread bytes of a shard in SEARCH_SHARD_THREAD_BYTES.
 SEARCH_SHARDED_MIN_N = 16384
 SEARCH_SHARDS = (2048, 4096, 8192, 16384)
 SEARCH_SHARD_WARPS = (4, 8, 16)

@@ -8,8 +8,8 @@ Every table is keyed by one type, ``Width(element_size, block_n, padded, dtype)`
 
 Tuning flows one way: the sweep's records (results/h200/sweeps/*.jsonl) and the probes (probes/) ->
 this file -> tests (every candidate computes the same function; the rules pick what they
-say) -> the benchmark. Why each entry is what it is, with the measurements:
-docs/PERF_NOTES.md, by the version each comment names.
+say) -> the benchmark. Why each entry is what it is, with the measurements: the notebook
+entry each comment names (docs/notebook/NN-*.md, vNN; docs/notebook/README.md, the index).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from triton_impl.config_types import fused_config as _fused
 FUSED_MAX_N = {4: 32768, 2: 16384}
 
 #: The fused kernel's tile and warps per width where the sweep measured one other than
-#: formula_tile's (docs/PERF_NOTES.md); the other widths take the formula's.
+#: formula_tile's (docs/notebook/01-why-the-defaults.md); the other widths take the formula's.
 FUSED_TUNED = {
     Width(2, 128): _fused(128, 16, 8),
     Width(2, 512): _fused(512, 4, 4),
@@ -41,8 +41,8 @@ FUSED_TUNED = {
     Width(4, 16384, padded=True): _fused(16384, 2, 32),
 }
 #: The sharded kernel's shipped configs per element size: each program waits for its row's
-#: sum, then reads its shard again rather than holding it through the wait (PERF_NOTES v24,
-#: v26).
+#: sum, then reads its shard again rather than holding it through the wait
+#: (docs/notebook/06-wide-rows.md, v24, v26).
 SHARDED = {
     2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
     4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
@@ -74,7 +74,7 @@ LATENCY_FIRST_MAX_WARPS = 8
 
 # ---- the fused residual add -------------------------------------------------------------
 #: The fused add's rows wider than FUSED_MAX_N: the sharded kernel, its programs waiting for
-#: their row's sum (PERF_NOTES v24).
+#: their row's sum (docs/notebook/06-wide-rows.md, v24).
 FUSED_ADD_WIDE = {
     2: Config("sharded", 8192, 4, stream_y=True, wait=True),
     4: Config("sharded", 4096, 4, stream_y=True, wait=True),
@@ -82,21 +82,24 @@ FUSED_ADD_WIDE = {
 #: Widths where one dtype's wide rows take another config than FUSED_ADD_WIDE's, keyed by
 #: the power-of-two width with that dtype (Width.dtype), for x and residual of that dtype:
 #: fp16 reads its shard again after the wait at 65536 and 131072, where the held shard's
-#: registers leave it fewer programs an SM than bf16 (PERF_NOTES v29).
+#: registers leave it fewer programs an SM than bf16 (docs/notebook/06-wide-rows.md, v29).
 FUSED_ADD_WIDE_TUNED = {
     Width(2, 65536, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
     Width(2, 131072, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
 }
 #: The fused add's fused tiles where its sweep measured one ahead of the formula's
-#: (PERF_NOTES v36): fp32 12288 on 8 warps, more bytes a thread in flight than 32 warps hold.
+#: (docs/notebook/07-decode-and-host-time.md, v36): fp32 12288 on 8 warps, more bytes a
+#: thread in flight than 32 warps hold.
 FUSED_ADD_TUNED = {Width(4, 16384, padded=True): _fused(16384, 1, 8)}
 #: Bytes of x's row a thread holds in the fused add's split kernel: the sweep's best at
-#: 4095 / 4097 in every dtype (PERF_NOTES v36); twice the warps left loads waiting.
+#: 4095 / 4097 in every dtype (docs/notebook/07-decode-and-host-time.md, v36); twice the
+#: warps left loads waiting.
 FUSED_ADD_SPLIT_THREAD_BYTES = 64
 #: The fused add's decode-sized calls (fewer programs than SMs): one row a program on these
-#: warps for the widths the decode probe measured (bf16 4096 and 8192, PERF_NOTES v36), else
-#: FUSED_ADD_LATENCY_THREAD_BYTES of x's row a thread (x's and the residual's both in
-#: flight: half rms_norm's LATENCY_THREAD_BYTES), up to 32 warps.
+#: warps for the widths the decode probe measured (bf16 4096 and 8192;
+#: docs/notebook/07-decode-and-host-time.md, v36), else FUSED_ADD_LATENCY_THREAD_BYTES of
+#: x's row a thread (x's and the residual's both in flight: half rms_norm's
+#: LATENCY_THREAD_BYTES), up to 32 warps.
 FUSED_ADD_LATENCY_WARPS = {Width(2, 4096): 8, Width(2, 8192): 32}
 FUSED_ADD_LATENCY_THREAD_BYTES = 16
 
@@ -107,7 +110,8 @@ BWD_CHUNK = 4096
 #: Rows whose power of two holds this many bytes (fp32 16384, 16-bit 32768) are sharded: a
 #: row split over programs of at most BWD_SHARD_N columns that exchange its sums through
 #: global memory, BWD_SHARD_THREAD_ELEMS elements a thread, BWD_SHARD_WARPS_PER_SM warps of
-#: them an SM (registers capped so that they are all resident). PERF_NOTES v41.
+#: them an SM (registers capped so that they are all resident;
+#: docs/notebook/12-the-pass-launch-and-the-sharded-backward.md, v41).
 BWD_SHARD_FROM_BYTES = 65536
 BWD_SHARD_N = 2048
 BWD_SHARD_THREAD_ELEMS = 16
@@ -116,32 +120,34 @@ BWD_SHARD_WARPS_PER_SM = 16
 BWD_THREAD_ELEMS = 8
 #: Register-resident tiles wider than their threads' BWD_THREAD_ELEMS (16-bit 16384 on 16
 #: warps) load the weight each row, for the sum and again for ds, rather than hold it across
-#: the row's reduction (1), which spilled (0): bf16 16384 73 -> 90% of copy, the fused add's
-#: 78 -> 88% (H100; PERF_NOTES v51). The split rows' tiles lost so (bf16 4095 89 -> 29%,
-#: fp32 91 -> 77%), and every tile's (bf16 1024 93 -> 84%).
+#: the row's reduction (1), which spilled (0): faster there in both ops; the split rows'
+#: tiles and every narrower tile lost so, and hold it
+#: (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v51).
 BWD_WEIGHT_EACH_ROW = 1
 #: The most warps a register-resident row takes (its tile / BWD_THREAD_ELEMS threads up to
-#: this): 32 to tiles of BWD_MAX_WARPS_N, 16 wider. 8192 measured 2-3 points of copy faster
-#: on 32 than on 16 (both dtypes, both ops); 16-bit 16384, which spills on either, 1 point
-#: slower in rms_norm and 6 in the fused add (PERF_NOTES v50).
+#: this): 32 to tiles of BWD_MAX_WARPS_N, 16 wider. 8192 measured faster on 32 than on 16
+#: (both dtypes, both ops); 16-bit 16384, which spills on either, slower, the fused add most
+#: (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50).
 BWD_MAX_WARPS = 32
 BWD_MAX_WARPS_N = 8192
 BWD_WIDE_MAX_WARPS = 16
 #: Warps of a program the register-resident rows aim at an SM, and the programs that makes
-#: (PERF_NOTES v16: more or fewer programs an SM did not move the chunked rows).
+#: (more or fewer programs an SM did not move the chunked rows:
+#: docs/notebook/05-the-backward.md, v16).
 BWD_WARPS_PER_SM = 32
 #: Software-pipeline stages of the register-resident row loop (Triton's tl.range): 1 issues
 #: each row's loads when its turn comes, 3 keeps the next two rows' loads in flight (through
-#: shared memory) while one is reduced (backward.bwd_stages says where; PERF_NOTES v16).
+#: shared memory) while one is reduced (backward.bwd_stages says where;
+#: docs/notebook/05-the-backward.md, v16).
 #: The widest tile of 16-bit rows that takes BWD_PIPELINED stages.
 BWD_PIPELINED_MAX_N = 8192
 BWD_PIPELINED = 3
 #: The final reduction's tile: partials elements a program loads at once (many loads in
-#: flight, not one dependent load a partial row: PERF_NOTES v14), over its dweight columns:
-#: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ... DW_BLOCK_N of whose programs
-#: (the last one partial) there are at least as many as SMs (narrow rows have the most
-#: partials rows: bf16 1024 86 -> 92% of copy against 64 columns always, whose 16 programs
-#: took 31 us of 222; PERF_NOTES v47).
+#: flight, not one dependent load a partial row: docs/notebook/05-the-backward.md, v14),
+#: over its dweight columns: the widest of DW_MIN_BLOCK_N (32 bytes of fp32), 2x, ...
+#: DW_BLOCK_N of whose programs (the last one partial) there are at least as many as SMs
+#: (narrow rows have the most partials rows, which 64 columns always left to a few
+#: programs, slower; docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v47).
 DW_TILE = 4096
 DW_BLOCK_N = 64
 DW_MIN_BLOCK_N = 8

@@ -152,7 +152,7 @@ __device__ __forceinline__ float sum_squares(const L (&v)[VPT], float xh, float 
 // inputs, which a mean plus an eps of at least FLT_MIN never is; a decode-sized call's time
 // is its instruction chain. The other bodies keep rsqrtf(ss / N + eps): in them the
 // approximate form let the compiler keep more of the row live across the reduction (more
-// registers, fewer CTAs an SM; docs/PERF_NOTES.md, v35).
+// registers, fewer CTAs an SM; docs/notebook/07-decode-and-host-time.md, v35).
 __device__ __forceinline__ float approx_rstd(float ss, int N, float eps) {
   float r;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__fdividef(ss, static_cast<float>(N)) + eps));
@@ -322,7 +322,7 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
 // weight's vectors are 16-byte aligned here). The early vectors cost registers: with more
 // than 4 vectors a thread they halve occupancy or spill, so not there. Not for 1024-thread
 // CTAs (64 registers a thread at most; they prefetch into L1 instead) nor fp32 (near the
-// copy ceiling without it). Figures: docs/PERF_NOTES.md.
+// copy ceiling without it). Figures: docs/notebook/01-why-the-defaults.md.
 template <typename T, typename W, int BLOCK, int VPT, int VARIANT>
 __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const RowSplit& sp,
                                                   int g, int G, bool row_ok,
@@ -628,7 +628,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
   // initialised: announce that this one does (no wait here; the wait comes after the loads
   // are in flight). A relaxed arrive: fence.mbarrier_init orders the init before the
-  // barrier; a releasing arrive was slower at every cluster shape (PERF_NOTES v23).
+  // barrier; a releasing arrive was slower at every cluster shape
+  // (docs/notebook/06-wide-rows.md, v23).
   if constexpr (CLUSTER) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
@@ -683,7 +684,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   }
   // The weight is needed only after the reduction. A 1024-thread CTA is alone on its SM,
   // so nothing hides that wait: ask for the weight now (into L1). With several CTAs an SM
-  // the prefetches only compete with x's loads (slower, docs/PERF_NOTES.md), so not there.
+  // the prefetches only compete with x's loads (slower: docs/notebook/01-why-the-defaults.md),
+  // so not there.
   if (BLOCK == 1024 && w != nullptr && row_ok) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {

@@ -24,7 +24,7 @@ constexpr int kMaxStagedRanks = 16;
 // - kLeanRegs: x's vectors are re-read as raw bits after the reduction, so the compiler
 //   converts them to fp32 again for the store instead of keeping the fp32 copies alive
 //   through the reduction: fewer registers, more CTAs an SM.
-// Measurements behind each: docs/PERF_NOTES.md ("Why the defaults are what they are").
+// Measurements behind each: docs/notebook/01-why-the-defaults.md.
 constexpr int kPlainLoads = 1;
 constexpr int kLeanRegs = 2;
 // - kLateWeight: no early weight vectors; the weight is read after the reduction, as for
@@ -40,7 +40,7 @@ constexpr int kRowChunks = 32;
 //   access is a whole aligned 16-byte vector takes staged_slice: each CTA a contiguous
 //   slice, no scalar head or tail, no per-access alignment test, copied into shared memory
 //   by cp.async.ca (an L1-allocating copy: the non-allocating .cg lost at every shape,
-//   docs/PERF_NOTES.md) and read from there twice, the weight (of
+//   docs/notebook/06-wide-rows.md, v32) and read from there twice, the weight (of
 //   x's dtype) loaded into registers while the copies fly: no row values held in registers
 //   through the cluster's sum. Dynamic shared memory: ROW_THREADS x VPT x 16 bytes (the
 //   fused add: and the residual's). Other rows take the general body (kPlainLoads and
@@ -62,11 +62,11 @@ constexpr int max_ranks(int variant) {
 }
 // CTAs an SM the compiler must fit in registers: rms_norm's staged row's at 64 registers a
 // thread (its slices live in shared memory; the general body it keeps for rows off the
-// 16-byte grid would take 74 at 256 x 8, one CTA an SM fewer); 0 for any other, which
-// leaves the choice to the compiler as the one-argument form does (a 1 there cost
-// registers and a CTA an SM: docs/PERF_NOTES.md). The fused add's staged configs hold twice
-// the shared memory (two 256 x 8 CTAs an SM either way), and its general body spilled under
-// 64 registers.
+// 16-byte grid would take more, one CTA an SM fewer); 0 for any other, which leaves the
+// choice to the compiler as the one-argument form does (a 1 there cost registers and a CTA
+// an SM: docs/notebook/06-wide-rows.md, v32). The fused add's staged configs hold twice the
+// shared memory (two 256 x 8 CTAs an SM either way), and its general body spilled under 64
+// registers.
 constexpr int min_blocks(int row_threads, int variant, bool fused) {
   return (variant & kStagedRow) != 0 && !fused ? 65536 / (block_threads(row_threads) * 64) : 0;
 }
@@ -87,7 +87,7 @@ struct Config {
 // default build compiles exactly the configs an op's rungs name (derived below), each for
 // every dtype combination; a sweep build (RMSNORM_SWEEP_CONFIGS, see setup.py) adds the
 // plain op's candidates harness.sweep times, reached only by rms_norm_with_config. Why each
-// rung has its config: docs/PERF_NOTES.md.
+// rung has its config: docs/notebook/01-why-the-defaults.md.
 enum class Ladder {
   kMany16,     // 16-bit x, many rows
   kMany32,     // fp32 x, many rows
@@ -103,7 +103,7 @@ enum class Ladder {
 constexpr int kWholeMinN = 32768;
 // kRows16 takes rows of a whole number of this many vectors, so that every thread of a
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
-// vectors, lost to the many-row ladder: docs/PERF_NOTES.md).
+// vectors, lost to the many-row ladder: docs/notebook/07-decode-and-host-time.md, v31).
 constexpr int kRowChunkVecs = 512;
 // kOdd16 takes rows of more than this many vectors (the many-row rung below its first one;
 // the band its sweep measured: 4095 and 4097 elements).

@@ -17,8 +17,10 @@
 // alignment, odd widths included; rows past one CTA's shared memory (16-bit past 16384, fp32
 // past 8192) split over a cluster of 2-8 CTAs. In registers instead (rms_norm_bwd_kernel, not
 // CHUNKED), where more CTAs an SM, with no shared memory to limit them, measured faster
-// (PERF_NOTES v15, v46): fp32 rows to 2048 groups, rms_norm's aligned ones and both ops' off
-// a 16-byte boundary or of odd N (one phase); 16-bit rms_norm's such rows to 4103. What
+// (docs/notebook/05-the-backward.md, v15;
+// docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v46): fp32 rows to 2048
+// groups, rms_norm's aligned ones and both ops' off a 16-byte boundary or of odd N (one
+// phase); 16-bit rms_norm's such rows to 4103. What
 // neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks:
 // sum, then re-read (from L2), ds, and the chunk's dweight share added into the CTA's
 // partials row (its own: no other CTA touches it); 16-byte groups where every row of every
@@ -124,9 +126,9 @@ __device__ __forceinline__ void unpack(const Raw<E, VEC>& raw, float (&out)[VEC]
 // butterfly gives every lane the same sums (lanes i and i ^ off add the same two values),
 // and every warp adds the same partials in the same order: one result, the same every run.
 // IN_TURN: every thread adds the warps' partials in turn, no shuffles after the barrier:
-// 3-5 points of copy faster for the plain op's 16-bit rows on one CTA of 1024 threads
-// (16384), 2 slower for the fused add's on the same kernel and level elsewhere
-// (PERF_NOTES v51).
+// faster for the plain op's 16-bit rows on one CTA of 1024 threads (16384), slower for the
+// fused add's on the same kernel and level elsewhere
+// (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v51-v52).
 template <int THREADS, bool IN_TURN = false>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
 #pragma unroll
@@ -217,9 +219,9 @@ __device__ __forceinline__ void cluster_start(int& rank, int& ranks, uint64_t* b
 }
 
 // The sums of a row over the CTAs of a cluster, as a transaction barrier a slot set (the
-// forward's cluster_sum), not a cluster barrier a row (which measured 5-13 points of copy
-// slower on every cluster row, fp32 65536 55% against 43%; PERF_NOTES v50): each CTA's
-// (s^2, g*s) lands in slot `rank` of every CTA's slots[set] and on that CTA's mbarrier of
+// forward's cluster_sum), not a cluster barrier a row (which measured slower on every
+// cluster row: docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50): each
+// CTA's (s^2, g*s) lands in slot `rank` of every CTA's slots[set] and on that CTA's mbarrier of
 // the set (st.async, cluster_send2); a CTA waits on its own for all of them (bit `set` of
 // `parity`: the phase that set is in) and adds its slots in rank order, the same result in
 // every CTA (cluster_collect2). A fast CTA writes a set again only after the rows between
@@ -307,7 +309,8 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   }
   float xdw = 0.f;  // EDGES: the edge column's dweight share
   // !CHUNKED: the weight of this thread's columns, read once into registers; read from L1
-  // at each use it cost fp32 8192 ten points of copy (PERF_NOTES v45)
+  // at each use it was slower at fp32 8192
+  // (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v45)
   float wr[CHUNKED ? 1 : kElems];
   if constexpr (!CHUNKED) {
 #pragma unroll
@@ -335,7 +338,8 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
       Raw<T, VEC> draw[VPT];
       float ss = 0.f, gs = 0.f;
       // the edge element's loads first: issued after the groups', they held the edge
-      // threads' warps (and so the row's sums) back, fp32 4095 84% of copy against 92%
+      // threads' warps (and so the row's sums) back
+      // (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v46)
       float xs = 0.f, xd = 0.f;
       if (EDGES && xc >= 0) {
         xs = to_float(sr[xc]);
@@ -500,8 +504,9 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // thread (1024 threads' worth an SM): more CTAs stay resident. WT: the weight (a.w_t) is
 // kept in T, half the shared memory bytes of the fp32 copy and half the shared memory
 // reads; built for the 2-row rings of 512 threads and more and the clusters' CTAs, where it
-// measured faster (the one-CTA 3- and 4-row kernels spill with it; docs/PERF_NOTES.md v18;
-// the 512-thread 3-row cluster kernel does not, v43).
+// measured faster (the one-CTA 3- and 4-row kernels spill with it:
+// docs/notebook/05-the-backward.md, v18; the 512-thread 3-row cluster kernel does not:
+// docs/notebook/13-the-cluster-backward-and-the-gluon-run.md, v43).
 //
 // KEEP: the row's values, as floats, and the weight of this thread's columns stay in
 // registers from the sums to ds (no second pass over shared memory, no conversions again,
@@ -509,8 +514,9 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // Built for the plain op's aligned 16-bit rows (so no phase and no edge tests) to 512
 // threads, whose CTAs an SM shared memory had held to 512-704 threads: 16-bit rows are the
 // ones whose instructions a byte (two elements to convert, to sum, to scale) held the
-// kernel back, and there it measured 2-9 points of copy faster; the fused add's lost 4-12
-// points (PERF_NOTES v47). IN_TURN: the CTA sums' form (block_sum2).
+// kernel back, and there it measured faster; the fused add's lost
+// (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v47). IN_TURN: the
+// CTA sums' form (block_sum2).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
           bool KEEP = false, bool IN_TURN = false>
 __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THREADS)
@@ -521,9 +527,9 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
   // AHEAD: a row's sums sent before the previous row's are waited for, so that wait has
-  // the next row's first pass in front of it (2-4 points of copy at bf16 65536 and fp32
-  // 32768, PERF_NOTES v50); with one row ahead of the one reduced, two rows are staged and
-  // the rest in flight
+  // the next row's first pass in front of it (faster at bf16 65536 and fp32 32768, level
+  // elsewhere: docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50);
+  // with one row ahead of the one reduced, two rows are staged and the rest in flight
   constexpr bool AHEAD = CLUSTER && STAGES >= 3;
   static_assert(!AHEAD || THREADS > 32, "kAheadSets' order rests on block_sum2's CTA barrier");
   constexpr int SETS = AHEAD ? kAheadSets : STAGES;  // the cluster's slot sets
@@ -539,7 +545,8 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   T* const dy_sm = reinterpret_cast<T*>(s_sm + STAGES * stage_elems);
   // the weight: fp32, or (WT) in T. WT's pointer is tested at run time, not folded by the
   // template: so written, ptxas leaves the 1024-thread kernel without spills, which the
-  // `if constexpr` form had and which cost it most of WT's gain (PERF_NOTES v18).
+  // `if constexpr` form had and which cost it most of WT's gain
+  // (docs/notebook/05-the-backward.md, v18).
   float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
   T* const wt_sm = dy_sm + STAGES * stage_elems;
   const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
@@ -950,8 +957,9 @@ template <typename T, typename S>
 bool pick_staged(int row_groups, const Rows& r, Launch& l) {
   // A 16-bit weight stays in T in the 2-row rings of aligned rows on 512 threads or more
   // and in every cluster CTA of aligned rows, where it measured faster (the cluster shapes
-  // were probed with it, PERF_NOTES v43); on the one-CTA deeper rings it spilled and lost,
-  // and on rows off a 16-byte boundary it lost too (PERF_NOTES v18).
+  // were probed with it: docs/notebook/13-the-cluster-backward-and-the-gluon-run.md, v43);
+  // on the one-CTA deeper rings it spilled and lost, and on rows off a 16-byte boundary it
+  // lost too (docs/notebook/05-the-backward.md, v18).
   auto in_t = [&](int cap, int stages, bool cluster) {
     return r.w16 && r.vec_ok && (cluster || (stages == 2 && cap > kWeightInTMinThreads * kVpt));
   };
@@ -1065,9 +1073,10 @@ Launch pick(const Rows& r) {
   const int cap = r.vec_ok ? whole : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
   // The register-resident kernel, with no shared memory to limit its CTAs an SM, kept
   // more rows in flight than two stages a CTA did: fp32 rms_norm's aligned rows to 8192
-  // (the fused add's longer rows hide the staged kernel's next copy there; PERF_NOTES v15);
-  // rows of one phase off a 16-byte boundary or of odd N (EDGES, v46): fp32's of both ops,
-  // and 16-bit rms_norm's to kEdges16MaxGroups
+  // (the fused add's longer rows hide the staged kernel's next copy there;
+  // docs/notebook/05-the-backward.md, v15); rows of one phase off a 16-byte boundary or of
+  // odd N (EDGES; docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v46):
+  // fp32's of both ops, and 16-bit rms_norm's to kEdges16MaxGroups
   const bool edges = !r.vec_ok && r.staged && whole <= 1024 * kVpt;
   if constexpr (std::is_same_v<T, float>) {
     if (!r.fused && r.vec_ok && cap <= 1024 * kVpt) return pick_registers<T, S, false>(cap);
@@ -1082,8 +1091,9 @@ Launch pick(const Rows& r) {
   }
   // The plain op's aligned fp32 rows past one CTA (2048 groups) in registers over a
   // cluster of the fewest CTAs (2-8) whose equal shares of whole groups fit
-  // kRegClusterThreads threads of kRegWideVpt groups: fp32 16384 / 32768 / 65536 77 / 79 /
-  // 55% of copy staged, 87 / 80 / 77% so (16-bit rows lost 16-22 points so; PERF_NOTES v50).
+  // kRegClusterThreads threads of kRegWideVpt groups: faster than staged from fp32 16384,
+  // least at 32768 (16-bit rows lost so;
+  // docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50).
   if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
     if (r.clusters && !r.fused && r.vec_ok && cap > 2048) {
       for (int ranks = 2; ranks <= kMaxClusterRanks; ranks *= 2) {

@@ -185,9 +185,9 @@ __device__ __forceinline__ void st_async(const V* slot, V v, uint64_t* bar, int 
 // slot (rank, warp) of every CTA of the cluster (st.async, which counts its bytes on the
 // receiving CTA's mbarrier); a CTA waits on its own mbarrier alone, for all of them, and
 // every warp sums the same slots in the same order. No cluster-wide arrival a row, which
-// the sweep measured faster at every cluster config (PERF_NOTES v23). A CTA cannot leave
-// while a peer still writes into it: its own wait completes only when every peer's bytes
-// have landed.
+// the sweep measured faster at every cluster config (docs/notebook/06-wide-rows.md, v23). A
+// CTA cannot leave while a peer still writes into it: its own wait completes only when
+// every peer's bytes have landed.
 //
 // The sum of every thread's `part` over the cluster's CTAs (BLOCK threads each, one row a
 // cluster), through `parts` (BLOCK / 32 floats a CTA of the cluster) and the mbarrier `bar`,

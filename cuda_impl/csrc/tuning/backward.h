@@ -1,7 +1,9 @@
 // The CUDA backward's launch choices, as data (both ops): read by rms_norm_backward.cu's
 // rules (pick, pick_staged, staged_stages, by_threads), and nowhere else; a change here
-// rebuilds that unit only. Why each value is what it is, with the measurements:
-// docs/PERF_NOTES.md (v14-v18, v43, v45-v47).
+// rebuilds that unit only. Why each value is what it is, with the measurements: the
+// notebook entry each comment names: docs/notebook/05-the-backward.md (v14-v18),
+// docs/notebook/13-the-cluster-backward-and-the-gluon-run.md (v43),
+// docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md (v45-v51).
 #pragma once
 
 #include <climits>
@@ -14,27 +16,27 @@ namespace bwd_tuning {
 // threads' worth (wider: kRegWideVpt).
 constexpr int kVpt = 2;
 // Groups a thread of the register-resident kernel (fp32 rows to 8192)
-// holds of rows wider than 512 threads of kVpt: 512 threads of 4. fp32 8192 measured 74% of
-// copy on 1024 threads of 2, 84% with either this or the weight in registers, 92% with both
-// (PERF_NOTES v45).
+// holds of rows wider than 512 threads of kVpt: 512 threads of 4. At fp32 8192 this and the
+// weight in registers each measured faster than 1024 threads of 2, the two together faster
+// still (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v45).
 constexpr int kRegWideVpt = 4;
 // Threads a CTA of the register-resident kernel's cluster rows (the plain op's aligned fp32
-// rows past 2048 groups; PERF_NOTES v50).
+// rows past 2048 groups; docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50).
 constexpr int kRegClusterThreads = 512;
 // 16-bit rms_norm rows off a 16-byte boundary or of odd N whose aligned body is at most this
-// many groups take the register-resident kernel (EDGES): 4095 / 4097 measured 72% of copy
-// there against 65-66% staged with the edge loads last, 82-84% in the run of record with
-// them first; the fused add's lost 4 points so with the edge loads last and 1 with them
-// first (4095: 79% against 80%, PERF_NOTES v51), and aligned 16-bit rows in registers lost
-// from 4096 up (69% against 79%; 8192: 57% against 76%), so wider odd rows stay staged
-// (PERF_NOTES v46).
+// many groups take the register-resident kernel (EDGES): 4095 / 4097 measured faster there
+// than staged, with the edge loads last and more so with them first; the fused add's lost
+// so, with the edge loads last and with them first (v51), and aligned 16-bit rows in
+// registers lost from 4096 up, so wider odd rows stay staged
+// (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v46).
 constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
 constexpr int kScalarVpt = 4;
 // Threads a block of the dweight reduction, and the loads of partials rows each keeps in
-// flight (with blocks of 8-32 columns: bf16 1024 71 -> 75% of copy, fp32 89 -> 93%, where
-// 8 warps of 4 loads over 32 columns took 21 us of the op's 250; PERF_NOTES v47).
+// flight (with blocks of 8-32 columns: faster at the narrow rows, where 8 warps of 4 loads
+// over 32 columns had taken a share of the op's time;
+// docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v47).
 constexpr int kReduceThreads = 1024;
 constexpr int kReduceUnroll = 8;
 // Columns a block of the dweight reduction: the widest of kReduceMaxCols, half that, ...
@@ -45,12 +47,13 @@ constexpr int kReduceMinCols = 8;
 constexpr int kMaxClusterRanks = 8;
 // A cluster's CTAs (rows wider than one CTA stages): threads a CTA and rows of its share of
 // s and dy in shared memory, in the fewest CTAs (2, 4, 8) whose shares that holds. The plain
-// op's rows measured 2-17 points of copy faster as two 112 KB CTAs an SM with two rows
-// ahead (kClusterCta) than as one 160 KB CTA with one (kClusterOneCta; PERF_NOTES v43), and
-// the fused add's 3-10 points faster so once a row's sums went ahead of the previous row's
-// wait (v50; with a cluster barrier a row it had lost 2-5 points so). Rows past those
-// shares (fp32 65536's fused add), rows off a 16-byte boundary and 16-bit rows whose weight
-// is not kept in T (128 KB, one CTA an SM), none of them measured so, take kClusterOneCta.
+// op's rows measured faster as two 112 KB CTAs an SM with two rows ahead (kClusterCta) than
+// as one 160 KB CTA with one (kClusterOneCta; v43), and the fused add's faster so once a
+// row's sums went ahead of the previous row's wait (v50; with a cluster barrier a row it had
+// lost so). Rows past those shares (fp32 65536's fused add), rows off a 16-byte boundary and
+// 16-bit rows whose weight is not kept in T (128 KB, one CTA an SM), none of them measured
+// so, take kClusterOneCta (docs/notebook/13-the-cluster-backward-and-the-gluon-run.md, v43;
+// docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v50).
 struct ClusterCta {
   int threads;
   int stages;
