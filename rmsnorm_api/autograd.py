@@ -59,19 +59,28 @@ def _needs_autograd(args) -> bool:
     return _C.is_grad_enabled() and _C._any_requires_grad(*args)
 
 
-#: Nodes walked from an op's inputs to find a leaf's AccumulateGrad (_hands_no_gradient_out).
+#: Nodes walked from an op's inputs to find a leaf's AccumulateGrad (_one_gradient_saves).
 _PROBE_NODES = 32
 
 
-def _hands_no_gradient_out(ctx) -> bool:
-    """Whether the backward pass running ctx's node hands none of its gradients to the
-    caller as tensors, so that two gradients may be one tensor unseen: a ``backward()``
-    (every gradient accumulated into .grad or consumed by other nodes), not
-    ``torch.autograd.grad`` (or torch.func's transforms, AOTAutograd's tracing), which
-    return the gradients it captures as they are. Told by the engine's answer for a leaf's
-    AccumulateGrad node reached from ctx's inputs (the weight's first): in the graph of a
-    backward() it runs, in a torch.autograd.grad it never runs and, if it is an input
-    there, asking raises. No such node within _PROBE_NODES: False (the safe answer)."""
+def _one_gradient_saves(ctx) -> bool:
+    """Whether the fused add's backward may hand one tensor on as both dx and dresidual, and
+    so store one: where no one sees the two as tensors and no one copies the one.
+
+    - Not where x or residual is a leaf: its AccumulateGrad copies a gradient something
+      else still holds (the other's), a read and a write where the second store is a write.
+    - Only in a ``backward()`` (each gradient consumed by other nodes or accumulated into
+      .grad), not in ``torch.autograd.grad`` (torch.func's transforms, AOTAutograd's
+      tracing), which returns the gradients it captures as they are. Told by the engine's
+      answer for a leaf's AccumulateGrad node reached from ctx's inputs (the weight's
+      first): in the graph of a backward() it runs; in a torch.autograd.grad it never runs
+      and, if it is an input there, asking raises. No such node within _PROBE_NODES: False
+      (the safe answer)."""
+    x_node, r_node = ctx.next_functions[0][0], ctx.next_functions[1][0]
+    if x_node is None or r_node is None:
+        return False  # one of them needs no gradient: no second store to save
+    if isinstance(x_node, _ACCUMULATE_GRAD) or isinstance(r_node, _ACCUMULATE_GRAD):
+        return False
     nodes = [n for n, _ in ctx.next_functions if n is not None]
     todo = collections.deque(nodes[::-1])  # breadth first, the weight's node first
     for _ in range(_PROBE_NODES):
@@ -153,16 +162,15 @@ def _functions(ns: str) -> dict:
 
         # autograd hands an unused output's gradient in as zeros, so dy and d_residual_out
         # are both tensors here. dx and dresidual are one value, cast to x's and the
-        # residual's dtypes: where those are one dtype and no one can see the two as tensors
-        # (_hands_no_gradient_out), dx is returned as both and the kernels skip dresidual's
-        # store (one tensor of the backward's five fewer to write). The engine passes a
-        # gradient shared so on to the nodes behind x and residual, which never write into
-        # a gradient they are given, and AccumulateGrad copies one that something else
-        # still holds, so each leaf's .grad is its own.
+        # residual's dtypes: where those are one dtype and one tensor handed on as both
+        # saves a store unseen (_one_gradient_saves: a backward() through other nodes), the
+        # kernels skip dresidual's store (one tensor of the backward's five fewer to
+        # write); the nodes it goes on to never write into a gradient they are given.
+        # Elsewhere two tensors, as the native composite returns.
         @staticmethod
         def backward(ctx, dy, d_residual_out):
             residual_out, weight = ctx.saved_tensors
-            share = dy.dtype == residual_out.dtype and _hands_no_gradient_out(ctx)
+            share = dy.dtype == residual_out.dtype and _one_gradient_saves(ctx)
             dx, dres, dw = ops.fused_add_rms_norm_backward(
                 dy, d_residual_out, residual_out, weight, ctx.eps, not share
             )

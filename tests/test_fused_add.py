@@ -438,6 +438,30 @@ def test_gradients_handed_out_are_distinct_tensors(name, how):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_one_gradient_tensor_only_where_it_saves_a_store_unseen(name, monkeypatch):
+    """The fused backward stores dx once, as both gradients, only in a backward() whose
+    x and residual come from other nodes (a model's residual stream); for leaves (whose
+    AccumulateGrad would copy a shared tensor) and in torch.autograd.grad (which hands the
+    tensors to the caller) it stores two."""
+    import rmsnorm_api.autograd as ag
+
+    impl = impl_here(name)
+    said = []
+    rule = ag._one_gradient_saves
+    monkeypatch.setattr(ag, "_one_gradient_saves", lambda ctx: said.append(rule(ctx)) or said[-1])
+    x, r, w = (t.requires_grad_(True) for t in inputs(4, 64, torch.bfloat16))
+
+    def loss(x, r):
+        y, ro = impl.fn(x, r, w, 1e-6)
+        return y.float().sum() + ro.float().square().sum()
+
+    loss(x * 1, r * 1).backward()
+    loss(x, r).backward()
+    torch.autograd.grad(loss(x * 1, r * 1), (x, r))
+    assert said == [True, False, False]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_direct_op_callers_are_checked(name):
     backend(name)
     ops = getattr(torch.ops, f"{name}_impl")
