@@ -12,6 +12,10 @@ predict-change-measure loop.
 
     python3 scripts/bwd_probe.py --table run.log   # no GPU: a device call's probes, side by side
 
+--impls names: triton, cuda (the plain backward), triton_fused, cuda_fused (the fused add's
+public backward: dx and dresidual stored apart), triton_fused1, cuda_fused1 (its op with
+dresidual=False: dx stored once, as a backward() through other nodes runs it), native.
+
 --tune: each ';'-separated setting of triton_impl.backward's tuning names is probed in turn
 (the settings accumulate; after the first, the Triton rows alone, the only ones they move),
 for the predict-change-measure loop of a tuning value; an empty first setting probes the
@@ -133,6 +137,12 @@ def main() -> int:
     return 1 if wrong else 0
 
 
+def _one_store(op, dy, dro, x, w):
+    """The fused backward op with dresidual=False: (dx, dx, dweight), dx stored once."""
+    dx, _, dw = op(dy, dro, x, w, 1e-6, False)
+    return dx, dx, dw if w is not None else None
+
+
 def probe(args, triton_impl) -> int:
     """The probe's table for args' dtypes, shapes and impls; returns the wrong results."""
     impls = args.impls.split(",")
@@ -176,6 +186,10 @@ def probe(args, triton_impl) -> int:
                 fns[f"{lib}_fused"] = functools.partial(
                     mod.fused_add_rms_norm_backward, dy, dro, x, w, 1e-6
                 )
+                # the op storing dx once, as the fused add's autograd hands it on as both
+                # gradients in a backward() through other nodes: the second store's cost
+                op = getattr(torch.ops, f"{lib}_impl").fused_add_rms_norm_backward
+                fns[f"{lib}_fused1"] = functools.partial(_one_store, op, dy, dro, x, w)
             ref_dx, *ref_dw = reference(x, w, dy)  # ref_dw: [] without a weight
             fused_dx = ref_dx + dro.float()
             refs = {"plain": (ref_dx, *ref_dw), "fused": (fused_dx, fused_dx, *ref_dw)}
@@ -184,9 +198,11 @@ def probe(args, triton_impl) -> int:
                 # ours: (dx, dw) or (dx, dresidual, dw), dw None without a weight; native:
                 # (dx, dw) or (dx,)
                 got = tuple(g for g in fn() if g is not None)
-                err = error(got, refs["fused" if name.endswith("_fused") else "plain"])
-                # read s, dy (and d_residual_out), write dx (and dresidual), the weights
-                tensors = 5 if name.endswith("_fused") else 3
+                fused = name.endswith(("_fused", "_fused1"))
+                err = error(got, refs["fused" if fused else "plain"])
+                # read s, dy (and d_residual_out), write dx (and dresidual), the weights: one
+                # bytes model, whether dresidual is stored or handed on as dx
+                tensors = 5 if fused else 3
                 nbytes = tensors * m * n * elem + 2 * n * elem
                 us = cold_us(fn, flush)
                 pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceiling
