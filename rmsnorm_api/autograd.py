@@ -29,7 +29,6 @@ functorch's transforms accept it.
 
 from __future__ import annotations
 
-import collections
 from typing import Optional
 
 import torch
@@ -37,7 +36,6 @@ from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd import forward_ad
 
 _C = torch._C
-_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 #: The backend autograd keys our ops' tensors dispatch to (a CPU tensor under the Triton
 #: interpreter, a CUDA tensor, a meta tensor); nested tensors have a kernel of their own.
 AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
@@ -57,43 +55,6 @@ def _needs_autograd(args) -> bool:
     if forward_ad._current_level >= 0 and _C._is_fwd_grad_enabled():
         return True
     return _C.is_grad_enabled() and _C._any_requires_grad(*args)
-
-
-#: Nodes walked from an op's inputs to find a leaf's AccumulateGrad (_one_gradient_saves).
-_PROBE_NODES = 32
-
-
-def _one_gradient_saves(ctx) -> bool:
-    """Whether the fused add's backward may hand one tensor on as both dx and dresidual, and
-    so store one: where no one sees the two as tensors and no one copies the one.
-
-    - Not where x or residual is a leaf: its AccumulateGrad copies a gradient something
-      else still holds (the other's), a read and a write where the second store is a write.
-    - Only in a ``backward()`` (each gradient consumed by other nodes or accumulated into
-      .grad), not in ``torch.autograd.grad`` (torch.func's transforms, AOTAutograd's
-      tracing), which returns the gradients it captures as they are. Told by the engine's
-      answer for a leaf's AccumulateGrad node reached from ctx's inputs (the weight's
-      first): in the graph of a backward() it runs; in a torch.autograd.grad it never runs
-      and, if it is an input there, asking raises. No such node within _PROBE_NODES: False
-      (the safe answer)."""
-    x_node, r_node = ctx.next_functions[0][0], ctx.next_functions[1][0]
-    if x_node is None or r_node is None:
-        return False  # one of them needs no gradient: no second store to save
-    if isinstance(x_node, _ACCUMULATE_GRAD) or isinstance(r_node, _ACCUMULATE_GRAD):
-        return False
-    nodes = [n for n, _ in ctx.next_functions if n is not None]
-    todo = collections.deque(nodes[::-1])  # breadth first, the weight's node first
-    for _ in range(_PROBE_NODES):
-        if not todo:
-            return False
-        node = todo.popleft()
-        if isinstance(node, _ACCUMULATE_GRAD):
-            try:
-                return _C._will_engine_execute_node(node)
-            except RuntimeError:  # a captured leaf: torch.autograd.grad
-                return False
-        todo.extend(n for n, _ in node.next_functions if n is not None)
-    return False
 
 
 def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.Tensor]:
@@ -162,15 +123,17 @@ def _functions(ns: str) -> dict:
 
         # autograd hands an unused output's gradient in as zeros, so dy and d_residual_out
         # are both tensors here. dx and dresidual are one value, cast to x's and the
-        # residual's dtypes: where those are one dtype and one tensor handed on as both
-        # saves a store unseen (_one_gradient_saves: a backward() through other nodes), the
-        # kernels skip dresidual's store (one tensor of the backward's five fewer to
-        # write); the nodes it goes on to never write into a gradient they are given.
-        # Elsewhere two tensors, as the native composite returns.
+        # residual's dtypes: where those are one dtype, dx is returned as both and the
+        # kernels skip dresidual's store (one tensor of the backward's five fewer to write).
+        # Autograd hands a gradient shared so to each leaf as its own (AccumulateGrad copies
+        # one that something else still holds), and torch's nodes never write into a
+        # gradient they are given; torch.autograd.grad and torch.func return the one tensor
+        # for both, as they do for the composite x + residual then F.rms_norm (torch's add
+        # hands its one gradient to both inputs), and so never a second store.
         @staticmethod
         def backward(ctx, dy, d_residual_out):
             residual_out, weight = ctx.saved_tensors
-            share = dy.dtype == residual_out.dtype and _one_gradient_saves(ctx)
+            share = dy.dtype == residual_out.dtype
             dx, dres, dw = ops.fused_add_rms_norm_backward(
                 dy, d_residual_out, residual_out, weight, ctx.eps, not share
             )
