@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|stage][,...]  (default all)
+#   bash scripts/h200.sh [all|test|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
@@ -29,6 +29,8 @@
 #        probes it too (VARIANT_PROBE_ARGS).
 # probe: scripts/compile_probe.py (PROBE_ARGS go to it): our Triton kernel alone and inside
 #        torch.compile.
+# cluster-racecheck: scripts/racecheck_cluster_probe.cu built and run with three starts of
+#        the cluster sum, plain (its sums checked) and under racecheck.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
 # output, appended) and the benchmark's results/ (records, report). The plots (14 of them)
 # are removed at the end, since with them the records did not come back; they are redrawn
@@ -280,6 +282,22 @@ if mode backward; then
     # shellcheck disable=SC2086
     CUDA_IMPL_LIBRARY="build/variants/$name/_C.so" $PY scripts/bwd_probe.py \
       ${VARIANT_PROBE_ARGS:-${BWD_PROBE_ARGS:-}} 2>&1 || status=1
+  done
+fi
+if mode cluster-racecheck; then
+  # the cluster sum's racecheck warnings, a race or the tool's model of the barriers: the
+  # shipped start beside a CTA barrier after the init and a releasing cluster arrive, each
+  # run plain (sums checked) and under racecheck (scripts/racecheck_cluster_probe.cu)
+  step "the cluster sum: three starts, plain and under racecheck"
+  torch_dir=$($PY -c "import torch, os; print(os.path.dirname(torch.__file__))")
+  mkdir -p build
+  nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I"$torch_dir/include" \
+    -o build/racecheck_cluster_probe scripts/racecheck_cluster_probe.cu || status=1
+  for m in 0 1 2; do build/racecheck_cluster_probe "$m" || status=1; done
+  for m in 0 1 2; do
+    echo "--- start $m under racecheck"
+    compute-sanitizer --tool racecheck --print-limit 8 build/racecheck_cluster_probe "$m" 4 1 2>&1 |
+      sed -E 's/\(const float ?\*, float ?\*\)//' || status=1
   done
 fi
 if mode probe; then
