@@ -21,20 +21,11 @@
 #include <cuda_runtime.h>
 
 #include "../cuda_impl/csrc/rms_norm_device.cuh"
+#include "cuda_check.cuh"
 
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CK(e)                                                                          \
-  do {                                                                                 \
-    cudaError_t err_ = (e);                                                            \
-    if (err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #e,                   \
-                   cudaGetErrorString(err_));                                          \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 constexpr int kMaxRanks = 8;
 

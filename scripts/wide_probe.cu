@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "../cuda_impl/csrc/rms_norm_device.cuh"
+#include "cuda_check.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -23,16 +24,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#define CK(e)                                                                          \
-  do {                                                                                 \
-    cudaError_t err_ = (e);                                                            \
-    if (err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #e,                   \
-                   cudaGetErrorString(err_));                                          \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 // MODE bits
 constexpr int kStaged = 1;      // x's vectors by cp.async into shared memory, read from there twice
