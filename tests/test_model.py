@@ -327,9 +327,9 @@ def test_swap_verify_tests_rows_where_eps_matters(dtype):
     """Verification runs rows of tiny, unit and large rms in the module's dtype: a norm
     that agrees at unit rms only is refused; the real LlamaRMSNorm passes beside it."""
     net = torch.nn.Sequential(LlamaRMSNorm(64, eps=1e-5), EpsOutsideRootRMSNorm(64, eps=1e-5))
-    net = net.to(dtype)
+    net = net.to(DEVICE, dtype)
     with torch.no_grad():  # at unit rms the two agree to the dtype's rounding
-        x = torch.randn(4, 64).to(dtype)
+        x = torch.randn(4, 64, device=DEVICE).to(dtype)
         torch.testing.assert_close(net[1](x), net[0](x), **VERIFY_TOL[dtype])
     with pytest.raises(
         ValueError, match=r"1 \(EpsOutsideRootRMSNorm\) not swapped .* on a row of rms"
