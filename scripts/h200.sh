@@ -64,8 +64,9 @@ build_variant() {
 }
 
 # racecheck_verdict LOG: errors in our kernels fail the call; warnings in them are counted
-# (the cluster kernels' mbarrier.init against the first arrive:
-# docs/notebook/06-wide-rows.md, v23) and PyTorch's own kernels' reports (the reference's
+# (the cluster kernels' mbarrier.init against the mbarrier's later accesses, ordered by the
+# cluster barrier, which racecheck does not model: docs/notebook/15-defects-round-3.md, v54,
+# and the cluster-racecheck mode) and PyTorch's own kernels' reports (the reference's
 # reductions) are not ours. The whole log goes to $OUT.
 racecheck_verdict() {
   local errors warnings
