@@ -74,6 +74,13 @@ def is_rms_norm(module: object) -> bool:
     return isinstance(weight, torch.nn.Parameter) and weight.dim() == 1 and has_eps
 
 
+def _width(module: torch.nn.Module) -> int:
+    """The row width an RMSNorm module (is_rms_norm) normalises."""
+    if isinstance(module, torch.nn.RMSNorm):
+        return module.normalized_shape[0]
+    return module.weight.shape[0]
+
+
 def _foreign_state(module: torch.nn.Module) -> list[str]:
     """What module holds beyond its weight and eps, which a replacement would drop."""
     found = [
@@ -93,10 +100,7 @@ def _replacement(module: torch.nn.Module, module_cls: type, where: str) -> torch
             f" {', '.join(extra)} beyond weight and eps, which {module_cls.__name__} would drop"
         )
     weight = getattr(module, "weight", None)
-    if isinstance(module, torch.nn.RMSNorm):
-        n = module.normalized_shape[0]
-    else:
-        n = weight.shape[0]
+    n = _width(module)
     kwargs = {} if weight is None else dict(device=weight.device, dtype=weight.dtype)
     try:
         new = module_cls(n, _eps_of(module), elementwise_affine=weight is not None, **kwargs)
@@ -139,7 +143,7 @@ def _disagreement(
         return (
             "it is on the meta device, where its output cannot be checked (load its weights first)"
         )
-    n = old.normalized_shape[0] if isinstance(old, torch.nn.RMSNorm) else weight.shape[0]
+    n = _width(old)
     eps = _eps_of(old)
     eps = torch.finfo(dtype).eps if eps is None else eps
     try:
