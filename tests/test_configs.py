@@ -75,6 +75,28 @@ def test_chunked_kernel(n, per_sm, dtype):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
+@pytest.mark.parametrize(
+    "n, block_n, rows",
+    [(4096, 1024, 1), (4096, 1024, 2), (4100, 2048, 1), (12289, 16384, 1), (5, 8, 2)],
+    ids=str,
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("weighted", [True, False], ids=["w", "no_w"])
+def test_looped_kernel(n, block_n, rows, dtype, weighted):
+    """The looped kernel: whole chunks with no mask (4096 on 1024, one row a program), a
+    partial last chunk (4100), one padded chunk (12289 on 16384), two rows a program over
+    an odd row count (7 rows), a row narrower than a chunk: the same function, with and
+    without a weight."""
+    impl_or_skip("triton")
+    from triton_impl import Config, rms_norm_with_config
+
+    x, w = inputs(7, n, dtype)
+    w = w if weighted else None
+    cfg = Config("looped", block_n, 4, block_m=rows)
+    got = rms_norm_with_config(x, w, 1e-6, cfg)
+    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
+
+
 @pytest.mark.parametrize("n", [4096, 12289])
 @pytest.mark.parametrize("stages, stream_y", [(1, False), (2, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -24,8 +24,9 @@ class Config:
     kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
     program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
     block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
-    loads in flight) or "sharded" (a row's block_n-wide shards summed by one program
-    each); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
+    loads in flight), "sharded" (a row's block_n-wide shards summed by one program
+    each) or "looped" (block_m rows a program in block_n-wide chunks of a constant width,
+    swept twice, nothing held through the sum); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
     stages (persistent, sharded): loads in flight through shared memory (Triton's
     pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so y's lines do
     not take L2 from the x lines a re-read needs); wait (sharded only): each program waits
@@ -64,8 +65,10 @@ class Config:
             v = getattr(self, name)
             if not (_pow2(v) and v <= hi):
                 raise ValueError(f"{where}: {name} is {v!r}; expected a power of two in [1, {hi}]")
-        if self.kernel != "fused" and self.block_m != 1:
-            raise ValueError(f"{where}: block_m is {self.block_m}; only the fused kernel has rows")
+        if self.kernel not in ("fused", "looped") and self.block_m != 1:
+            raise ValueError(
+                f"{where}: block_m is {self.block_m}; only the fused and looped kernels have rows"
+            )
         if self.kernel == "sharded" and self.programs_per_sm:
             raise ValueError(
                 f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"

@@ -199,7 +199,9 @@ def kernel_for(
     meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
     if fused_add:
         meta["ROUND_BY_HAND"] = round_by_hand
-    if cfg.kernel == "fused":
+    if cfg.kernel == "looped":
+        meta.update(N=n, BLOCK_M=cfg.block_m)
+    elif cfg.kernel == "fused":
         meta["BLOCK_M"] = cfg.block_m
         if not fused_add:
             meta["W_FIRST"] = cfg.weight_first
@@ -279,6 +281,14 @@ SEARCH_STAGES = (2, 3)
 SEARCH_SHORT_CHUNKS = (1024, 2048)
 SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
 SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
+#: The looped kernel from rows of SEARCH_LOOPED_MIN_N elements: chunks of these widths up to
+#: the row's power of two, on these warps, SEARCH_LOOPED_THREAD_BYTES of a chunk's row a
+#: thread; two rows a program for rows of at most SEARCH_LOOPED_ROWS2_MAX_N elements.
+SEARCH_LOOPED_MIN_N = 2048
+SEARCH_LOOPED_CHUNKS = (1024, 2048, 4096, 8192, 16384, 32768)
+SEARCH_LOOPED_WARPS = (4, 8, 16, 32)
+SEARCH_LOOPED_THREAD_BYTES = (8, 64)
+SEARCH_LOOPED_ROWS2_MAX_N = 8192
 #: The sharded kernel from rows of this width up, its programs waiting for their row's sum
 #: (the last-arrival schedule lost at every wide shape: docs/notebook/06-wide-rows.md, v24):
 #: shard widths and warps, the per-thread bytes of a shard in SEARCH_SHARD_THREAD_BYTES.
@@ -300,6 +310,21 @@ def sharded_candidates(n: int, element_size: int) -> list[Config]:
                 for reload in (False, True):
                     cfg = Config("sharded", shard, warps, stream_y=True, wait=True, reload=reload)
                     out.append(cfg)
+    return out
+
+
+def looped_candidates(n: int, element_size: int) -> list[Config]:
+    """The looped kernel's candidates for rows of n elements (either op)."""
+    lo, hi = SEARCH_LOOPED_THREAD_BYTES
+    out: list[Config] = []
+    if n < SEARCH_LOOPED_MIN_N:
+        return out
+    for chunk in SEARCH_LOOPED_CHUNKS:
+        for warps in SEARCH_LOOPED_WARPS:
+            per_thread = chunk * element_size // (32 * warps)
+            if chunk < 2 * n and lo <= per_thread <= hi:
+                for rows in (1, 2) if n <= SEARCH_LOOPED_ROWS2_MAX_N else (1,):
+                    out.append(Config("looped", chunk, warps, block_m=rows))
     return out
 
 
@@ -338,6 +363,7 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     if op == "fused_add_rms_norm":
         out = [fused_add_config(n, element_size)]
         out += [c for c in _register_tiles(n, element_size) if c not in out]
+        out += [c for c in looped_candidates(n, element_size) if c not in out]
         return out + [c for c in sharded_candidates(n, element_size) if c not in out]
     if op != "rms_norm":
         raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")
@@ -364,4 +390,5 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
         for warps in SEARCH_SHORT_CHUNK_WARPS:
             if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
                 out.append(Config("chunked", chunk, warps))
+    out += looped_candidates(n, elem)
     return out + [c for c in sharded_candidates(n, elem) if c not in out]

@@ -15,6 +15,11 @@ Parallelisation
 - chunked (wider rows): a few programs per SM, each walking its rows in BLOCK_N chunks
   twice: the first sweep accumulates sum(x^2), the second re-reads the chunks (from L2:
   the rows in flight fit in it), normalises and stores.
+- looped (the widths language models use, 16-bit 8192-32768): one program a row (or a
+  few), the row in BLOCK_N chunks swept twice, x read again in the second sweep rather
+  than held through the sum: few registers a thread, every warp an SM can hold in flight.
+  The row width is a compile-time constant, so the sweeps unroll and whole chunks go
+  unmasked (torch.compile's looped reduction, the kernel this form was read from).
 - sharded (the widest rows; the fused add's rows past FUSED_MAX_N): a row split over
   consecutive programs of BLOCK_N columns, which share the row's sum through global
   memory, the software counterpart of a thread-block cluster: each loads its shard into
@@ -120,6 +125,61 @@ def _rms_norm_fwd_chunked(
             if HAS_WEIGHT:
                 y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
             tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _looped_load(ptrs, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
+    # a chunk of the looped kernels, masked only where the rows or the width need it
+    if MASKED:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+    else:
+        return tl.load(ptrs, eviction_policy=POLICY)
+
+
+@triton.jit
+def _looped_store(ptrs, v, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptrs, v, mask=mask)
+    else:
+        tl.store(ptrs, v)
+
+
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_looped(
+    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
+    stride_x, stride_y,  # elements between consecutive rows
+    M, eps,  # rows, eps (fp32)
+    N: tl.constexpr,  # the row width, a constant: one compile a width
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    # fmt: on
+    # BLOCK_M rows a program in BLOCK_N chunks, swept twice: the first sums x^2 and lets x
+    # go, the second reads x again (from L1 or L2, where the first sweep just put it,
+    # evict_last), scales and stores chunk by chunk. Nothing of the row is held through the
+    # sum, so a thread needs few registers and an SM holds as many warps as it can: the
+    # form of torch.compile's looped reduction. N is a constant, so the sweeps unroll whole
+    # and a width that is a whole number of chunks (with one row a program: the grid is M)
+    # needs no mask.
+    MASKED: tl.constexpr = BLOCK_M > 1 or N % BLOCK_N != 0
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = (rows < M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    x_rows = x_ptr + rows[:, None] * stride_x
+    y_rows = y_ptr + rows[:, None] * stride_y
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        x = _looped_load(x_rows + c, row_ok & (c < N), MASKED, "evict_last").to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        ok = row_ok & (c < N)
+        y = _looped_load(x_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
+        _looped_store(y_rows + c, y.to(y_ptr.dtype.element_ty), ok, MASKED)
 
 
 # fmt: off
@@ -434,6 +494,50 @@ def _fused_add_rms_norm_fwd_split(
 
 # fmt: off
 @triton.jit
+def _fused_add_rms_norm_fwd_looped(
+    x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
+    stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
+    M, eps,  # rows, eps (fp32)
+    N: tl.constexpr,  # the row width, a constant: one compile a width
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+):
+    # fmt: on
+    # the plain op's looped form: the first sweep adds, stores residual_out and sums its
+    # squares; the second reads residual_out back (the same thread's lanes, just stored),
+    # scales and stores y. Each chunk is loaded before it is stored, and residual_out is
+    # what the second sweep reads, so the in-place form (y is x, residual_out is residual)
+    # is the same computation.
+    MASKED: tl.constexpr = BLOCK_M > 1 or N % BLOCK_N != 0
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = (rows < M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    x_rows = x_ptr + rows[:, None] * stride_x
+    r_rows = r_ptr + rows[:, None] * stride_r
+    y_rows = y_ptr + rows[:, None] * stride_y
+    ro_rows = ro_ptr + rows[:, None] * stride_ro
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        ok = row_ok & (c < N)
+        x = _looped_load(x_rows + c, ok, MASKED, "evict_first").to(tl.float32)
+        r = _looped_load(r_rows + c, ok, MASKED, "evict_first").to(tl.float32)
+        s = _round_to(x + r, ro_ptr.dtype.element_ty, ROUND_BY_HAND)
+        _looped_store(ro_rows + c, s, ok, MASKED)
+        s = s.to(tl.float32)
+        acc += s * s
+    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        ok = row_ok & (c < N)
+        y = _looped_load(ro_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
+        _looped_store(y_rows + c, y.to(y_ptr.dtype.element_ty), ok, MASKED)
+
+
+# fmt: off
+@triton.jit
 def _fused_add_rms_norm_fwd_sharded(
     x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
     part_ptr, count_ptr,  # fp32 partial sums (M, SHARDS); arrivals a row (M,), zeroed
@@ -475,11 +579,13 @@ FORWARD_KERNELS = {
         "chunked": _rms_norm_fwd_chunked,
         "persistent": _rms_norm_fwd_persistent,
         "sharded": _rms_norm_fwd_sharded,
+        "looped": _rms_norm_fwd_looped,
     },
     "fused_add_rms_norm": {
         "fused": _fused_add_rms_norm_fwd_fused,
         "split": _fused_add_rms_norm_fwd_split,
         "sharded": _fused_add_rms_norm_fwd_sharded,
+        "looped": _fused_add_rms_norm_fwd_looped,
     },
 }
 #: Every kernel kind a Config may name (rms_norm's are every op's).

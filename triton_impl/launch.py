@@ -129,6 +129,8 @@ def plan(
         return Launch(cfg, kernel, (m,), (*tensors, *strides, n, eps), meta)
     if cfg.kernel == "sharded":
         return _sharded_launch(cfg, kernel, meta, m, x, tensors, (*strides, m, n, eps))
+    if cfg.kernel == "looped":  # the width a constexpr (meta), not an argument
+        return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), (*tensors, *strides, m, eps), meta)
     args = (*tensors, *strides, m, n, eps)
     if cfg.kernel == "fused":
         return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
