@@ -577,8 +577,6 @@ def triton_table_shapes() -> list:
     dtypes = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
     keys = [
         *T.FUSED_TUNED,
-        *T.WIDE_TUNED,
-        *T.PERSISTENT_TUNED,
         *T.FUSED_ADD_TUNED,
         *T.FUSED_ADD_WIDE_TUNED,
         *T.FUSED_ADD_LATENCY_WARPS,
@@ -590,6 +588,8 @@ def triton_table_shapes() -> list:
         if k.dtype in (None, DTYPE_NAMES[d])
     }
     shapes |= {(MAX_N, d) for ds in dtypes.values() for d in ds}
+    # the looped rule's bounds
+    shapes |= {(b // e, d) for e, ds in dtypes.items() for d in ds for b in T.LOOPED_ROW_BYTES}
     return sorted(shapes, key=lambda s: (s[0], str(s[1])))
 
 

@@ -42,10 +42,12 @@ from triton_impl.tuning import (
     LATENCY_FIRST_MAX_WARPS,
     LATENCY_MAX_WARPS,
     LATENCY_THREAD_BYTES,
-    PERSISTENT_TUNED,
+    LOOPED_CHUNK_BYTES,
+    LOOPED_ROW_BYTES,
+    LOOPED_THREAD_BYTES,
+    LOOPED_TWO_ROWS_MAX_BYTES,
     SHARDED,
     THREAD_BYTES,
-    WIDE_TUNED,
 )
 
 
@@ -79,30 +81,40 @@ def _split(n: int, element_size: int, thread_bytes: int) -> Config:
     return Config("split", body, max(1, min(32, body * element_size // (32 * thread_bytes))))
 
 
+def looped_config(n: int, element_size: int) -> Optional[Config]:
+    """rms_norm's looped kernel for rows of n elements whose bytes lie in LOOPED_ROW_BYTES,
+    else None: chunks of the row's power of two up to LOOPED_CHUNK_BYTES, two rows a program
+    where the row is a power of two of at most LOOPED_TWO_ROWS_MAX_BYTES, and
+    LOOPED_THREAD_BYTES of the program's rows a thread (warps a power of two, at most 32)."""
+    lo, hi = LOOPED_ROW_BYTES
+    row_bytes = n * element_size
+    if not lo <= row_bytes <= hi:
+        return None
+    block_n = triton.next_power_of_2(n)
+    rows = 2 if n == block_n and row_bytes <= LOOPED_TWO_ROWS_MAX_BYTES else 1
+    warps = min(32, triton.next_power_of_2(triton.cdiv(rows * row_bytes, 32 * LOOPED_THREAD_BYTES)))
+    chunk = min(block_n, LOOPED_CHUNK_BYTES // element_size)
+    return Config("looped", chunk, warps, block_m=rows)
+
+
 @functools.cache
 def throughput_config(n: int, element_size: int, split_ok: bool = True) -> Config:
     """The config for many rows of n elements of element_size bytes.
 
     - split_kernel_wins(n), when x's and y's rows share their 16-byte alignment
-      (split_ok): the split kernel, its tile the aligned body;
-    - rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED), else
-      several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread; the
-      persistent kernel where PERSISTENT_TUNED names the width;
-    - wider rows, and the widths WIDE_TUNED names: the chunked two-sweep kernel or the
-      sharded one (WIDE_TUNED, else SHARDED).
+      (split_ok), for rows up to FUSED_MAX_N: the split kernel, its tile the aligned body;
+    - rows of LOOPED_ROW_BYTES: the looped kernel (looped_config);
+    - other rows up to FUSED_MAX_N: the fused kernel, tiles tuned per width (FUSED_TUNED),
+      else several rows a program up to a 4 KiB tile and THREAD_BYTES of it a thread;
+    - wider rows: the sharded kernel (SHARDED).
     """
     n, element_size = check_width(n, element_size, "default_config")
     elem = element_size
     block_n = triton.next_power_of_2(n)
-    if block_n > FUSED_MAX_N[elem]:
-        return WIDE_TUNED.get(Width(elem, block_n)) or SHARDED[elem]
-    if split_ok and split_kernel_wins(n, elem):
+    wide = block_n > FUSED_MAX_N[elem]
+    if not wide and split_ok and split_kernel_wins(n, elem):
         return _split(n, elem, THREAD_BYTES[elem])
-    key = Width(elem, block_n, n < block_n)
-    for table in (WIDE_TUNED, PERSISTENT_TUNED):
-        if key in table:
-            return table[key]
-    return fused_tile(n, elem)
+    return looped_config(n, elem) or (SHARDED[elem] if wide else fused_tile(n, elem))
 
 
 def fused_tile(n: int, element_size: int) -> Config:
@@ -142,7 +154,7 @@ def default_config(
     name where they are one (the fused add's dtype-keyed entries); rows and sms (both
     given: a real GPU): the latency rule's inputs. The fused add: fused_add_default_config.
     rms_norm: the throughput rule, and for `rows` fewer programs than `sms` the latency
-    rule (rows the fused kernel holds start from its tile there, the chunked kernel's
+    rule (rows the fused kernel holds start from its tile there, the looped kernel's
     widths up to FUSED_MAX_N included)."""
     n, element_size = check_width(n, element_size, "default_config")
     if op == "fused_add_rms_norm":
@@ -155,9 +167,9 @@ def default_config(
     if rows is None or not sms:
         return cfg
     base = cfg
-    if cfg.kernel == "chunked" and triton.next_power_of_2(n) <= FUSED_MAX_N[element_size]:
+    if cfg.kernel == "looped" and triton.next_power_of_2(n) <= FUSED_MAX_N[element_size]:
         base = fused_tile(n, element_size)
-    if base.kernel not in ("chunked", "sharded") and triton.cdiv(rows, base.block_m) < sms:
+    if base.kernel not in ("looped", "sharded") and triton.cdiv(rows, base.block_m) < sms:
         return latency_config(base, element_size)
     return cfg
 

@@ -25,20 +25,14 @@ FUSED_MAX_N = {4: 32768, 2: 16384}
 
 #: The fused kernel's tile and warps per width where the sweep measured one other than
 #: formula_tile's (docs/notebook/01-why-the-defaults.md); the other widths take the formula's.
+#: Rows the looped kernel takes (LOOPED_ROW_BYTES) start their decode-sized calls from the
+#: formula's tile (latency_config keeps only its width).
 FUSED_TUNED = {
     Width(2, 128): _fused(128, 16, 8),
     Width(2, 512): _fused(512, 4, 4),
     Width(2, 2048): _fused(2048, 1, 4),
-    Width(2, 4096): _fused(4096, 4, 16),
-    Width(2, 8192): _fused(8192, 2, 4),
-    Width(2, 16384): _fused(16384, 1, 8),
-    Width(2, 8192, padded=True): _fused(8192, 1, 4),
-    Width(4, 4096): _fused(4096, 2, 32),
-    Width(4, 16384): _fused(16384, 2, 32),
     Width(4, 32768): _fused(32768, 1, 16),
     Width(4, 1024, padded=True): _fused(1024, 1, 1),
-    Width(4, 8192, padded=True): _fused(8192, 4, 32),
-    Width(4, 16384, padded=True): _fused(16384, 2, 32),
 }
 #: The sharded kernel's shipped configs per element size: each program waits for its row's
 #: sum, then reads its shard again rather than holding it through the wait
@@ -47,20 +41,16 @@ SHARDED = {
     2: Config("sharded", 16384, 8, stream_y=True, wait=True, reload=True),
     4: Config("sharded", 8192, 16, stream_y=True, wait=True, reload=True),
 }
-#: Rows wider than FUSED_MAX_N per width (and widths up to it where the sweep measured these
-#: ahead of the fused kernel): the chunked kernel where it still leads (16-bit 32768, fp32
-#: 16384), with short chunks cut as torch.compile's looped reduction at fp32 2048 and 4096;
-#: wider rows (from 65536) take SHARDED.
-WIDE_TUNED = {
-    Width(2, 32768): Config("chunked", 8192, 16),
-    Width(4, 2048): Config("chunked", 1024, 8),
-    Width(4, 4096): Config("chunked", 2048, 16),
-    Width(4, 16384): Config("chunked", 4096, 32),
-}
-#: The persistent kernel where the sweep measured it ahead of the fused kernel.
-PERSISTENT_TUNED = {
-    Width(2, 16384, padded=True): Config("persistent", 16384, 16, programs_per_sm=1, stages=3),
-}
+#: rms_norm's rows of LOOPED_ROW_BYTES (both bounds included: 16-bit 4096-32768, fp32
+#: 2048-16384) take the looped kernel, ahead of every fused tile, the persistent and the
+#: chunked kernel there (docs/notebook/16-why-inductor-wins.md, v56): chunks of at most
+#: LOOPED_CHUNK_BYTES of a row; LOOPED_THREAD_BYTES of the program's rows a thread, up to
+#: 32 warps (fewer bytes a thread left the SM's loads too few: 8192 on 32 warps, one row);
+#: two rows a program for rows of a power of two of at most LOOPED_TWO_ROWS_MAX_BYTES.
+LOOPED_ROW_BYTES = (8192, 65536)
+LOOPED_CHUNK_BYTES = 16384
+LOOPED_THREAD_BYTES = 32
+LOOPED_TWO_ROWS_MAX_BYTES = 16384
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
 #: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
@@ -79,11 +69,14 @@ FUSED_ADD_WIDE = {
     2: Config("sharded", 8192, 4, stream_y=True, wait=True),
     4: Config("sharded", 4096, 4, stream_y=True, wait=True),
 }
-#: Widths where one dtype's wide rows take another config than FUSED_ADD_WIDE's, keyed by
-#: the power-of-two width with that dtype (Width.dtype), for x and residual of that dtype:
-#: fp16 reads its shard again after the wait at 65536 and 131072, where the held shard's
-#: registers leave it fewer programs an SM than bf16 (docs/notebook/06-wide-rows.md, v29).
+#: Widths where wide rows take another config than FUSED_ADD_WIDE's, keyed by the
+#: power-of-two width (and, for an entry of one dtype, that dtype: Width.dtype, for x and
+#: residual of that dtype): 16-bit rows to 32768 take the looped kernel, the row one chunk
+#: on 32 warps (docs/notebook/16-why-inductor-wins.md, v56); fp16 reads its shard again
+#: after the wait at 65536 and 131072, where the held shard's registers leave it fewer
+#: programs an SM than bf16 (docs/notebook/06-wide-rows.md, v29).
 FUSED_ADD_WIDE_TUNED = {
+    Width(2, 32768): Config("looped", 32768, 32),
     Width(2, 65536, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
     Width(2, 131072, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
 }
