@@ -55,8 +55,11 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     sig.update(stride_x="i32", stride_y="i32")
     if cfg.kernel != "split":
         sig["M"] = "i32"
-    sig.update(N="i32", eps="fp32")
-    div = ["x_ptr", "w_ptr", "y_ptr"] + (["stride_x", "stride_y", "N"] if n % 16 == 0 else [])
+    if cfg.kernel != "looped":  # the looped kernel's width is a constexpr (consts)
+        sig["N"] = "i32"
+    sig["eps"] = "fp32"
+    div = ["x_ptr", "w_ptr", "y_ptr"] + ([a for a in ("stride_x", "stride_y", "N") if a in sig]
+                                         if n % 16 == 0 else [])  # fmt: skip
     return cfg, _compile(kernel, sig, consts, div, warps)
 
 

@@ -60,43 +60,6 @@ def test_split_kernel_any_alignment(n, dtype):
     torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
 
 
-@pytest.mark.parametrize("n", [12288, 12289])
-@pytest.mark.parametrize("per_sm", [0, 1])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_chunked_kernel(n, per_sm, dtype):
-    """The chunked kernel, one program a row or a few walking rows (programs_per_sm=1 on 5
-    rows), a partial last chunk at 12289: the same function."""
-    impl_or_skip("triton")
-    from triton_impl import Config, rms_norm_with_config
-
-    x, w = inputs(5, n, dtype)
-    cfg = Config("chunked", 4096, 8, programs_per_sm=per_sm)
-    got = rms_norm_with_config(x, w, 1e-6, cfg)
-    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
-
-
-@pytest.mark.parametrize(
-    "n, block_n, rows",
-    [(4096, 1024, 1), (4096, 1024, 2), (4100, 2048, 1), (12289, 16384, 1), (5, 8, 2)],
-    ids=str,
-)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("weighted", [True, False], ids=["w", "no_w"])
-def test_looped_kernel(n, block_n, rows, dtype, weighted):
-    """The looped kernel: whole chunks with no mask (4096 on 1024, one row a program), a
-    partial last chunk (4100), one padded chunk (12289 on 16384), two rows a program over
-    an odd row count (7 rows), a row narrower than a chunk: the same function, with and
-    without a weight."""
-    impl_or_skip("triton")
-    from triton_impl import Config, rms_norm_with_config
-
-    x, w = inputs(7, n, dtype)
-    w = w if weighted else None
-    cfg = Config("looped", block_n, 4, block_m=rows)
-    got = rms_norm_with_config(x, w, 1e-6, cfg)
-    torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
-
-
 @pytest.mark.parametrize("n", [4096, 12289])
 @pytest.mark.parametrize("stages, stream_y", [(1, False), (2, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -160,7 +123,8 @@ def test_latency_rule_weight_first_where_measured():
     """The latency rule, read from the tuning data: one row a program; the weight loaded
     first only by the fused kernel's rows up to LATENCY_FIRST_MAX_BYTES, on at most
     LATENCY_FIRST_MAX_WARPS warps; wider rows and the split kernel keep LATENCY_THREAD_BYTES
-    a thread, up to LATENCY_MAX_WARPS, the weight after the sum."""
+    a thread, up to LATENCY_MAX_WARPS, the weight after the sum; the looped kernel's rows
+    wider than LATENCY_FIRST_MAX_BYTES keep its throughput config."""
     from triton_impl import tuning
     from triton_impl.configs import default_config
 
@@ -174,6 +138,10 @@ def test_latency_rule_weight_first_where_measured():
                               (8192, 2, False), (16384, 2, True), (4096, 4, False),
                               (8192, 4, True), (32768, 4, True)):  # fmt: skip
         c = rule(n, elem, split_ok)
+        if c.kernel == "looped":
+            assert n * elem > tuning.LATENCY_FIRST_MAX_BYTES, (n, elem, c)
+            assert c == default_config(n, elem, split_ok=split_ok), (n, elem, c)
+            continue
         assert c.block_m == 1, (n, elem, c)
         first = c.kernel == "fused" and c.block_n * elem <= tuning.LATENCY_FIRST_MAX_BYTES
         assert c.weight_first == first, (n, elem, c)
@@ -577,6 +545,7 @@ def triton_table_shapes() -> list:
     dtypes = {2: (torch.bfloat16, torch.float16), 4: (torch.float32,)}
     keys = [
         *T.FUSED_TUNED,
+        *T.LOOPED_TUNED,
         *T.FUSED_ADD_TUNED,
         *T.FUSED_ADD_WIDE_TUNED,
         *T.FUSED_ADD_LATENCY_WARPS,

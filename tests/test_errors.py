@@ -366,29 +366,29 @@ def test_one_wording_for_both_sides(case):
         (dict(kernel="fused", block_n=1000, num_warps=1), r"block_n is 1000"),
         (dict(kernel="fused", block_m=3, block_n=64, num_warps=1), r"block_m is 3"),
         (dict(kernel="fused", block_n=64, num_warps=3), r"num_warps is 3"),
-        (dict(kernel="split", block_m=2, block_n=64, num_warps=1), r"only the fused kernel"),
+        (dict(kernel="split", block_m=2, block_n=64, num_warps=1), r"only the fused and looped"),
         (dict(kernel="fused", block_n=64), r"cfg: .*missing .*'num_warps'"),
         (dict(kernel="fused", block_n=64, num_warps=1, BLOCK_M=2), r"unknown fields \['BLOCK_M'\]"),
-        (dict(kernel="chunked", block_n=64, num_warps=1, stages=0), r"stages is 0"),
-        (dict(kernel="chunked", block_n=64, num_warps=1, programs_per_sm=-1), r"programs_per_sm"),
+        (dict(kernel="looped", block_n=64, num_warps=1, stages=0), r"stages is 0"),
+        (dict(kernel="looped", block_n=64, num_warps=1, programs_per_sm=1), r"unknown fields"),
         (
             dict(kernel="sharded", block_n=64, num_warps=1, reload=1),
             r"reload is 1; expected a bool",
         ),
         (
-            dict(kernel="chunked", block_n=64, num_warps=1, stages=2),
-            r"stages is 2; only the persistent and sharded kernels pipeline",
+            dict(kernel="looped", block_n=64, num_warps=1, stages=2),
+            r"stages is 2; only the sharded kernel pipelines",
         ),
         (
-            dict(kernel="chunked", block_n=64, num_warps=1, stream_y=True),
+            dict(kernel="looped", block_n=64, num_warps=1, stream_y=True),
             r"stream_y is set; only the sharded kernel has it",
         ),
         (
-            dict(kernel="chunked", block_n=64, num_warps=1, wait=True),
+            dict(kernel="looped", block_n=64, num_warps=1, wait=True),
             r"wait is set; only the sharded kernel has it",
         ),
         (
-            dict(kernel="chunked", block_n=64, num_warps=1, reload=True),
+            dict(kernel="looped", block_n=64, num_warps=1, reload=True),
             r"reload is set; only the sharded kernel has it",
         ),
         (
@@ -398,10 +398,6 @@ def test_one_wording_for_both_sides(case):
         (
             dict(kernel="split", block_n=64, num_warps=1, weight_first=True),
             r"weight_first is set; only the fused kernel has it",
-        ),
-        (
-            dict(kernel="sharded", block_n=64, num_warps=1, programs_per_sm=2),
-            r"programs_per_sm is 2; the sharded kernel runs one program a shard",
         ),
         (dict(kernel="fused", block_n=32, num_warps=1), r"block_n = 32 is narrower than the row"),
         ("fused", r"cfg must be a Config or a dict"),

@@ -498,14 +498,14 @@ def test_sweep_where_keeps_the_matching_candidates_and_today_s():
     it), and today's config, which the sweep always times beside them."""
     from harness import sweep
 
-    where = sweep.parse_where(["triton:reload=True", "triton:kernel=chunked,num_warps=32"])
-    assert where == {"triton": [{"reload": "True"}, {"kernel": "chunked", "num_warps": "32"}]}
-    n = 32768  # today's config: chunked on 16 warps, no reload
+    where = sweep.parse_where(["triton:reload=True", "triton:kernel=looped,num_warps=16"])
+    assert where == {"triton": [{"reload": "True"}, {"kernel": "looped", "num_warps": "16"}]}
+    n = 32768  # today's config: looped on 32 warps, no reload
     cands = sweep.candidates("triton", n, 2)
     kept = [c for c in cands if sweep.matches(c, where["triton"])]
 
     def wanted(c):
-        return c.reload or (c.kernel == "chunked" and c.num_warps == 32)
+        return c.reload or (c.kernel == "looped" and c.num_warps == 16)
 
     assert kept and all(wanted(c) for c in kept) and any(not c.reload for c in kept)
     assert len(kept) == sum(wanted(c) for c in cands)

@@ -22,14 +22,12 @@ class Config:
     """One launch of a Triton kernel.
 
     kernel: "fused" (block_m rows of block_n >= N lanes a program), "split" (one row a
-    program, block_n lanes of aligned body, scalar head and tail), "chunked" (rows walked in
-    block_n-wide chunks, twice), "persistent" (programs walking whole rows, the next rows'
-    loads in flight), "sharded" (a row's block_n-wide shards summed by one program
-    each) or "looped" (block_m rows a program in block_n-wide chunks of a constant width,
-    swept twice, nothing held through the sum); programs_per_sm: chunked and persistent programs an SM, 0 for one a row;
-    stages (persistent, sharded): loads in flight through shared memory (Triton's
-    pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so y's lines do
-    not take L2 from the x lines a re-read needs); wait (sharded only): each program waits
+    program, block_n lanes of aligned body, scalar head and tail), "sharded" (a row's
+    block_n-wide shards summed by one program each) or "looped" (block_m rows a program in
+    block_n-wide chunks of a constant width, swept twice, nothing held through the sum);
+    stages (sharded): the last-arrival schedule's loads in flight through shared memory
+    (Triton's pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so
+    y's lines do not take L2 from the x lines a re-read needs); wait (sharded only): each program waits
     for its row's sum and normalises its own shard (held, or with reload read again), else
     the last program of a row to arrive normalises the whole row from L2 (the only schedule
     under the interpreter, whose programs run one after another); weight_first (rms_norm's
@@ -44,7 +42,6 @@ class Config:
     block_n: int
     num_warps: int
     block_m: int = 1
-    programs_per_sm: int = 0
     stages: int = 1
     stream_y: bool = False
     wait: bool = False
@@ -58,8 +55,7 @@ class Config:
                 f"{where}: kernel is {self.kernel!r}; expected one of {sorted(KERNEL_KINDS)}"
             )
         # integers by the contract's rule (a NumPy integer too), kept as ints
-        for name, lo in (("block_n", 1), ("num_warps", 1), ("block_m", 1),
-                         ("programs_per_sm", 0), ("stages", 1)):  # fmt: skip
+        for name, lo in (("block_n", 1), ("num_warps", 1), ("block_m", 1), ("stages", 1)):
             object.__setattr__(self, name, as_int(getattr(self, name), name, where, lo))
         for name, hi in (("block_n", MAX_N), ("num_warps", 32), ("block_m", 1024)):
             v = getattr(self, name)
@@ -69,15 +65,10 @@ class Config:
             raise ValueError(
                 f"{where}: block_m is {self.block_m}; only the fused and looped kernels have rows"
             )
-        if self.kernel == "sharded" and self.programs_per_sm:
+        if self.stages > 1 and self.kernel != "sharded":
             raise ValueError(
-                f"{where}: programs_per_sm is {self.programs_per_sm}; the sharded kernel runs"
-                " one program a shard (0)"
-            )
-        if self.stages > 1 and self.kernel not in ("persistent", "sharded"):
-            raise ValueError(
-                f"{where}: stages is {self.stages}; only the persistent and sharded kernels"
-                " pipeline (1 for the others)"
+                f"{where}: stages is {self.stages}; only the sharded kernel pipelines (1 for the"
+                " others)"
             )
         for name, kernels in (
             ("stream_y", ("sharded",)),
@@ -131,10 +122,10 @@ class Config:
         return cfg
 
     def holds(self, n: int, element_size: int) -> bool:
-        """Whether the tile holds a row of n elements (the chunked and sharded kernels hold
+        """Whether the tile holds a row of n elements (the looped and sharded kernels hold
         any row)."""
         vec = 16 // element_size
-        need = {"fused": n, "persistent": n, "split": n // vec * vec}
+        need = {"fused": n, "split": n // vec * vec}
         return self.block_n >= need.get(self.kernel, 0)
 
 

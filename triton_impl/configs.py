@@ -45,6 +45,7 @@ from triton_impl.tuning import (
     LOOPED_CHUNK_BYTES,
     LOOPED_ROW_BYTES,
     LOOPED_THREAD_BYTES,
+    LOOPED_TUNED,
     LOOPED_TWO_ROWS_MAX_BYTES,
     SHARDED,
     THREAD_BYTES,
@@ -83,14 +84,18 @@ def _split(n: int, element_size: int, thread_bytes: int) -> Config:
 
 def looped_config(n: int, element_size: int) -> Optional[Config]:
     """rms_norm's looped kernel for rows of n elements whose bytes lie in LOOPED_ROW_BYTES,
-    else None: chunks of the row's power of two up to LOOPED_CHUNK_BYTES, two rows a program
-    where the row is a power of two of at most LOOPED_TWO_ROWS_MAX_BYTES, and
-    LOOPED_THREAD_BYTES of the program's rows a thread (warps a power of two, at most 32)."""
+    else None: LOOPED_TUNED's entry, else chunks of the row's power of two up to
+    LOOPED_CHUNK_BYTES, two rows a program where the row is a power of two of at most
+    LOOPED_TWO_ROWS_MAX_BYTES, and LOOPED_THREAD_BYTES of the program's rows a thread (warps
+    a power of two, at most 32)."""
     lo, hi = LOOPED_ROW_BYTES
     row_bytes = n * element_size
     if not lo <= row_bytes <= hi:
         return None
     block_n = triton.next_power_of_2(n)
+    tuned = LOOPED_TUNED.get(Width(element_size, block_n, n < block_n))
+    if tuned:
+        return tuned
     rows = 2 if n == block_n and row_bytes <= LOOPED_TWO_ROWS_MAX_BYTES else 1
     warps = min(32, triton.next_power_of_2(triton.cdiv(rows * row_bytes, 32 * LOOPED_THREAD_BYTES)))
     chunk = min(block_n, LOOPED_CHUNK_BYTES // element_size)
@@ -154,8 +159,8 @@ def default_config(
     name where they are one (the fused add's dtype-keyed entries); rows and sms (both
     given: a real GPU): the latency rule's inputs. The fused add: fused_add_default_config.
     rms_norm: the throughput rule, and for `rows` fewer programs than `sms` the latency
-    rule (rows the fused kernel holds start from its tile there, the looped kernel's
-    widths up to FUSED_MAX_N included)."""
+    rule (rows the fused kernel holds start from its tile there, and the looped kernel's
+    rows of at most LATENCY_FIRST_MAX_BYTES)."""
     n, element_size = check_width(n, element_size, "default_config")
     if op == "fused_add_rms_norm":
         return fused_add_default_config(n, element_size, split_ok, dtype, rows=rows, sms=sms)
@@ -167,7 +172,9 @@ def default_config(
     if rows is None or not sms:
         return cfg
     base = cfg
-    if cfg.kernel == "looped" and triton.next_power_of_2(n) <= FUSED_MAX_N[element_size]:
+    # the looped kernel's rows the decode probe measured on the fused tile's latency rule;
+    # wider ones keep the looped kernel, one row a program or two already
+    if cfg.kernel == "looped" and n * element_size <= LATENCY_FIRST_MAX_BYTES:
         base = fused_tile(n, element_size)
     if base.kernel not in ("looped", "sharded") and triton.cdiv(rows, base.block_m) < sms:
         return latency_config(base, element_size)
@@ -221,8 +228,6 @@ def kernel_for(
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
         meta.update(_sharded_meta(cfg, n))
-    elif cfg.kernel == "persistent":
-        meta["STAGES"] = cfg.stages
     return kernels[cfg.kernel], meta
 
 
@@ -283,16 +288,6 @@ def fused_add_default_config(
 SEARCH_WARPS = (1, 2, 4, 8, 16, 32)
 SEARCH_ROWS = (1, 2, 4, 8, 16, 32, 64)
 SEARCH_THREAD_BYTES = (16, 256)
-SEARCH_CHUNKS = (4096, 8192, 16384, 32768)
-SEARCH_CHUNK_WARPS = (8, 16, 32)
-SEARCH_PROGRAMS_PER_SM = (1, 2, 0)  # 0: one program a row
-SEARCH_PERSISTENT_PER_SM = (1, 2, 4)
-SEARCH_STAGES = (2, 3)
-#: Short chunks, as torch.compile's looped reductions cut a row (512 threads, 4-8 elements a
-#: thread, one row a program): from rows of two such chunks up, one program a row.
-SEARCH_SHORT_CHUNKS = (1024, 2048)
-SEARCH_SHORT_CHUNK_WARPS = (4, 8, 16)
-SEARCH_STAGED_BYTES = 160 * 1024  # rows in flight in shared memory, at most
 #: The looped kernel from rows of SEARCH_LOOPED_MIN_N elements: chunks of these widths up to
 #: the row's power of two, on these warps, SEARCH_LOOPED_THREAD_BYTES of a chunk's row a
 #: thread; two rows a program for rows of at most SEARCH_LOOPED_ROWS2_MAX_N elements.
@@ -366,41 +361,15 @@ def _register_tiles(n: int, elem: int) -> list[Config]:
 def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config]:
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
-    that are not whole 16-byte vectors, the persistent kernel where a row fits shared
-    memory, the chunked kernel for rows of two or more chunks from 8192 elements up, and with
-    short chunks for rows of two or more, and the
+    that are not whole 16-byte vectors, the looped kernel (looped_candidates) and the
     sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
-    config, the same fused tiles and split kernels, and the sharded kernel's candidates."""
+    config, and the same candidates."""
     n, element_size = check_width(n, element_size, "search_space")
-    if op == "fused_add_rms_norm":
-        out = [fused_add_config(n, element_size)]
-        out += [c for c in _register_tiles(n, element_size) if c not in out]
-        out += [c for c in looped_candidates(n, element_size) if c not in out]
-        return out + [c for c in sharded_candidates(n, element_size) if c not in out]
-    if op != "rms_norm":
+    if op not in FORWARD_KERNELS:
         raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")
-    elem = element_size
-    lo, hi = SEARCH_THREAD_BYTES
-    block_n = triton.next_power_of_2(n)
-    out: list[Config] = _register_tiles(n, elem)
-    if 1024 <= n and block_n * elem <= SEARCH_STAGED_BYTES:
-        for warps in SEARCH_WARPS:
-            per_thread = block_n * elem // (32 * warps)
-            for per_sm in SEARCH_PERSISTENT_PER_SM:
-                for stages in SEARCH_STAGES:
-                    staged = (stages - 1) * block_n * elem * per_sm
-                    if 32 <= per_thread <= hi and staged <= SEARCH_STAGED_BYTES:
-                        out.append(Config("persistent", block_n, warps, programs_per_sm=per_sm,
-                                          stages=stages))  # fmt: skip
-    if n >= 8192:  # the chunked kernel also where the fused tile would be padded (12288)
-        for chunk in SEARCH_CHUNKS:
-            for warps in SEARCH_CHUNK_WARPS:
-                for per_sm in SEARCH_PROGRAMS_PER_SM:
-                    if chunk < n and lo <= chunk * elem // (32 * warps) <= hi:
-                        out.append(Config("chunked", chunk, warps, programs_per_sm=per_sm))
-    for chunk in SEARCH_SHORT_CHUNKS:
-        for warps in SEARCH_SHORT_CHUNK_WARPS:
-            if 2 * chunk <= n and 4 <= chunk * elem // (32 * warps):
-                out.append(Config("chunked", chunk, warps))
-    out += looped_candidates(n, elem)
-    return out + [c for c in sharded_candidates(n, elem) if c not in out]
+    out = [fused_add_config(n, element_size)] if op == "fused_add_rms_norm" else []
+    for cfg in (*_register_tiles(n, element_size), *looped_candidates(n, element_size),
+                *sharded_candidates(n, element_size)):  # fmt: skip
+        if cfg not in out:
+            out.append(cfg)
+    return out

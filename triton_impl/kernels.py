@@ -10,16 +10,12 @@ Parallelisation
   row split at x's 16-byte boundaries into a scalar head, an aligned body (a power-of-two
   tile of 16-byte vectors, alignment promised to the compiler) and a scalar tail, so odd N
   still gets 16-byte accesses.
-- persistent: a few programs per SM walk whole rows; Triton's pipeliner loads the next
-  rows into shared memory while one is reduced.
-- chunked (wider rows): a few programs per SM, each walking its rows in BLOCK_N chunks
-  twice: the first sweep accumulates sum(x^2), the second re-reads the chunks (from L2:
-  the rows in flight fit in it), normalises and stores.
-- looped (the widths language models use, 16-bit 8192-32768): one program a row (or a
-  few), the row in BLOCK_N chunks swept twice, x read again in the second sweep rather
-  than held through the sum: few registers a thread, every warp an SM can hold in flight.
-  The row width is a compile-time constant, so the sweeps unroll and whole chunks go
-  unmasked (torch.compile's looped reduction, the kernel this form was read from).
+- looped (rows of 8-64 KiB: the widths language models use): one program a row (or
+  two), the row in BLOCK_N chunks swept twice, x read again in the second sweep (from L1
+  or L2, where the first just put it) rather than held through the sum: few registers a
+  thread, every warp an SM can hold in flight. The row width is a compile-time constant,
+  so the sweeps unroll and whole chunks go unmasked (torch.compile's looped reduction,
+  the kernel this form was read from).
 - sharded (the widest rows; the fused add's rows past FUSED_MAX_N): a row split over
   consecutive programs of BLOCK_N columns, which share the row's sum through global
   memory, the software counterpart of a thread-block cluster: each loads its shard into
@@ -38,7 +34,8 @@ result is cast once to x's dtype at the store. weight may be x's dtype or fp32.
 
 Learned from: the Triton tutorial on layer norm (row-per-program, masked tails), Liger
 Kernel's rms_norm (block size and warps from N), QuACK's rmsnorm (several rows per CTA for
-small N, bytes in flight as the figure of merit).
+small N, bytes in flight as the figure of merit), torch.compile's generated reduction (the
+looped kernel).
 """
 
 from __future__ import annotations
@@ -87,44 +84,6 @@ def _rms_norm_fwd_fused(
         y.to(y_ptr.dtype.element_ty),
         mask=mask,
     )
-
-
-# fmt: off
-@triton.jit
-def _rms_norm_fwd_chunked(
-    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
-    stride_x, stride_y,  # elements between consecutive rows
-    M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-):
-    # fmt: on
-    # rows too wide for registers: a program walks its rows (row, row + programs, ...) in
-    # BLOCK_N chunks, twice each, one chunk at a time (num_stages=1: deeper pipelining lost
-    # in the sweep). With few programs in flight the rows being normalised fit in L2, so the
-    # second sweep re-reads x from L2, not HBM; the hints keep x's lines there for it
-    # (evict_last) and let them go after (evict_first).
-    cols = tl.arange(0, BLOCK_N)
-    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
-    for row in range(first, M, tl.num_programs(0)):
-        x_row = x_ptr + row * stride_x
-        y_row = y_ptr + row * stride_y
-        # sweep 1: per-lane fp32 partial sums, reduced once at the end
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in tl.range(0, N, BLOCK_N, num_stages=1):
-            c = start + cols
-            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last")
-            x = x.to(tl.float32)
-            acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
-        # sweep 2: re-read (L2-resident), scale, cast, store
-        for start in tl.range(0, N, BLOCK_N, num_stages=1):
-            c = start + cols
-            ok = c < N
-            x = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
-            y = x.to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-            tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -269,32 +228,6 @@ def _sharded_store(y_row, c, y, N, STREAM_Y: tl.constexpr):
         tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=c < N, eviction_policy="evict_first")
     else:
         tl.store(y_row + c, y.to(y_row.dtype.element_ty), mask=c < N)
-
-
-# fmt: off
-@triton.jit
-def _rms_norm_fwd_persistent(
-    x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
-    stride_x, stride_y,  # elements between consecutive rows
-    M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr,
-):
-    # fmt: on
-    # a few programs per SM, each walking rows pid, pid + programs, ...: Triton's software
-    # pipeliner issues the next rows' loads (into shared memory) while this one is reduced
-    # and stored; the weight is loaded once per program, not once per row
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    first = tl.program_id(0).to(tl.int64)  # int64 rows: offsets above 2^31 elements
-    for row in tl.range(first, M, tl.num_programs(0), num_stages=STAGES):
-        x = tl.load(x_ptr + row * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + tl.cast(eps, tl.float32))
-        y = x * rstd
-        if HAS_WEIGHT:
-            y = y * w
-        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -576,8 +509,6 @@ FORWARD_KERNELS = {
     "rms_norm": {
         "fused": _rms_norm_fwd_fused,
         "split": _rms_norm_fwd_split,
-        "chunked": _rms_norm_fwd_chunked,
-        "persistent": _rms_norm_fwd_persistent,
         "sharded": _rms_norm_fwd_sharded,
         "looped": _rms_norm_fwd_looped,
     },

@@ -130,15 +130,10 @@ def plan(
     if cfg.kernel == "sharded":
         return _sharded_launch(cfg, kernel, meta, m, x, tensors, (*strides, m, n, eps))
     if cfg.kernel == "looped":  # the width a constexpr (meta), not an argument
-        return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), (*tensors, *strides, m, eps), meta)
-    args = (*tensors, *strides, m, n, eps)
-    if cfg.kernel == "fused":
-        return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
-    programs = m
-    if cfg.programs_per_sm:  # the interpreter (CPU) pretends to have 2 SMs
-        sms = sm_count(x.device.index) if x.is_cuda else 2
-        programs = min(m, cfg.programs_per_sm * sms)
-    return Launch(cfg, kernel, (max(programs, 1),), args, meta)
+        args = (*tensors, *strides, m, eps)
+    else:  # fused
+        args = (*tensors, *strides, m, n, eps)
+    return Launch(cfg, kernel, (triton.cdiv(m, cfg.block_m),), args, meta)
 
 
 def has_work(x: torch.Tensor) -> bool:

@@ -51,6 +51,9 @@ LOOPED_ROW_BYTES = (8192, 65536)
 LOOPED_CHUNK_BYTES = 16384
 LOOPED_THREAD_BYTES = 32
 LOOPED_TWO_ROWS_MAX_BYTES = 16384
+#: The looped kernel's configs where the sweep measured one ahead of looped_config's:
+#: fp32 rows of 5120-8191 elements two to a program on 32 warps.
+LOOPED_TUNED = {Width(4, 8192, padded=True): Config("looped", 4096, 32, block_m=2)}
 #: Bytes of the tile a thread holds, for widths not in FUSED_TUNED and for the split kernel.
 THREAD_BYTES = {2: 64, 4: 32}
 #: Bytes of a row a thread holds for decode-sized calls (latency_config), and the most warps
