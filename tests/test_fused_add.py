@@ -123,42 +123,34 @@ def test_in_place_form_writes_both(name, n):
     torch.testing.assert_close(r, ro, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("n", [4096, 12289])
+@pytest.mark.parametrize(
+    "n, kind, block_n, rows",
+    [
+        (4096, "sharded", 1024, 1),
+        (12289, "sharded", 1024, 1),
+        (4096, "looped", 1024, 1),
+        (4100, "looped", 2048, 2),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("rdtype", [None, torch.float32])
 @pytest.mark.parametrize("in_place", [False, True], ids=["functional", "in_place"])
-def test_triton_sharded_kernel(n, rdtype, in_place):
+def test_triton_sharded_and_looped_kernels(n, kind, block_n, rows, rdtype, in_place):
     """The Triton fused add's sharded kernel forced (the last program of a row normalises
-    it from the residual_out its peers stored): both forms, a partial last shard (12289)."""
+    it from the residual_out its peers stored; a partial last shard at 12289) and its
+    looped kernel (residual_out stored in the first sweep and read back in the second;
+    whole chunks unmasked, a partial last chunk, two rows a program over an odd row
+    count): both forms."""
     impl_or_skip("triton")
     from triton_impl import Config, fused_add_rms_norm_with_config
     from triton_impl.launch import launch, plan
 
     x, r, w = inputs(5, n, torch.bfloat16, rdtype)
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
-    cfg = Config("sharded", 1024, 4, stages=2, stream_y=True)
-    if in_place:
-        launch(plan(FUSED, (x, r), w, 1e-6, (x, r), cfg))
-        y, ro = x, r
+    if kind == "sharded":
+        cfg = Config("sharded", block_n, 4, stages=2, stream_y=True)
     else:
-        y, ro = fused_add_rms_norm_with_config(x, r, w, 1e-6, cfg)
-    torch.testing.assert_close(y, want_y, **TOL[torch.bfloat16])
-    torch.testing.assert_close(ro, want_r, **TOL[rdtype or torch.bfloat16])
-
-
-@pytest.mark.parametrize("n, block_n, rows", [(4096, 1024, 1), (4100, 2048, 2)], ids=str)
-@pytest.mark.parametrize("rdtype", [None, torch.float32])
-@pytest.mark.parametrize("in_place", [False, True], ids=["functional", "in_place"])
-def test_triton_looped_kernel(n, block_n, rows, rdtype, in_place):
-    """The Triton fused add's looped kernel forced (residual_out stored in the first sweep
-    and read back in the second): both forms, whole chunks unmasked, a partial last chunk
-    and two rows a program over an odd row count."""
-    impl_or_skip("triton")
-    from triton_impl import Config, fused_add_rms_norm_with_config
-    from triton_impl.launch import launch, plan
-
-    x, r, w = inputs(5, n, torch.bfloat16, rdtype)
-    want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
-    cfg = Config("looped", block_n, 4, block_m=rows)
+        cfg = Config("looped", block_n, 4, block_m=rows)
     if in_place:
         launch(plan(FUSED, (x, r), w, 1e-6, (x, r), cfg))
         y, ro = x, r

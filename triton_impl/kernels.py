@@ -103,6 +103,23 @@ def _looped_store(ptrs, v, mask, MASKED: tl.constexpr):
         tl.store(ptrs, v)
 
 
+@triton.jit
+def _looped_scale(
+    s_rows, w_ptr, y_rows, acc, row_ok, cols, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, MASKED: tl.constexpr,
+):
+    # the looped kernels' second sweep: rstd from the first sweep's per-lane sums, the rows
+    # s_rows (x, or the fused add's residual_out) read again, scaled and stored as y
+    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
+    for start in tl.range(0, N, BLOCK_N):
+        c = start + cols
+        ok = row_ok & (c < N)
+        y = _looped_load(s_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
+        _looped_store(y_rows + c, y.to(y_rows.dtype.element_ty), ok, MASKED)
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_looped(
@@ -131,14 +148,7 @@ def _rms_norm_fwd_looped(
         c = start + cols
         x = _looped_load(x_rows + c, row_ok & (c < N), MASKED, "evict_last").to(tl.float32)
         acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
-    for start in tl.range(0, N, BLOCK_N):
-        c = start + cols
-        ok = row_ok & (c < N)
-        y = _looped_load(x_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
-        if HAS_WEIGHT:
-            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
-        _looped_store(y_rows + c, y.to(y_ptr.dtype.element_ty), ok, MASKED)
+    _looped_scale(x_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT, MASKED)
 
 
 # fmt: off
@@ -459,14 +469,7 @@ def _fused_add_rms_norm_fwd_looped(
         _looped_store(ro_rows + c, s, ok, MASKED)
         s = s.to(tl.float32)
         acc += s * s
-    rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
-    for start in tl.range(0, N, BLOCK_N):
-        c = start + cols
-        ok = row_ok & (c < N)
-        y = _looped_load(ro_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
-        if HAS_WEIGHT:
-            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
-        _looped_store(y_rows + c, y.to(y_ptr.dtype.element_ty), ok, MASKED)
+    _looped_scale(ro_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT, MASKED)
 
 
 # fmt: off
