@@ -1,6 +1,7 @@
 """The kernels are real PyTorch ops: opcheck, torch.compile(fullgraph=True), CUDA graphs."""
 
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -44,10 +45,15 @@ def test_compile_fullgraph(name):
     def block(x, w):  # the op between ordinary ops, as in a model
         return impl.fn(x * 2.0, w, 1e-6) + 1.0
 
-    torch._dynamo.reset()
-    compiled = torch.compile(block, fullgraph=True, dynamic=False)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        x, w = inputs(dtype)
+    # (n, m): the split kernel's rows, and rows of the looped kernel (its width a constexpr
+    # the launch passes as a keyword), for few rows and for many; a fresh compile a shape
+    # (dynamo's recompile limit is 8)
+    shapes = ((4097, 8), (16384, 8), (4096, 512))
+    for (n, m), dtype in itertools.product(shapes, (torch.float32, torch.float16, torch.bfloat16)):
+        if dtype == torch.float32:
+            torch._dynamo.reset()
+            compiled = torch.compile(block, fullgraph=True, dynamic=False)
+        x, w = inputs(dtype, n=n, m=m)
         got = compiled(x, w)
         # Against eager and the reference: y's 1-ulp tolerance, plus 1 ulp of the + 1.0 (a
         # rounding flip of y near -1 is a large relative error of y + 1). Not bit-equal to

@@ -27,8 +27,9 @@ class Config:
     block_n-wide chunks of a constant width, swept twice, nothing held through the sum);
     stages (sharded): the last-arrival schedule's loads in flight through shared memory
     (Triton's pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so
-    y's lines do not take L2 from the x lines a re-read needs); wait (sharded only): each program waits
-    for its row's sum and normalises its own shard (held, or with reload read again), else
+    y's lines do not take L2 from the x lines a re-read needs); wait (sharded only): each
+    program waits for its row's sum and normalises its own shard (held, or with reload
+    read again), else
     the last program of a row to arrive normalises the whole row from L2 (the only schedule
     under the interpreter, whose programs run one after another); weight_first (rms_norm's
     fused kernel only): the weight loaded beside x, before the reduction, so that a
