@@ -29,14 +29,14 @@ class Config:
     (Triton's pipeliner), 1 for none; stream_y (sharded only): y stored evict_first (so
     y's lines do not take L2 from the x lines a re-read needs); wait (sharded only): each
     program waits for its row's sum and normalises its own shard (held, or with reload
-    read again), else
-    the last program of a row to arrive normalises the whole row from L2 (the only schedule
-    under the interpreter, whose programs run one after another); weight_first (rms_norm's
-    fused kernel only): the weight loaded beside x, before the reduction, so that a
-    decode-sized call waits on one L2 round trip, not two (the latency rule's configs);
-    reload (sharded, waiting only): each program reads its shard again once its row's sum
-    is complete (from L2, where it has just been: the wait's acquire invalidates L1) instead
-    of holding it in registers through the wait, so that more programs share an SM.
+    read again), else the last program of a row to arrive normalises the whole row from L2
+    (the only schedule under the interpreter, whose programs run one after another);
+    weight_first (rms_norm's fused kernel only): the weight loaded beside x, before the
+    reduction, so that a decode-sized call waits on one L2 round trip, not two (the latency
+    rule's configs); reload (sharded, waiting only): each program reads its shard again once
+    its row's sum is complete (from L2, where it has just been: the wait's acquire
+    invalidates L1) instead of holding it in registers through the wait, so that more
+    programs share an SM.
     """
 
     kernel: str
