@@ -122,6 +122,19 @@ def by_shape(recs: Iterable[dict]) -> dict[tuple[str, int, int], dict[str, dict]
     return dict(out)
 
 
+def ceilings(recs: Iterable[dict]) -> dict[tuple[str, int, int], tuple[str, float]]:
+    """{(dtype, M, N): (name, GB/s)} of each shape's fastest ceiling kernel (cold PASS
+    ceiling records; harness.ceiling)."""
+    out: dict[tuple[str, int, int], tuple[str, float]] = {}
+    for r in recs:
+        if r["kind"] != "ceiling" or r["status"] != "PASS" or not r["gbps"]:
+            continue
+        key = (r["dtype"], r["shape"][0], r["shape"][1])
+        if key not in out or r["gbps"] > out[key][1]:
+            out[key] = (r["impl"], r["gbps"])
+    return out
+
+
 def median_us(rec: dict) -> float:
     return rec["stats"]["median_us"]
 
@@ -179,17 +192,20 @@ def saturation_m(
 
 def summary(recs: Sequence[dict], section: str = "grid", op: Op = RMS_NORM) -> list[dict]:
     """Per (our impl, dtype) over a section's cold shapes: geometric mean and minimum of %
-    of copy and of the ratio to the best baseline (its time / ours), with the shapes of
-    the minima and how many shapes reach 0.9x copy."""
+    of copy, of % of the shape's ceiling (where one was timed) and of the ratio to the
+    best baseline (its time / ours), with the shapes of the minima and how many shapes
+    reach 0.9x copy."""
     shapes = by_shape(passed(recs, "cold", section))
     out = []
     for ours in op.ours:
         for dtype in DTYPE_ORDER:
-            pct, ratio = [], []
+            pct, roof, ratio = [], [], []
             for (dt, m, n), impls in sorted(shapes.items(), key=lambda kv: kv[0][2]):
                 if dt != dtype or ours not in impls or impls[ours]["pct_copy"] is None:
                     continue
                 pct.append((impls[ours]["pct_copy"] / 100, f"{m}x{n}"))
+                if impls[ours].get("pct_ceiling"):
+                    roof.append((impls[ours]["pct_ceiling"] / 100, f"{m}x{n}"))
                 best = best_baseline(impls, op)
                 if best:
                     ratio.append((best[1] / median_us(impls[ours]), f"{m}x{n}"))
@@ -199,6 +215,8 @@ def summary(recs: Sequence[dict], section: str = "grid", op: Op = RMS_NORM) -> l
             row["geo_copy"] = geomean([v for v, _ in pct])
             row["min_copy"], row["min_copy_at"] = min(pct)
             row["at_09"] = sum(v >= SATURATION for v, _ in pct)
+            row["geo_ceiling"] = geomean([v for v, _ in roof])
+            row["min_ceiling"], row["min_ceiling_at"] = min(roof) if roof else (None, "")
             row["geo_ratio"] = geomean([v for v, _ in ratio])
             row["min_ratio"], row["min_ratio_at"] = min(ratio) if ratio else (None, "")
             out.append(row)

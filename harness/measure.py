@@ -9,7 +9,9 @@ For each planned shape (harness.plan), in order:
    those very inputs (harness.reference.TOL; gradients: grad_close); a failure is written
    as FAIL and never timed; one profiled call per implementation and shape class records
    the kernels that ran;
-3. warm-up, then three cold-timing blocks with the implementations interleaved;
+3. warm-up, then three cold-timing blocks with the implementations interleaved, and with
+   them, at shapes that are not small, the forward ops' ceiling kernels (harness.ceiling),
+   the fastest of which is the shape's ceiling each record's pct_ceiling is a share of;
 4. for small shapes also CUDA-graph device time and host time per call, the
    implementations interleaved in both.
 Each record is written as soon as it is measured (a small shape's graph and host records
@@ -30,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from harness import hardware, records, timing
+from harness import ceiling, hardware, records, timing
 from harness.impls import Impl
 from harness.ops import RMS_NORM, Op
 from harness.plan import Planned, shape_class
@@ -159,7 +161,8 @@ def measure_shape(b: Bench, p: Planned, impls: list[Impl]) -> None:
     base = shape_fields(b, p, inputs)
     ready = _check_all(b, impls, inputs, base)
     if ready:
-        _time_cold(b, ready, base)
+        roof = {} if base["small"] else ceiling.calls(b.op.name, inputs)
+        _time_cold(b, ready, base, roof)
     if ready and base["small"]:
         _time_small(b, ready, base)
 
@@ -240,8 +243,26 @@ def _check_all(b: Bench, impls: list[Impl], inputs: tuple, base: dict) -> dict[s
     return ready
 
 
-def _time_cold(b: Bench, ready: dict[str, dict], base: dict) -> None:
-    """Warm up, then three interleaved cold blocks; one PASS record per implementation."""
+def _warm_ceilings(roof: dict[str, Callable]) -> dict[str, Callable]:
+    """The ceiling kernels that ran in a warm-up (one that raised, e.g. a compile that
+    failed, is left out and said)."""
+    from tqdm import tqdm
+
+    kept = {}
+    for name, call in roof.items():
+        try:
+            timing.warm_up([call], timing.WARMUP_S / 4)
+            kept[name] = call
+        except Exception as e:
+            tqdm.write(f"ceiling {name} left out: {first_line(e)}")
+    return kept
+
+
+def _time_cold(
+    b: Bench, ready: dict[str, dict], base: dict, roof: Optional[dict[str, Callable]] = None
+) -> None:
+    """Warm up, then three interleaved cold blocks: one PASS record per implementation, and
+    one per ceiling kernel of roof (its name -> a call), timed in the same blocks."""
     # warm-up, each implementation on its own so one that breaks now is dropped, not fatal
     for name in list(ready):
         try:
@@ -259,14 +280,27 @@ def _time_cold(b: Bench, ready: dict[str, dict], base: dict) -> None:
             )
     if not ready:
         return
-    blocks, clk = time_blocks(b, {name: r["call"] for name, r in ready.items()})
+    roof = _warm_ceilings(roof or {})
+    fns = {name: r["call"] for name, r in ready.items()}
+    fns.update({f"ceiling:{name}": call for name, call in roof.items()})
+    blocks, clk = time_blocks(b, fns)
+    tops = {}
+    for name in roof:
+        fields = cold_fields(b, blocks[f"ceiling:{name}"], base)
+        tops[name] = fields["gbps"]
+        b.write(name, kind="ceiling", mode="cold", status="PASS", **fields, clocks=clk,
+                notes=["L2 flushed before each repetition"], **base)  # fmt: skip
+    top = ceiling.best(tops)
     for name, r in ready.items():
+        fields = cold_fields(b, blocks[name], base)
+        if top and fields["gbps"]:
+            fields["pct_ceiling"] = 100 * fields["gbps"] / top[1]
         b.write(
             name,
             mode="cold",
             status="PASS",
             correct=r["correct"],
-            **cold_fields(b, blocks[name], base),
+            **fields,
             kernels=r["kernels"],
             compile_s=r["compile_s"],
             resources=r["resources"],
@@ -347,9 +381,9 @@ def _time_small(b: Bench, ready: dict[str, dict], base: dict) -> None:
             )
 
 
-def _pct(gb: Optional[float], ceiling: Optional[float], small: bool) -> Optional[float]:
+def _pct(gb: Optional[float], top: Optional[float], small: bool) -> Optional[float]:
     """gb as % of a ceiling; None for small shapes, whose bytes need not come from HBM."""
-    return 100 * gb / ceiling if gb and ceiling and not small else None
+    return 100 * gb / top if gb and top and not small else None
 
 
 def _merge_clocks(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:

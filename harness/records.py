@@ -8,7 +8,8 @@ Records are op-generic: ``op`` names the op measured (harness.ops), whose bytes 
 ``bytes``; a line written before the field existed reads as rms_norm.
 
 Schema (version 1). Every line has:
-    schema, run_id, time (UTC ISO), kind ("timing" | "sweep" | "copy" | "skip" | "model"),
+    schema, run_id, time (UTC ISO), kind ("timing" | "sweep" | "copy" | "ceiling" | "skip" |
+    "model"),
     env (dict),
     op (str, e.g. "rms_norm"), impl, dtype ("fp32" | "fp16" | "bf16" | None),
     shape ([M, N] | None),
@@ -22,6 +23,8 @@ Schema (version 1). Every line has:
     gbps, gbps_lo, gbps_hi (GB/s at the median, p80 and p20 times | None),
     pct_peak, pct_copy (% of theoretical peak / measured copy ceiling | None; None for
     small shapes and for graph/host modes, whose bytes need not come from HBM),
+    pct_ceiling (% of the shape's ceiling, the fastest of the ceiling records timed with it
+    | None: a shape with no ceiling records, and every kind but timing and sweep),
     kernels ({class, names, count, path} | None), compile_s (float | None),
     resources (list of triton_impl / cuda_impl.ops kernel_info dicts | None),
     clocks (dict | None),
@@ -31,7 +34,9 @@ Schema (version 1). Every line has:
     decoder block with one norm variant, and its Amdahl figures; harness.model),
     notes (list of str).
 A sweep record is a timing of one forced config (harness.sweep): the same fields, the
-same statistics, with ``config`` set. A model record (harness.model) times a decoder
+same statistics, with ``config`` set. A ceiling record times one of a shape's ceiling
+kernels (harness.ceiling: ``impl`` names it) in the same blocks as the implementations,
+by the op's bytes model. A model record (harness.model) times a decoder
 block, not an op alone: ``op`` names the block, ``shape`` is the norm's in-block [rows, N],
 ``mode`` is how it was timed (cold: L2 flushed before each sample), ``bytes`` is None, and
 ``model`` holds the rest.
@@ -50,7 +55,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 SCHEMA_VERSION = 1
-KINDS = ("timing", "sweep", "copy", "skip", "model")
+KINDS = ("timing", "sweep", "copy", "ceiling", "skip", "model")
 #: What a record written before the "op" field existed measured.
 DEFAULT_OP = "rms_norm"
 MODES = ("cold", "graph", "host")
@@ -84,6 +89,7 @@ _FIELDS: dict[str, tuple] = {
     "gbps_hi": (float, int, None),
     "pct_peak": (float, int, None),
     "pct_copy": (float, int, None),
+    "pct_ceiling": (float, int, None),
     "kernels": (dict, None),
     "compile_s": (float, int, None),
     "resources": (list, None),
@@ -93,7 +99,7 @@ _FIELDS: dict[str, tuple] = {
     "notes": (list,),
 }
 #: Kinds that are measurements of an op at a shape.
-_MEASURED = ("timing", "sweep")
+_MEASURED = ("timing", "sweep", "ceiling")
 _OP_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _STAT_KEYS = ("median_us", "p20_us", "p80_us", "min_us", "max_us", "mean_us", "n")
 
@@ -161,6 +167,7 @@ def make_record(*, run_id: str, env: dict, kind: str, impl: str, **fields: Any) 
         "gbps_hi": None,
         "pct_peak": None,
         "pct_copy": None,
+        "pct_ceiling": None,
         "kernels": None,
         "compile_s": None,
         "resources": None,
@@ -301,9 +308,9 @@ def iter_records(path: str | os.PathLike) -> Iterator[dict]:
 
 
 #: Fields added to schema 1 since its first lines were written, and what a line written
-#: before them means: it measured rms_norm, the only op there was, forced no config, and
-#: timed no model.
-_ADDED = {"op": DEFAULT_OP, "config": None, "model": None}
+#: before them means: it measured rms_norm, the only op there was, forced no config, timed
+#: no model and no ceiling.
+_ADDED = {"op": DEFAULT_OP, "config": None, "model": None, "pct_ceiling": None}
 
 
 def upgrade(rec: Any) -> Any:

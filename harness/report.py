@@ -133,27 +133,38 @@ def _plots(plots: Sequence[Path]) -> list[str]:
 
 
 def _summary_table(recs: Sequence[dict], op: Op) -> list[str]:
-    rows = [
-        [
+    summary = analysis.summary(recs, "grid", op)
+    roofs = any(r["geo_ceiling"] for r in summary)  # a run that timed the shapes' ceilings
+    rows = []
+    for r in summary:
+        row = [
             r["impl"],
             r["dtype"],
             f"{_fmt(r['geo_copy'], '.3f')}x",
             f"{_fmt(r['min_copy'], '.3f')}x ({r['min_copy_at']})",
             f"{r['at_09']} / {r['shapes']}",
+        ]
+        if roofs:
+            row += [
+                f"{_fmt(r['geo_ceiling'], '.3f')}x",
+                f"{_fmt(r['min_ceiling'], '.3f')}x ({r['min_ceiling_at']})",
+            ]
+        row += [
             f"{_fmt(r['geo_ratio'], '.3f')}x",
             f"{_fmt(r['min_ratio'], '.3f')}x ({r['min_ratio_at']})",
         ]
-        for r in analysis.summary(recs, "grid", op)
-    ]
+        rows.append(row)
     if not rows:
         return []
     header = ["impl", "dtype", "geomean of copy", "min of copy", "shapes >= 0.9x copy"]
+    header += ["geomean of ceiling", "min of ceiling"] if roofs else []
     header += ["geomean ours vs best baseline", "min vs best baseline"]
     return [
         "## Summary: grid shapes, cold",
         "",
-        "Fraction of the measured copy ceiling, and best baseline's time / ours (> 1: ours"
-        " faster), over the grid's shapes.",
+        "Fraction of the measured copy ceiling"
+        + (" and of each shape's ceiling (the fastest of its ceiling kernels)" if roofs else "")
+        + ", and best baseline's time / ours (> 1: ours faster), over the grid's shapes.",
         "",
     ] + _table(header, rows)
 
@@ -164,12 +175,16 @@ def _cold_table(recs: Sequence[dict], section: str, op: Op) -> list[str]:
     shapes = by_shape(passed(recs, "cold", section))
     names = impl_order({i for impls in shapes.values() for i in impls}, op)
     ours = [n for n in op.ours if n in names]
+    tops = analysis.ceilings(recs)
     for dtype in analysis.DTYPE_ORDER:
         keys = sorted((k for k in shapes if k[0] == dtype), key=lambda k: (k[2], k[1]))
         if not keys:
             continue
-        header = ["M x N"] + [f"{n} GB/s (% copy)" for n in names] + ["best baseline"]
-        header += [f"{o} / best" for o in ours] + ["block spread"]
+        roofs = any(k in tops for k in keys)
+        unit = "(% ceiling, % copy)" if roofs else "(% copy)"
+        header = ["M x N"] + [f"{n} GB/s {unit}" for n in names]
+        header += ["ceiling GB/s (kernel)"] if roofs else []
+        header += ["best baseline"] + [f"{o} / best" for o in ours] + ["block spread"]
         rows = []
         for key in keys:
             impls = shapes[key]
@@ -180,8 +195,14 @@ def _cold_table(recs: Sequence[dict], section: str, op: Op) -> list[str]:
                     row.append("–")
                 elif r["pct_copy"] is None:
                     row.append(f"{_fmt(r['gbps'])} (small)")
+                elif roofs:
+                    share = _fmt(r.get("pct_ceiling"), ".1f")
+                    row.append(f"{_fmt(r['gbps'])} ({share}%, {_fmt(r['pct_copy'])}%)")
                 else:
                     row.append(f"{_fmt(r['gbps'])} ({_fmt(r['pct_copy'])}%)")
+            if roofs:
+                top = tops.get(key)
+                row.append(f"{_fmt(top[1])} ({top[0]})" if top else "–")
             best = analysis.best_baseline(impls, op)
             row.append(f"{best[0]} {best[1]:.1f} us" if best else "–")
             for o in ours:
