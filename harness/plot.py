@@ -3,7 +3,8 @@
     python -m harness.plot RECORDS [--out DIR]
 
 (a) bandwidth_vs_n.png  GB/s against N, one panel per dtype, a line per implementation
-    with its p20-p80 band, dashed lines at the theoretical peak and the copy ceiling;
+    with its p20-p80 band, dashed lines at the theoretical peak and the copy ceiling, and
+    each shape's ceiling where the run timed it (harness.ceiling);
 (b) bandwidth_vs_m.png  GB/s against M at N = 4096, bf16: how bandwidth grows with the
     work, up to saturation;
 (c) speedup.png         triton's and cuda's speedup over each baseline on the grid shapes,
@@ -87,6 +88,16 @@ def _ceilings(ax, env: dict) -> None:
             ax.axhline(env[key], color=color, ls=ls, lw=lw, label=f"{what} {env[key]:.0f} GB/s")
 
 
+def _shape_ceiling(ax, recs: Sequence[dict], dtype: str) -> None:
+    """Each grid shape's ceiling (the fastest of its ceiling kernels), where a run timed
+    them: grey crosses joined by a thin line, under the implementations' lines."""
+    tops = analysis.ceilings(r for r in recs if "grid" in r["sections"])
+    pts = sorted((n, gb) for (dt, _m, n), (_k, gb) in tops.items() if dt == dtype)
+    if pts:
+        ax.plot(*zip(*pts, strict=True), color="gray", lw=0.8, marker="x", ms=5,
+                label="shape's ceiling (best of copy, Triton, Inductor, CUDA copies)")  # fmt: skip
+
+
 def _lines(ax, recs: Sequence[dict], x_of, op: Op) -> None:
     """One line per implementation with its p20-p80 band (gbps_lo..gbps_hi)."""
     by_impl: dict[str, list[dict]] = {}
@@ -150,6 +161,7 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 5), squeeze=False)
     for ax, dtype in zip(axes[0], dtypes, strict=True):
         rs = [r for r in grid if r["dtype"] == dtype]
+        _shape_ceiling(ax, recs, dtype)
         _lines(ax, rs, lambda r: r["shape"][1], op)
         _ceilings(ax, env)
         ax.set_xscale("log", base=2)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import DEVICE
-from harness import analysis, ceiling, records, report, timing
+from harness import analysis, ceiling, plot, records, report, timing
 from harness.ops import FUSED_ADD_RMS_NORM, RMS_NORM, RMS_NORM_BWD
 
 ENV = {"gpu": "synthetic", "copy_gbps": 4000.0, "git_sha": "0" * 40}
@@ -86,3 +86,5 @@ def test_records_and_report_carry_the_share_of_the_ceiling(tmp_path):
     assert "triton GB/s (% ceiling, % copy)" in text
     assert "4059 (99.0%, 101%)" in text and "4100 (triton)" in text
     assert "geomean of ceiling" in text
+    drawn = plot.plot_bandwidth_vs_n(records.read_records(path), tmp_path)
+    assert drawn is not None and drawn.stat().st_size > 0
