@@ -278,6 +278,8 @@ def software() -> dict:
         "cuda": torch.version.cuda,
         "liger_kernel": _version("liger-kernel") or _version("liger_kernel"),
         "quack": _version("quack-kernels"),
+        # scripts/trim_flashinfer.py's package reads 0.7.4+norm: flashinfer.norm alone
+        "flashinfer": _version("flashinfer-python"),
         "transformers": _version("transformers"),  # harness.model's second client
     }
 

@@ -9,7 +9,7 @@ only the Triton kernels run, under TRITON_INTERPRET=1, set here before Triton is
 imported.
 
 By default a registry holds our kernels (what tests and ``harness.validate`` run);
-``baselines=True`` adds what the benchmark compares them with, CUDA only. The same five
+``baselines=True`` adds what the benchmark compares them with, CUDA only. The same seven
 names for both ops:
 
 - ``eager``: the op's reference itself (harness.reference.rms_norm_ref,
@@ -35,10 +35,33 @@ names for both ops:
 - ``quack``: QuACK's ``rmsnorm_fwd`` (CuTe DSL, compiled per N and dtypes; the fused add
   through its ``residual=`` argument); it may fail to compile for odd N in 16-bit dtypes,
   which shows as a failure for that shape.
+- ``flashinfer``: FlashInfer's ``flashinfer.norm.rmsnorm`` / ``fused_add_rmsnorm`` on its
+  default path, which on sm_90 is its CuTe DSL kernel (compiled per N and dtype on first
+  call); unavailable, saying why, where that path is not the default (nvidia-cutlass-dsl
+  does not import, or FLASHINFER_USE_CUDA_NORM=1), and a call whose dispatch chose the
+  CUDA kernel on its device is refused, so the row never times the other path.
+- ``flashinfer_cuda``: the same functions on FlashInfer's CUDA path (include/flashinfer/
+  norm.cuh, built by its JIT with nvcc and ninja at the first call, cached under
+  ~/.cache/flashinfer). FlashInfer's switch, FLASHINFER_USE_CUDA_NORM=1, is read once when
+  flashinfer.norm is imported, into ``flashinfer.norm._USE_CUDA_NORM``, which its dispatch
+  reads at every call: that flag is set for each call alone and restored after it.
+  Both: weight (ones where none), and the fused add's residual, in x's dtype only (the
+  CUDA kernel reads every tensor as x's type); x as 2-D rows; PDL on, their default on
+  sm_90. The fused add works in place (x becomes y, the residual residual_out): ``fn``
+  runs it on copies of x and the residual, leaving the caller's as they were (what
+  validation and tests call); the bench's ``prepare`` makes those copies once a shape,
+  outside the timing, and times the in-place call on them (the callable bound to those
+  inputs, as the backward alone's is), so the timed call reads x, residual and weight and
+  writes two rows, the op's bytes and no copy. Its values drift over the repeats (the sum
+  grows each call); the first call, the one checked, is on the inputs' own values, and a
+  memory-bound kernel's time does not depend on the values. The kernels profiled (the
+  bench's kernel table) name the path that ran: the DSL's ``kernel_cutlass_*`` or the
+  CUDA ``flashinfer::norm::*RMSNormKernel``.
 
 The gradient ops (harness.ops: rms_norm_fwd_bwd, rms_norm_bwd, fused_add_rms_norm_fwd_bwd)
-have registries of the same seven names (``rms_norm_fwd_bwd_registry``,
-``rms_norm_bwd_registry``, ``fused_add_fwd_bwd_registry``): each implementation's forward,
+have registries of the same nine names (``rms_norm_fwd_bwd_registry``,
+``rms_norm_bwd_registry``, ``fused_add_fwd_bwd_registry``; the two FlashInfer ones
+unavailable, its norms having no backward): each implementation's forward,
 called on leaves of x, weight (and residual) that require grad, then
 ``torch.autograd.grad`` of its outputs for the op's output gradients. Forward + backward
 is one call (``forward_backward``); the backward alone runs the forward once per shape in
@@ -84,7 +107,7 @@ for _dir in os.environ.get("RMSNORM_SITE_DIRS", "").split(os.pathsep):
 #: Names in the order the benchmark runs and plots them: ours first, then the baselines;
 #: every op's (harness.ops.Op), so --impls means the same for all.
 OURS = ("triton", "cuda")
-BASELINES = ("eager", "compile", "native", "liger", "quack")
+BASELINES = ("eager", "compile", "native", "liger", "quack", "flashinfer", "flashinfer_cuda")
 
 Fn = Callable[..., object]
 
@@ -364,6 +387,151 @@ def _quack_fused_add() -> Impl:
     )
 
 
+def _flashinfer_norm(cuda_path: bool) -> tuple[Optional[object], Optional[str]]:
+    """flashinfer.norm, or None and why it cannot run this path: not importable, or (the
+    default path) its CuTe DSL kernels not what its dispatch takes here."""
+    try:
+        import flashinfer.norm as norm
+    except Exception as e:  # ImportError, or a broken install failing at import
+        first = (str(e).strip().splitlines() or [""])[0]
+        return None, f"flashinfer not importable ({type(e).__name__}: {first})"
+    if cuda_path or not norm._USE_CUDA_NORM:
+        return norm, None
+    if os.environ.get("FLASHINFER_USE_CUDA_NORM") == "1":
+        why = "FLASHINFER_USE_CUDA_NORM=1"
+    else:
+        try:
+            import cutlass.cute  # noqa: F401  what flashinfer.norm's DSL kernels import
+
+            why = "its CuTe DSL kernels did not import"
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            why = f"nvidia-cutlass-dsl not importable ({type(e).__name__}: {first})"
+    return None, f"flashinfer's default path is its CUDA kernel here: {why}"
+
+
+@functools.cache
+def _flashinfer_dispatches_cuda(norm, device: torch.device) -> bool:
+    """Whether flashinfer.norm's dispatch takes the CUDA kernel on this device (an
+    architecture its CuTe DSL does not target), asked once a device."""
+    return norm._use_cuda_norm(device)
+
+
+def _flashinfer_call(norm, cuda_path: bool, fn: Callable, *args):
+    """fn(*args) on the path asked for: the CUDA one by flashinfer.norm's own flag, set for
+    this call alone (FLASHINFER_USE_CUDA_NORM is read once, at import); the default one
+    refused where its dispatch would take the CUDA kernel."""
+    if not cuda_path:
+        if _flashinfer_dispatches_cuda(norm, args[0].device):
+            raise RuntimeError(
+                f"flashinfer: its dispatch takes the CUDA kernel on {args[0].device}, not "
+                "the CuTe DSL one (flashinfer_cuda times that path)"
+            )
+        return fn(*args)
+    was = norm._USE_CUDA_NORM
+    norm._USE_CUDA_NORM = True
+    try:
+        return fn(*args)
+    finally:
+        norm._USE_CUDA_NORM = was
+
+
+def _flashinfer_weight(name: str, weight: Optional[torch.Tensor], x: torch.Tensor):
+    """The weight FlashInfer's kernels read: ones where none; refused in another dtype than
+    x's (the CUDA kernel would read its bytes as x's type)."""
+    if weight is not None and weight.dtype != x.dtype:
+        raise ValueError(
+            f"{name}: weight is {weight.dtype} but x is {x.dtype}; FlashInfer reads the weight "
+            "in x's dtype, so it takes the weight only in that dtype"
+        )
+    return _ones_if_none(weight, x)
+
+
+_FLASHINFER_NOTES = {
+    False: "flashinfer.norm's default path: its CuTe DSL kernel, compiled per (N, dtype) on "
+    "first call",
+    True: "flashinfer.norm's CUDA path (norm.cuh; its JIT builds it with nvcc on first call): "
+    "flashinfer.norm._USE_CUDA_NORM set for each call; fp16 and bf16 only",
+}
+
+
+def _flashinfer(cuda_path: bool) -> Impl:
+    name = "flashinfer_cuda" if cuda_path else "flashinfer"
+    norm, why = _flashinfer_norm(cuda_path)
+    if why:
+        return Impl(name, None, unavailable=why)
+
+    def flashinfer_rms_norm(x, weight=None, eps=1e-6):
+        rows = x.reshape(-1, x.shape[-1])  # 2-D: a 3-D input would take its per-head kernel
+        w = _flashinfer_weight(name, weight, x)
+        return _flashinfer_call(norm, cuda_path, norm.rmsnorm, rows, w, eps).view(x.shape)
+
+    return Impl(
+        name,
+        flashinfer_rms_norm,
+        notes=[_FLASHINFER_NOTES[cuda_path], "weight in x's dtype only (none: ones); PDL on"],
+    )
+
+
+def _flashinfer_fused_add(cuda_path: bool) -> Impl:
+    name = "flashinfer_cuda" if cuda_path else "flashinfer"
+    norm, why = _flashinfer_norm(cuda_path)
+    if why:
+        return Impl(name, None, unavailable=why)
+
+    def operands(x, residual, weight):
+        """(x rows, residual rows, weight) as fused_add_rmsnorm takes them: 2-D, residual
+        and weight in x's dtype."""
+        if residual.dtype != x.dtype:
+            raise ValueError(
+                f"{name}: residual is {residual.dtype} but x is {x.dtype}; FlashInfer's "
+                "fused add writes residual_out over the residual in x's dtype, so it takes "
+                "the residual only in that dtype"
+            )
+        n = x.shape[-1]
+        return x.reshape(-1, n), residual.reshape(-1, n), _flashinfer_weight(name, weight, x)
+
+    def in_place(rows, res, w, eps):
+        _flashinfer_call(norm, cuda_path, norm.fused_add_rmsnorm, rows, res, w, eps)
+
+    def fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
+        # on copies: fused_add_rmsnorm writes y over its input, residual_out over the residual
+        rows, res, w = operands(x, residual, weight)
+        y, out = rows.clone(), res.clone()
+        in_place(y, out, w, eps)
+        return y.view(x.shape), out.view(x.shape)
+
+    def prepare(*inputs):
+        """The bench's per shape: the first call (the JIT's build or compile and a run),
+        timed apart, then copies of x and the residual made once, the timed call running
+        in place on them, bound to these inputs."""
+        fn, seconds = _first_call(lambda: _run_once(fused_add_rms_norm, inputs), inputs)
+        x, residual, weight, eps = inputs
+        rows, res, w = operands(x, residual, weight)
+        y, out = rows.clone(), res.clone()
+
+        def timed(*again):
+            if again[0] is not x:
+                raise ValueError(f"{name}: called with other inputs than it was prepared for")
+            in_place(y, out, w, eps)
+            return y.view(x.shape), out.view(x.shape)
+
+        return timed, seconds
+
+    return Impl(
+        name,
+        fused_add_rms_norm,
+        prepare=prepare,
+        notes=[
+            _FLASHINFER_NOTES[cuda_path],
+            "in place (x becomes y, the residual residual_out): checked on copies, timed in "
+            "place on copies made once a shape, values drifting over the repeats",
+            "residual and weight in x's dtype only; y from the fp32 sum, not the stored "
+            "residual_out; PDL on",
+        ],
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # the gradient ops: each forward, then torch.autograd.grad of its outputs
 # ---------------------------------------------------------------------------------------
@@ -611,13 +779,16 @@ def _grad_registry(fused: bool, mode: str, baselines: bool) -> dict[str, Impl]:
             _with_grads(_liger_grads(fused), call, mode),
             _with_grads(_quack_grads(fused), call, mode),
         ]
+        why = "FlashInfer's norms are forward only (no backward)"
+        impls += [Impl(name, None, unavailable=why) for name in ("flashinfer", "flashinfer_cuda")]
     return {i.name: i for i in impls}
 
 
 def rms_norm_fwd_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
     """rms_norm_fwd_bwd's implementations: fn(x, weight, eps, dy) -> (dx, dweight), the
     forward and the backward in one call. Ours only by default; ``baselines=True`` adds
-    eager, compile, native, liger and quack (CUDA only)."""
+    eager, compile, native, liger and quack (CUDA only), and the two FlashInfer names,
+    unavailable."""
     return _grad_registry(False, "fwd_bwd", baselines)
 
 
@@ -639,8 +810,8 @@ def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
     fn(x, residual, weight, eps) -> (y, residual_out), and for ours also the in-place
     in_place(x, residual, weight, eps).
 
-    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger and
-    quack (the benchmark's comparison; CUDA only)."""
+    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger,
+    quack, flashinfer and flashinfer_cuda (the benchmark's comparison; CUDA only)."""
     impls = [
         _ours(name, "fused_add_rms_norm", "fused_add_rms_norm_", "fused_add_kernel_info")
         for name in OURS
@@ -652,6 +823,8 @@ def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
             _native_fused_add(),
             _liger_fused_add(),
             _quack_fused_add(),
+            _flashinfer_fused_add(cuda_path=False),
+            _flashinfer_fused_add(cuda_path=True),
         ]
     return {i.name: i for i in impls}
 
@@ -659,12 +832,13 @@ def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
 def registry(baselines: bool = False) -> dict[str, Impl]:
     """rms_norm's implementations, available or not, keyed by name.
 
-    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger and
-    quack (the benchmark's comparison; CUDA only).
+    Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger,
+    quack, flashinfer and flashinfer_cuda (the benchmark's comparison; CUDA only).
     """
     impls = [_ours(name, "rms_norm") for name in OURS]
     if baselines:
         impls += [_eager(rms_norm_ref), _compile(rms_norm_ref), _native(), _liger(), _quack()]
+        impls += [_flashinfer(cuda_path=False), _flashinfer(cuda_path=True)]
     return {i.name: i for i in impls}
 
 

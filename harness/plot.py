@@ -44,6 +44,8 @@ COLORS = {
     "native": "tab:orange",
     "liger": "tab:purple",
     "quack": "tab:brown",
+    "flashinfer": "tab:olive",
+    "flashinfer_cuda": "tab:cyan",
 }
 #: Labelled speedups on the log axis; those inside the data's range are drawn.
 SPEEDUP_TICKS = (0.25, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100)

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Download the optional peers (Liger-Kernel, QuACK and its CuTe DSL) as wheels for the
+# Download the optional peers (Liger-Kernel, QuACK and its CuTe DSL, FlashInfer) for the
 # device machine (Python 3.12, x86-64, no registry there), into folders git ignores:
 #   .whl/  liger-kernel                      (carry it with every bench call)
 #   .qk1/, .qk3/, .qk4/, ...  QuACK's CUDA 13 library wheel (92 MB) in parts of PART_BYTES,
 #          each carried in a call of its own (with other work, or a `h200.sh stage` call) to
 #          a warm machine
 #   .qk2/  QuACK's other wheels (carry with .whl for `bench`)
-# One device call carries at most 64 MiB with the working tree (41 MB of tracked files),
-# hence the parts; h200.sh joins them.
+#   .fi/   FlashInfer's norms: flashinfer-python's wheel (101 MB) cut by
+#          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
+#          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
+#          a flashinfer_python-*.whl already here, used instead of downloading it
+# One device call carries at most 64 MiB with the working tree (52 MB of tracked files),
+# hence the parts (12 MB each: 8 of them); h200.sh joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_BYTES=${PART_BYTES:-24000000}
+PART_BYTES=${PART_BYTES:-12000000}
+FI_VERSION=0.7.4
 mkdir -p .git/info .whl .qk2
-for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/; do grep -qxF "$d" .git/info/exclude || echo "$d" >>.git/info/exclude; done
+for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/ /.qk7/ /.qk8/ /.qk9/ /.fi/; do
+  grep -qxF "$d" .git/info/exclude || echo "$d" >>.git/info/exclude
+done
 get() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
@@ -25,19 +32,26 @@ for pkg in quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-lib
   nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5; do
   get .qk2 "$pkg"
 done
+fi_wheel=${FI_WHEEL:-}
+if [[ -z "$fi_wheel" ]]; then
+  get "$tmp" "flashinfer-python==$FI_VERSION"
+  fi_wheel="$tmp/flashinfer_python-$FI_VERSION-py3-none-any.whl"
+fi
+rm -rf .fi && python3 scripts/trim_flashinfer.py "$fi_wheel" --out .fi
 get "$tmp" nvidia-cutlass-dsl-libs-cu13==4.8.1
 big=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 split -b "$PART_BYTES" "$big" "$tmp/$(basename "$big").part-"
 # the parts into .qk1, .qk3, .qk4, ... (.qk2 holds the other wheels)
-dirs=(.qk1 .qk3 .qk4 .qk5 .qk6)
+dirs=(.qk1 .qk3 .qk4 .qk5 .qk6 .qk7 .qk8 .qk9)
+rm -rf "${dirs[@]}"  # an earlier split's parts would join with these into a broken wheel
 i=0
 for part in "$tmp"/*.part-*; do
   if ((i == ${#dirs[@]})); then
     echo "fetch_peer_wheels: the library wheel outgrew ${#dirs[@]} parts; raise PART_BYTES" >&2
     exit 1
   fi
-  rm -rf "${dirs[$i]}" && mkdir -p "${dirs[$i]}" && mv "$part" "${dirs[$i]}/"
+  mkdir -p "${dirs[$i]}" && mv "$part" "${dirs[$i]}/"
   i=$((i + 1))
 done
 rm -rf "$tmp"
-du -sh .whl .qk*
+du -sh .whl .qk* .fi

@@ -36,7 +36,7 @@
 # are removed at the end, since with them the records did not come back; they are redrawn
 # here from the records (python -m harness.plot). KEEP_PLOTS=1 keeps them.
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)
-# are installed to /tmp/site first.
+# are installed to /tmp/site first, and FlashInfer's trimmed package (.fi/) unpacked there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -85,8 +85,11 @@ racecheck_verdict() {
 #   (.qk1, .qk3, .qk4, ...), each carried in a call of its own (with other work, or
 #   `bash scripts/h200.sh stage`, to a warm machine); .qk2 holds QuACK's other wheels and
 #   travels with the real call.
+#   .fi/  FlashInfer's norms (scripts/trim_flashinfer.py: flashinfer.norm and what it reads,
+#   3 MB), unpacked into /tmp/site; it needs .qk2 (apache-tvm-ffi) and, for its default
+#   CuTe DSL path, QuACK's DSL whole. Carried with the real call, or staged like a part.
 mkdir -p /tmp/qk
-for d in .qk[0-9]*; do [[ -d $d && $d != .qk2 ]] && cp "$d"/* /tmp/qk/; done
+for d in .qk[0-9]* .fi; do [[ -d $d && $d != .qk2 ]] && cp "$d"/* /tmp/qk/; done
 mode stage && { ls -la /tmp/qk; exit 0; }
 [[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
 # the parts joined once the last has come (the joined file reads as a whole zip)
@@ -105,6 +108,20 @@ if [[ -n "$wheels" ]]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $wheels && export RMSNORM_SITE_DIRS=/tmp/site
 fi
+for tarball in /tmp/qk/flashinfer*.tar.xz; do
+  [[ -e "$tarball" ]] || continue
+  rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
+  $PY -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+    "$tarball" /tmp/site && export RMSNORM_SITE_DIRS=/tmp/site
+  # flashinfer_cuda's first call builds norm.cu (ninja, nvcc; ~/.cache/flashinfer), whose
+  # headers include cublasLt.h and curand's: from torch's nvidia wheels where the toolkit
+  # lacks them
+  if [[ ! -e "$CUDA_HOME/include/cublasLt.h" ]]; then
+    nv=$($PY -c "import glob, nvidia
+print(min((h for d in nvidia.__path__ for h in glob.glob(d + '/*/include/cublasLt.h')), default=''))" 2>/dev/null)
+    [[ -n "$nv" ]] && export FLASHINFER_EXTRA_CUDAFLAGS="-isystem ${nv%/cublasLt.h}"
+  fi
+done
 
 step "environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv

@@ -26,6 +26,7 @@ from harness.impls import (
 )
 from harness.ops import FORWARD_OPS, FUSED_ADD_RMS_NORM, GRAD_OPS, OPS, RMS_NORM, rms_norm_bytes
 from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
+from harness.validate import check
 
 # ---------------------------------------------------------------------------------------
 # a synthetic run: made-up numbers, marked as such in env, plots and report
@@ -951,6 +952,230 @@ def test_fused_add_quack_wrapper(monkeypatch):
     quack = fused_add_registry(baselines=True)["quack"]
     with pytest.raises(TypeError, match="no residual_out"):
         quack.fn(x, r, w, eps)
+
+
+# ---------------------------------------------------------------------------------------
+# FlashInfer: both paths of both forward ops, and scripts/trim_flashinfer.py's package
+# ---------------------------------------------------------------------------------------
+
+FLASHINFER = ("flashinfer", "flashinfer_cuda")
+
+
+def test_flashinfer_missing_is_unavailable(monkeypatch):
+    """Without flashinfer both names are unavailable for both forward ops, the reason naming
+    it; the gradient ops list them unavailable too (FlashInfer's norms have no backward)."""
+    hide_packages(monkeypatch, "flashinfer")
+    for op in FORWARD_OPS.values():
+        full = op.registry(baselines=True)
+        for name in FLASHINFER:
+            impl = full[name]
+            assert impl.fn is None and "flashinfer not importable" in impl.unavailable, name
+            assert runnable(impl, "cuda") == impl.unavailable
+    for op in GRAD_OPS.values():
+        for name in FLASHINFER:
+            assert "FlashInfer" in op.registry(baselines=True)[name].unavailable
+
+
+def _fake_flashinfer(monkeypatch, use_cuda_norm: bool = False) -> types.ModuleType:
+    """flashinfer.norm as a stand-in answering with the reference, its two functions as
+    FlashInfer's are called (rmsnorm returns y; fused_add_rmsnorm writes y over input and
+    the sum over residual); each call's (function, 2-D shape, path flag) is listed in
+    norm.calls."""
+    norm = types.ModuleType("flashinfer.norm")
+    norm._USE_CUDA_NORM = use_cuda_norm
+    norm._use_cuda_norm = lambda device: norm._USE_CUDA_NORM
+    norm.calls = []
+
+    def rmsnorm(input, weight, eps=1e-6):
+        norm.calls.append(("rmsnorm", tuple(input.shape), norm._USE_CUDA_NORM, weight))
+        return rms_norm_ref(input, weight, eps)
+
+    def fused_add_rmsnorm(input, residual, weight, eps=1e-6):
+        norm.calls.append(("fused_add_rmsnorm", tuple(input.shape), norm._USE_CUDA_NORM, weight))
+        y, r = fused_add_rms_norm_ref(input, residual, weight, eps)
+        residual.copy_(r)
+        input.copy_(y)
+
+    norm.rmsnorm, norm.fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
+    package = types.ModuleType("flashinfer")
+    package.norm = norm
+    monkeypatch.setitem(sys.modules, "flashinfer", package)
+    monkeypatch.setitem(sys.modules, "flashinfer.norm", norm)
+    return norm
+
+
+def test_flashinfer_rms_norm_wrapper(monkeypatch):
+    """rmsnorm on 2-D rows with a weight always (ones where none); the default path leaves
+    the flag as it is, flashinfer_cuda sets it for the call alone (restored after a failure
+    too); a weight in another dtype than x's is refused by name."""
+    norm = _fake_flashinfer(monkeypatch)
+    full = registry(baselines=True)
+    x, w, eps = RMS_NORM.make_inputs(Case("c", (2, 3, 64), torch.bfloat16), "cpu", 0)
+    for name, flag in (("flashinfer", False), ("flashinfer_cuda", True)):
+        assert full[name].unavailable is None and full[name].prepare is None
+        y = full[name].fn(x, None, eps)
+        assert y.shape == x.shape and norm._USE_CUDA_NORM is False
+        torch.testing.assert_close(y, rms_norm_ref(x, None, eps), **TOL[x.dtype])
+        what, shape, seen_flag, weight = norm.calls[-1]
+        assert (what, shape, seen_flag) == ("rmsnorm", (6, 64), flag)
+        assert torch.equal(weight, torch.ones(64, dtype=x.dtype))
+        with pytest.raises(ValueError, match="weight is torch.float32 but x is torch.bfloat16"):
+            full[name].fn(x, w.float(), eps)
+    norm.rmsnorm = lambda *a: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        full["flashinfer_cuda"].fn(x, w, eps)
+    assert norm._USE_CUDA_NORM is False
+
+
+def test_flashinfer_default_path_is_its_cute_dsl_one(monkeypatch):
+    """Where flashinfer.norm's default is its CUDA kernel (FLASHINFER_USE_CUDA_NORM=1, or the
+    DSL not importing) only flashinfer_cuda is available; a call whose dispatch would take
+    the CUDA kernel on its device is refused, never timed as the default path."""
+    monkeypatch.setenv("FLASHINFER_USE_CUDA_NORM", "1")
+    _fake_flashinfer(monkeypatch, use_cuda_norm=True)
+    for op in FORWARD_OPS.values():
+        full = op.registry(baselines=True)
+        assert "FLASHINFER_USE_CUDA_NORM=1" in full["flashinfer"].unavailable
+        assert full["flashinfer_cuda"].unavailable is None
+    norm = _fake_flashinfer(monkeypatch)
+    norm._use_cuda_norm = lambda device: True  # e.g. an architecture the DSL does not target
+    x, w, eps = RMS_NORM.make_inputs(Case("c", (4, 64), torch.float16), "cpu", 1)
+    with pytest.raises(RuntimeError, match="dispatch takes the CUDA kernel"):
+        registry(baselines=True)["flashinfer"].fn(x, w, eps)
+
+
+@pytest.mark.parametrize("name", FLASHINFER)
+def test_flashinfer_fused_add_wrapper(monkeypatch, name):
+    """The in-place fused add as the harness's function: fn on copies (the caller's tensors
+    untouched), the reference's answer; prepare's callable runs in place on copies made once,
+    bound to those inputs (its first call is the reference's answer, later ones go on from
+    the sums left); a residual in another dtype is refused by name."""
+    norm = _fake_flashinfer(monkeypatch)
+    impl = fused_add_registry(baselines=True)[name]
+    inputs = FUSED_ADD_RMS_NORM.make_inputs(Case("c", (2, 4, 64), torch.bfloat16), "cpu", 2)
+    x, r, w, eps = inputs
+    before = x.clone(), r.clone()
+    want = fused_add_rms_norm_ref(*inputs)
+    for got, ref in zip(impl.fn(*inputs), want, strict=True):
+        torch.testing.assert_close(got, ref, **TOL[ref.dtype])
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])
+    assert norm.calls[-1][:3] == ("fused_add_rmsnorm", (8, 64), name == "flashinfer_cuda")
+    assert check(impl, *inputs, want, op=FUSED_ADD_RMS_NORM)[2]
+    timed, seconds = impl.prepare(*inputs)
+    assert seconds > 0
+    y, out = timed(*inputs)
+    torch.testing.assert_close(y, want[0], **TOL[x.dtype])
+    torch.testing.assert_close(out, want[1], **TOL[r.dtype])
+    first = out.clone()
+    y2, out2 = timed(*inputs)
+    assert out2.data_ptr() == out.data_ptr() and not torch.equal(out2, first)  # in place
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])
+    with pytest.raises(ValueError, match="other inputs"):
+        timed(x.clone(), r, w, eps)
+    with pytest.raises(ValueError, match="residual is torch.float32 but x is torch.bfloat16"):
+        impl.fn(x, r.float(), w, eps)
+
+
+def test_trim_flashinfer_builds_from_its_manifest(tmp_path, monkeypatch):
+    """scripts/trim_flashinfer.py: the manifest's files (a folder entry whole), the minimal
+    __init__ in place of the original, the dist-info with the version marked +norm and no
+    RECORD or console script, one .tar.xz; a wheel lacking a listed path is refused. The
+    committed manifest keeps both paths' sources and not the JIT's unused cutlass."""
+    import tarfile
+    import zipfile
+
+    trim = _script("trim_flashinfer")
+    keep = trim.read_manifest()
+    for path in ("flashinfer/norm/__init__.py", "flashinfer/norm/kernels/rmsnorm.py",
+                 "flashinfer/norm/kernels/fused_add_rmsnorm.py", "flashinfer/jit/norm.py",
+                 "flashinfer/data/csrc/norm.cu", "flashinfer/data/include/flashinfer/norm.cuh",
+                 "flashinfer/data/cccl/"):  # fmt: skip
+        assert path in keep, path
+    assert all(p.startswith("flashinfer/") for p in keep)
+    unused = ("flashinfer/data/cutlass/", "flashinfer/data/spdlog/")
+    assert not [p for p in keep if p.startswith(unused)]
+    assert "flashinfer/__init__.py" not in keep  # written by the build
+    wheel = tmp_path / "flashinfer_python-0.7.4-py3-none-any.whl"
+    info = "flashinfer_python-0.7.4.dist-info/"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in ("flashinfer/__init__.py", "flashinfer/version.py", "flashinfer/gemm.py",
+                     "flashinfer/data/cccl/cub/a.cuh", "flashinfer/data/cutlass/b.h",
+                     info + "RECORD", info + "WHEEL", info + "entry_points.txt",
+                     info + "licenses/LICENSE"):  # fmt: skip
+            z.writestr(name, f"# {name}\n")
+        z.writestr(info + "METADATA", "Name: flashinfer-python\nVersion: 0.7.4\n")
+    manifest = tmp_path / "keep.txt"
+    manifest.write_text("# a comment\nflashinfer/version.py\nflashinfer/data/cccl/\n")
+    monkeypatch.setattr(trim, "MANIFEST", manifest)
+    target = trim.build(wheel, tmp_path / "out")
+    assert target.name == "flashinfer_python-0.7.4+norm.tar.xz"
+    with tarfile.open(target) as tar:
+        names = set(tar.getnames())
+        assert names == {
+            "flashinfer/__init__.py",
+            "flashinfer/version.py",
+            "flashinfer/data/cccl/cub/a.cuh",
+            "flashinfer_python-0.7.4+norm.dist-info/METADATA",
+            "flashinfer_python-0.7.4+norm.dist-info/WHEEL",
+            "flashinfer_python-0.7.4+norm.dist-info/top_level.txt",
+            "flashinfer_python-0.7.4+norm.dist-info/licenses/LICENSE",
+        }
+        assert tar.extractfile("flashinfer/__init__.py").read().decode() == trim.MINIMAL_INIT
+        meta = tar.extractfile("flashinfer_python-0.7.4+norm.dist-info/METADATA").read()
+        assert b"Version: 0.7.4+norm\n" in meta
+    manifest.write_text("flashinfer/absent.py\n")
+    with pytest.raises(SystemExit, match="lacks flashinfer/absent.py"):
+        trim.build(wheel, tmp_path / "out")
+
+
+_IMPORT_TRIMMED = """
+import importlib.metadata, json, os, site, sys
+sys.path.insert(0, sys.argv[1])
+for d in os.environ.get("RMSNORM_SITE_DIRS", "").split(os.pathsep):
+    if d:
+        site.addsitedir(d)
+import flashinfer.norm as norm
+print(json.dumps({
+    "file": norm.__file__,
+    "version": importlib.metadata.version("flashinfer-python"),
+    "functions": [f for f in ("rmsnorm", "fused_add_rmsnorm") if callable(getattr(norm, f, None))],
+    "cuda_path_only": norm._USE_CUDA_NORM,
+}))
+"""
+
+
+def test_trimmed_flashinfer_imports_its_norms(tmp_path):
+    """The package scripts/fetch_peer_wheels.sh made (.fi/), unpacked into a temporary folder,
+    imports flashinfer.norm from there alone, on CPU, in a fresh interpreter; where the CuTe
+    DSL imports too, on its default DSL path."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import tarfile
+    from pathlib import Path
+
+    found = sorted((Path(__file__).resolve().parent.parent / ".fi").glob("flashinfer*.tar.xz"))
+    if not found:
+        pytest.skip("no .fi/flashinfer*.tar.xz here: scripts/fetch_peer_wheels.sh makes it")
+    if importlib.util.find_spec("tvm_ffi") is None:
+        pytest.skip("apache-tvm-ffi not importable (flashinfer.jit imports it): QuACK's .qk2 "
+                    "wheels, on a site directory named in RMSNORM_SITE_DIRS")  # fmt: skip
+    with tarfile.open(found[-1]) as tar:
+        tar.extractall(tmp_path, filter="data")
+    env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_USE_CUDA_NORM"}
+    env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path)  # its JIT log, not under $HOME
+    got = subprocess.run(
+        [sys.executable, "-c", _IMPORT_TRIMMED, str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    info = json.loads(got.stdout.strip().splitlines()[-1])
+    assert Path(info["file"]).is_relative_to(tmp_path), info
+    assert info["version"].endswith("+norm")
+    assert info["functions"] == ["rmsnorm", "fused_add_rmsnorm"]
+    if importlib.util.find_spec("cutlass") is not None:
+        assert info["cuda_path_only"] is False  # the DSL path's modules all shipped
 
 
 def test_our_kernels_register_what_the_package_has(monkeypatch):
