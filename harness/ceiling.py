@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Optional
 
 import torch
 import triton
@@ -172,12 +171,3 @@ def calls(op_name: str, inputs: tuple) -> dict[str, Callable[[], object]]:
         two_d = tuple(t.reshape(-1, t.shape[-1]) for t in rows)
         out["cuda"] = functools.partial(cuda_copy, *two_d)
     return out
-
-
-def best(gbps: dict[str, Optional[float]]) -> Optional[tuple[str, float]]:
-    """(name, GB/s) of the fastest ceiling kernel, or None where none was timed."""
-    timed = [(v, k) for k, v in gbps.items() if v]
-    if not timed:
-        return None
-    v, k = max(timed)
-    return k, v

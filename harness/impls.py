@@ -136,6 +136,12 @@ class Impl:
 _PACKAGES = {"triton": "triton_impl", "cuda": "cuda_impl"}
 
 
+def not_importable(package: str, e: BaseException) -> str:
+    """Why a package cannot run: its import's error, type and first line."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{package} not importable ({type(e).__name__}: {first})"
+
+
 def _ours(name: str, fn: str, in_place: Optional[str] = None, info: str = "kernel_info") -> Impl:
     """One of our kernels: the function ``fn`` of its package (triton_impl, cuda_impl), its
     in-place form ``in_place`` where the op has one, and its kernel_info ``info`` (looked up
@@ -149,9 +155,7 @@ def _ours(name: str, fn: str, in_place: Optional[str] = None, info: str = "kerne
     try:
         mod = importlib.import_module(package)
     except failures as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        why = f"{package} not importable ({type(e).__name__}: {first})"
-        return Impl(name, None, ours=True, unavailable=why)
+        return Impl(name, None, ours=True, unavailable=not_importable(package, e))
     missing = [f for f in (fn, in_place) if f is not None and not hasattr(mod, f)]
     if missing:
         why = f"{package} has no {', '.join(missing)}"
@@ -393,8 +397,7 @@ def _flashinfer_norm(cuda_path: bool) -> tuple[Optional[object], Optional[str]]:
     try:
         import flashinfer.norm as norm
     except Exception as e:  # ImportError, or a broken install failing at import
-        first = (str(e).strip().splitlines() or [""])[0]
-        return None, f"flashinfer not importable ({type(e).__name__}: {first})"
+        return None, not_importable("flashinfer", e)
     if cuda_path or not norm._USE_CUDA_NORM:
         return norm, None
     if os.environ.get("FLASHINFER_USE_CUDA_NORM") == "1":
@@ -405,8 +408,7 @@ def _flashinfer_norm(cuda_path: bool) -> tuple[Optional[object], Optional[str]]:
 
             why = "its CuTe DSL kernels did not import"
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0]
-            why = f"nvidia-cutlass-dsl not importable ({type(e).__name__}: {first})"
+            why = not_importable("nvidia-cutlass-dsl", e)
     return None, f"flashinfer's default path is its CUDA kernel here: {why}"
 
 

@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from harness import ceiling, hardware, records, timing
+from harness import analysis, ceiling, hardware, records, timing
 from harness.impls import Impl
 from harness.ops import RMS_NORM, Op
 from harness.plan import Planned, shape_class
@@ -284,13 +284,20 @@ def _time_cold(
     fns = {name: r["call"] for name, r in ready.items()}
     fns.update({f"ceiling:{name}": call for name, call in roof.items()})
     blocks, clk = time_blocks(b, fns)
-    tops = {}
-    for name in roof:
-        fields = cold_fields(b, blocks[f"ceiling:{name}"], base)
-        tops[name] = fields["gbps"]
-        b.write(name, kind="ceiling", mode="cold", status="PASS", **fields, clocks=clk,
-                notes=["L2 flushed before each repetition"], **base)  # fmt: skip
-    top = ceiling.best(tops)
+    roofs = [
+        b.write(
+            name,
+            kind="ceiling",
+            mode="cold",
+            status="PASS",
+            clocks=clk,
+            **cold_fields(b, blocks[f"ceiling:{name}"], base),
+            notes=["L2 flushed before each repetition"],
+            **base,
+        )  # fmt: skip
+        for name in roof
+    ]
+    top = analysis.ceilings(roofs).get((base["dtype"], *base["shape"]))
     for name, r in ready.items():
         fields = cold_fields(b, blocks[name], base)
         if top and fields["gbps"]:

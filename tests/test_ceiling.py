@@ -88,3 +88,40 @@ def test_records_and_report_carry_the_share_of_the_ceiling(tmp_path):
     assert "geomean of ceiling" in text
     drawn = plot.plot_bandwidth_vs_n(records.read_records(path), tmp_path)
     assert drawn is not None and drawn.stat().st_size > 0
+
+
+def test_a_shape_s_ceiling_is_timed_with_the_implementations(tmp_path, monkeypatch):
+    """measure's cold timing with ceiling kernels (timing faked, on CPU): one ceiling record
+    each, in the implementations' blocks; each implementation's pct_ceiling is its GB/s
+    over the fastest ceiling's, by the same bytes; a ceiling that raises is left out."""
+    from harness import measure, plan
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    us = {"triton": 20.0, "copy": 21.0, "triton_copy": 19.0}
+    monkeypatch.setattr(
+        measure,
+        "time_blocks",
+        lambda b, fns: ({k: [[us[k.split(":")[-1]] * 1e-6] * 2] * 3 for k in fns}, None),
+    )
+    path = tmp_path / "records.jsonl"
+    b = measure.Bench("synthetic", ENV, records.RecordWriter(path, append=False), None, 0, 0)
+    p = plan.Planned("bf16", 8, 4096, ["grid"])
+    inputs = RMS_NORM.make_inputs(p, DEVICE, 0)
+    base = measure.shape_fields(b, p, inputs)
+    ok = {"max_abs": 0.0, "max_rel": 0.0, "passed": True, "error": None}
+    ready = {"triton": dict(call=lambda: None, compile_s=None, correct=ok, kernels=None,
+                            resources=None, notes=[])}  # fmt: skip
+
+    def broken():
+        raise RuntimeError("no compiler")
+
+    roof = {"copy": lambda: None, "triton_copy": lambda: None, "inductor": broken}
+    measure._time_cold(b, ready, base, roof)
+    b.writer.close()
+    back = records.read_records(path)
+    assert [(r["kind"], r["impl"]) for r in back] == [
+        ("ceiling", "copy"),
+        ("ceiling", "triton_copy"),
+        ("timing", "triton"),
+    ]
+    assert back[2]["pct_ceiling"] == pytest.approx(100 * 19.0 / 20.0)

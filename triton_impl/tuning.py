@@ -25,8 +25,8 @@ FUSED_MAX_N = {4: 32768, 2: 16384}
 
 #: The fused kernel's tile and warps per width where the sweep measured one other than
 #: formula_tile's (docs/notebook/01-why-the-defaults.md); the other widths take the formula's.
-#: Rows the looped kernel takes (LOOPED_ROW_BYTES) start their decode-sized calls from the
-#: formula's tile (latency_config keeps only its width).
+#: The looped kernel's rows of at most LATENCY_FIRST_MAX_BYTES start their decode-sized
+#: calls from the formula's tile (latency_config keeps only its width).
 FUSED_TUNED = {
     Width(2, 128): _fused(128, 16, 8),
     Width(2, 512): _fused(512, 4, 4),
