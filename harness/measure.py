@@ -294,7 +294,7 @@ def _time_cold(
             **cold_fields(b, blocks[f"ceiling:{name}"], base),
             notes=["L2 flushed before each repetition"],
             **base,
-        )  # fmt: skip
+        )
         for name in roof
     ]
     top = analysis.ceilings(roofs).get((base["dtype"], *base["shape"]))
