@@ -403,7 +403,7 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
 // again (from L1 or L2, where they have just been) for the scale, on few registers a
 // thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
 // loop, correct at any alignment and width.
-template <typename T, typename W, int ROW_THREADS, int VPT>
+template <typename T, typename W, int ROW_THREADS, int VPT, bool HOLD>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,
                                            int64_t stride_y, int N, float eps,
@@ -435,27 +435,31 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
   const uint4* xp = reinterpret_cast<const uint4*>(xr);
   const uint4* wp = reinterpret_cast<const uint4*>(w);
   uint4* yp = reinterpret_cast<uint4*>(yr);
-  // load: the first chunk and its weight, every vector in flight before the first use
-  Pack<T> v[VPT];
-  uint4 wr[VPT][NW];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = t + k * ROW_THREADS;
-    const bool in = j < nvec;
-    v[k].raw = in ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int q = 0; q < NW; ++q)
-      wr[k][q] = in && w != nullptr ? __ldg(wp + j * NW + q) : make_uint4(0, 0, 0, 0);
-  }
+  // HOLD: the first chunk and its weight loaded into registers, every vector in flight
+  // before the first use, and held through the sum; else no chunk is held
+  constexpr int FIRST = HOLD ? CHUNK : 0;  // the first chunk read again for the scale
+  Pack<T> v[HOLD ? VPT : 1];
+  uint4 wr[HOLD ? VPT : 1][NW];
   float ss = 0.f;
+  if constexpr (HOLD) {
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    if (t + k * ROW_THREADS >= nvec) break;
+    for (int k = 0; k < VPT; ++k) {
+      const int j = t + k * ROW_THREADS;
+      const bool in = j < nvec;
+      v[k].raw = in ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
+      for (int q = 0; q < NW; ++q)
+        wr[k][q] = in && w != nullptr ? __ldg(wp + j * NW + q) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (t + k * ROW_THREADS >= nvec) break;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss = fmaf(to_float(v[k].e[i]), to_float(v[k].e[i]), ss);
+    }
   }
-  // later chunks: summed as they arrive
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
+  // the other chunks: summed as they arrive
+  for (int c = FIRST; c < nvec; c += CHUNK) {
     Pack<T> u[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -469,25 +473,28 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
   }
   // reduce over the CTA
   const float rstd = approx_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
-  // scale and store: the held chunk, then the later chunks read again
+  // scale and store: the held chunk, then the other chunks read again
+  if constexpr (HOLD) {
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int j = t + k * ROW_THREADS;
-    if (j >= nvec) break;
-    float wf[VEC];
+    for (int k = 0; k < VPT; ++k) {
+      const int j = t + k * ROW_THREADS;
+      if (j >= nvec) break;
+      float wf[VEC];
 #pragma unroll
-    for (int q = 0; q < NW; ++q) {
-      Pack<W> p;
-      p.raw = wr[k][q];
+      for (int q = 0; q < NW; ++q) {
+        Pack<W> p;
+        p.raw = wr[k][q];
 #pragma unroll
-      for (int i = 0; i < kVec<W>; ++i) wf[q * kVec<W> + i] = w != nullptr ? to_float(p.e[i]) : 1.f;
+        for (int i = 0; i < kVec<W>; ++i)
+          wf[q * kVec<W> + i] = w != nullptr ? to_float(p.e[i]) : 1.f;
+      }
+      Pack<T> o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
+      yp[j] = o.raw;
     }
-    Pack<T> o;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(v[k].e[i]) * rstd * wf[i]);
-    yp[j] = o.raw;
   }
-  for (int c = CHUNK; c < nvec; c += CHUNK) {
+  for (int c = FIRST; c < nvec; c += CHUNK) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = c + t + k * ROW_THREADS;
@@ -599,9 +606,12 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   // a cluster's row sum: every warp's partial of every CTA, and the mbarrier they land on
   __shared__ float cluster_parts[CLUSTER ? BLOCK / 32 * max_ranks(VARIANT) : 1];
   __shared__ __align__(8) uint64_t cluster_bar;
+  static_assert((VARIANT & kReread) == 0 || (VARIANT & kRowChunks) != 0,
+                "reread: a variant of the row chunks");
   if constexpr ((VARIANT & kRowChunks) != 0) {
     static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
-    row_chunks<T, W, ROW_THREADS, VPT>(x, w, y, stride_x, stride_y, N, eps, warp_sums);
+    row_chunks<T, W, ROW_THREADS, VPT, (VARIANT & kReread) == 0>(x, w, y, stride_x, stride_y, N,
+                                                                 eps, warp_sums);
     return;
   }
 

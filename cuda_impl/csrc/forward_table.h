@@ -36,6 +36,10 @@ constexpr int kLateWeight = 16;
 //   as they arrive and read again for the scale; every access a whole 16-byte vector, no
 //   scalar head or tail (row_chunks).
 constexpr int kRowChunks = 32;
+// - kReread (with kRowChunks): no chunk held through the sum either: every chunk summed as
+//   it arrives and read again for the scale, as Triton's looped kernel and torch.compile's
+//   generated one do, so a thread holds nothing of the row across the reduction.
+constexpr int kReread = 4;
 // - kWholeVectors | kStagedRow (clusters of both ops, the two together): a row whose every
 //   access is a whole aligned 16-byte vector takes staged_slice: each CTA a contiguous
 //   slice, no scalar head or tail, no per-access alignment test, copied into shared memory
@@ -49,9 +53,10 @@ constexpr int kWholeVectors = 64;
 constexpr int kStagedRow = 128;
 // The variant bits by name, in bit order (bit i is 1 << i; "" for a bit not in use), for
 // cuda_impl/configs.py: the one copy of them.
-constexpr const char* kVariantNames[] = {"plain_loads", "lean_regs", "", "", "late_weight",
+constexpr const char* kVariantNames[] = {"plain_loads", "lean_regs", "reread", "", "late_weight",
                                          "row_chunks", "whole_vectors", "staged_row"};
-static_assert(kPlainLoads == 1 << 0 && kLeanRegs == 1 << 1 && kLateWeight == 1 << 4 &&
+static_assert(kPlainLoads == 1 << 0 && kLeanRegs == 1 << 1 && kReread == 1 << 2 &&
+                  kLateWeight == 1 << 4 &&
                   kRowChunks == 1 << 5 && kWholeVectors == 1 << 6 && kStagedRow == 1 << 7,
               "kVariantNames follows the bits");
 
