@@ -11,16 +11,25 @@ LlamaRMSNorm composite (to fp32, pow 2, mean, rsqrt, back to the input's dtype, 
 weight) traces to, over the last dimension of a 2-D or 3-D x, with a weight; x, residual
 and weight of one dtype and shape (no broadcast). The sum may be used elsewhere too (it
 is the fused op's second output). What it leaves: a norm whose intermediate values are
-used elsewhere (a training graph that saves them for the backward), mixed dtypes, a
-broadcast add, a norm without a weight. Results equal the fused op's (one fp32 rounding);
-the composite rounds to the input's dtype before the weight, so rewritten outputs may differ
-from it by an ulp.
+used elsewhere, mixed dtypes, a broadcast add, a norm without a weight. Results equal the
+fused op's (one fp32 rounding); the composite rounds to the input's dtype before the
+weight, so rewritten outputs may differ from it by an ulp.
+
+Training graphs: after autograd a graph's forward saves the norm's values for its backward,
+which no pattern above matches. So a second pass runs before autograd (Inductor's pre-grad
+pass, on the graph dynamo traced) on graphs that train: ``h = x + residual`` and
+``torch.rms_norm(h, (N,), weight, eps)`` (what F.rms_norm and torch.nn.RMSNorm trace to),
+where x, residual or the weight needs a gradient, become one call of the fused op, whose
+autograd (its backward kernels) AOTAutograd then traces for both passes. Under the same
+rules (one dtype, the op's own checks); an explicit eps only (eps=None, the dtype's
+epsilon, is left as it is).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 from typing import Optional
 
 import torch
@@ -120,14 +129,7 @@ def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
 
 def _patterns(backend: str) -> PatternMatcherPass:
     """The pass's patterns for a backend: each search form, with the sum used on and not."""
-    ns = f"{backend}_impl"
-    __import__(ns)  # registers the op
-    fused = getattr(torch.ops, ns).fused_add_rms_norm.default
-    devices = ("cuda",)
-    if backend == "triton":
-        from triton_impl.kernels import INTERPRET
-
-        devices = ("cuda", "cpu") if INTERPRET else devices
+    fused, devices = _backend_op(backend)
     check = functools.partial(_is_fused_add_norm, devices)
 
     # Traced functionalized, as AOTAutograd traces a model's own call to the op: the Triton
@@ -163,12 +165,91 @@ def _patterns(backend: str) -> PatternMatcherPass:
     return patterns
 
 
+def _backend_op(backend: str) -> tuple[object, tuple[str, ...]]:
+    """(the backend's functional fused op, the devices it runs on here)."""
+    ns = f"{backend}_impl"
+    __import__(ns)  # registers the op
+    devices = ("cuda",)
+    if backend == "triton":
+        from triton_impl.kernels import INTERPRET
+
+        devices = ("cuda", "cpu") if INTERPRET else devices
+    return getattr(torch.ops, ns).fused_add_rms_norm.default, devices
+
+
+def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
+    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
+    graph that trains and the fused op takes them, else None (see the module docstring)."""
+    from rmsnorm_api import check_fused_inputs
+
+    if norm.op != "call_function" or norm.target is not torch.rms_norm:
+        return None
+    args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
+    args.update(norm.kwargs)
+    add, weight, eps = args.get("input"), args.get("weight"), args.get("eps")
+    if not (isinstance(add, torch.fx.Node) and add.op == "call_function"):
+        return None
+    if add.target not in (operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
+        return None
+    x, r = add.args
+    nodes = (x, r, weight)
+    if not all(isinstance(n, torch.fx.Node) for n in nodes) or isinstance(eps, bool):
+        return None
+    if not isinstance(eps, (int, float)) or order[weight] > order[add]:
+        return None  # eps=None (the dtype's epsilon), or a weight made after the sum
+    vals = [n.meta.get("example_value") for n in nodes]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    xv, rv, wv = vals
+    if not any(v.requires_grad for v in vals) or xv.device.type not in devices:
+        return None  # inference graphs: the post-grad pass's
+    if not xv.dtype == rv.dtype == wv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
+        return None
+    try:
+        check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
+    except (TypeError, ValueError):
+        return None
+    return add, x, r, weight, float(eps)
+
+
+def _rewrite_training(graph: torch.fx.Graph, backend: str) -> int:
+    """Each match of _training_match rewritten into the fused op, placed at the add (so
+    every use of the sum, before the norm too, reads its second output); the count."""
+    fused, devices = _backend_op(backend)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    count = 0
+    for norm in list(graph.nodes):
+        try:
+            found = _training_match(norm, order, devices)
+        except Exception:  # a node the check cannot judge is left alone
+            found = None
+        if found is None:
+            continue
+        add, x, r, weight, eps = found
+        with graph.inserting_after(add):
+            call = graph.call_function(fused, (x, r, weight, eps))
+        with graph.inserting_after(call):
+            y = graph.call_function(operator.getitem, (call, 0))
+        with graph.inserting_after(y):
+            s = graph.call_function(operator.getitem, (call, 1))
+        for node, value in ((call, None), (y, norm), (s, add)):
+            if value is not None:
+                node.meta.update(value.meta)
+        norm.replace_all_uses_with(y)
+        graph.erase_node(norm)
+        add.replace_all_uses_with(s)
+        graph.erase_node(add)
+        count += 1
+    return count
+
+
 class _FusionPass(CustomGraphPass):
     """The post-grad pass Inductor runs on each graph; its uuid keys Inductor's caches."""
 
     def __init__(self, backend: str):
         self.backend = backend
-        self.rewrites = 0  # adds and norms rewritten, over every graph (tests, the harness)
+        # adds and norms rewritten, over every graph, training graphs' too (tests, the harness)
+        self.rewrites = 0
 
     @functools.cached_property
     def _patterns(self) -> PatternMatcherPass:
@@ -178,28 +259,52 @@ class _FusionPass(CustomGraphPass):
         self.rewrites += self._patterns.apply(graph)
 
     def uuid(self) -> Optional[bytes]:
-        with open(__file__, "rb") as f:
-            return hashlib.sha256(f.read() + self.backend.encode()).digest()
+        return _uuid(self.backend)
+
+
+def _uuid(backend: str) -> bytes:
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read() + backend.encode()).digest()
+
+
+class _TrainingFusionPass(CustomGraphPass):
+    """The pre-grad pass Inductor runs on each graph dynamo traced: training graphs'
+    residual adds and norms rewritten (_rewrite_training), counted in the post-grad pass's
+    rewrites (what enable_compile_fusion returns)."""
+
+    def __init__(self, counted: _FusionPass):
+        self.counted = counted
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.counted.rewrites += _rewrite_training(graph, self.counted.backend)
+
+    def uuid(self) -> Optional[bytes]:
+        return _uuid(self.counted.backend + ":training")
 
 
 def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
     """From now on, graphs torch.compile builds with Inductor have each residual add and the
     RMSNorm after it rewritten into `backend`'s fused_add_rms_norm ("triton" or "cuda");
-    returns the pass. ValueError for another backend, or while another custom post-grad
-    pass is installed (Inductor runs one)."""
+    returns the pass (its ``rewrites``: adds and norms rewritten, training graphs' too).
+    ValueError for another backend, or while another custom post-grad or pre-grad pass is
+    installed (Inductor runs one of each)."""
     if backend not in BACKENDS:
         raise ValueError(
             f"rmsnorm_api.enable_compile_fusion: backend is {backend!r}; expected one of"
             f" {list(BACKENDS)}"
         )
-    current = inductor_config.post_grad_custom_post_pass
-    if current is not None and not isinstance(current, _FusionPass):
-        raise ValueError(
-            "rmsnorm_api.enable_compile_fusion: torch._inductor.config."
-            f"post_grad_custom_post_pass is already set ({current!r}); Inductor runs one"
-        )
-    inductor_config.post_grad_custom_post_pass = _FusionPass(backend)
-    return inductor_config.post_grad_custom_post_pass
+    for name, ours in (("post_grad_custom_post_pass", _FusionPass),
+                       ("pre_grad_custom_pass", _TrainingFusionPass)):  # fmt: skip
+        current = getattr(inductor_config, name)
+        if current is not None and not isinstance(current, ours):
+            raise ValueError(
+                f"rmsnorm_api.enable_compile_fusion: torch._inductor.config.{name} is already"
+                f" set ({current!r}); Inductor runs one"
+            )
+    installed = _FusionPass(backend)
+    inductor_config.pre_grad_custom_pass = _TrainingFusionPass(installed)
+    inductor_config.post_grad_custom_post_pass = installed
+    return installed
 
 
 def disable_compile_fusion() -> None:
@@ -207,3 +312,5 @@ def disable_compile_fusion() -> None:
     installed goes; another pass is left as it is)."""
     if isinstance(inductor_config.post_grad_custom_post_pass, _FusionPass):
         inductor_config.post_grad_custom_post_pass = None
+    if isinstance(inductor_config.pre_grad_custom_pass, _TrainingFusionPass):
+        inductor_config.pre_grad_custom_pass = None

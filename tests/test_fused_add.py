@@ -130,6 +130,7 @@ def test_in_place_form_writes_both(name, n):
         (12289, "sharded", 1024, 1),
         (4096, "looped", 1024, 1),
         (4100, "looped", 2048, 2),
+        (32768, "fused", 32768, 1),
     ],
     ids=str,
 )
@@ -140,7 +141,7 @@ def test_triton_sharded_and_looped_kernels(n, kind, block_n, rows, rdtype, in_pl
     it from the residual_out its peers stored; a partial last shard at 12289) and its
     looped kernel (residual_out stored in the first sweep and read back in the second;
     whole chunks unmasked, a partial last chunk, two rows a program over an odd row
-    count): both forms."""
+    count) and its fused tile on a 16-bit row past FUSED_MAX_N: both forms."""
     impl_or_skip("triton")
     from triton_impl import Config, fused_add_rms_norm_with_config
     from triton_impl.launch import launch, plan
@@ -149,8 +150,8 @@ def test_triton_sharded_and_looped_kernels(n, kind, block_n, rows, rdtype, in_pl
     want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-6)
     if kind == "sharded":
         cfg = Config("sharded", block_n, 4, stages=2, stream_y=True)
-    else:
-        cfg = Config("looped", block_n, 4, block_m=rows)
+    else:  # looped, or the fused tile past FUSED_MAX_N (the sweep's candidate at 32768)
+        cfg = Config(kind, block_n, 4, block_m=rows)
     if in_place:
         launch(plan(FUSED, (x, r), w, 1e-6, (x, r), cfg))
         y, ro = x, r

@@ -161,19 +161,55 @@ def test_leaves_widths_the_fused_op_refuses(fusion, name, n):
     assert fusion.rewrites == 0
 
 
+def _sum_used_between(x, r, w1, w2):
+    """The decoder with the sum read before its norm too (the fused op is placed at the add,
+    so that read takes its second output)."""
+    h = x + r
+    early = h * 3.0
+    y = F.rms_norm(h, (h.shape[-1],), w1, 1e-5)
+    return y + early * w2, h
+
+
+@pytest.mark.parametrize("form", [decoder, _sum_used_between], ids=["decoder", "sum_read_early"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", BACKENDS)
-def test_leaves_a_training_graph(fusion, name):
-    """With gradients the forward graph saves the norm's values for the backward: no match
-    (the fused op saves none of them), and the gradients are the uncompiled ones."""
-    dtype = torch.float32
-    x, r, w = (t.requires_grad_() for t in (rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype),
-                                            rows(64, dtype=dtype)))  # fmt: skip
-    f = torch.compile(decoder, fullgraph=True, dynamic=False)
-    grads = torch.autograd.grad(sum(t.sum() for t in f(x, r, w, w)), (x, r, w))
-    want = torch.autograd.grad(sum(t.sum() for t in decoder(x, r, w, w)), (x, r, w))
-    for g, v in zip(grads, want, strict=True):
-        torch.testing.assert_close(g, v, **TOL[dtype])
+def test_rewrites_a_training_graph(fusion, name, dtype, form):
+    """With gradients, the pre-grad pass rewrites each add and norm (both of the decoder's)
+    into the fused op, whose backward then runs: outputs and the gradients of x, residual
+    and both weights are the uncompiled block's."""
+    if dtype == torch.bfloat16 and not HAS_GPU:
+        pytest.skip("bf16 through Inductor's CPU graphs: the GPU tier's")
+    shapes = ((6, 64), (6, 64), (64,), (64,))
+    x, r, w1, w2 = (rows(*shape, dtype=dtype).requires_grad_() for shape in shapes)
+    f = torch.compile(form, fullgraph=True, dynamic=False)
+    got = f(x, r, w1, w2)
+    want = form(x, r, w1, w2)
+    grads = torch.autograd.grad(sum((t * t).sum() for t in got), (x, r, w1, w2))
+    wants = torch.autograd.grad(sum((t * t).sum() for t in want), (x, r, w1, w2))
+    tol = dict(rtol=4 * TOL[dtype]["rtol"], atol=4 * TOL[dtype]["rtol"])
+    for g, v in zip((*got, *grads), (*want, *wants), strict=True):
+        torch.testing.assert_close(g, v, **tol)
+    assert fusion.rewrites == (2 if form is decoder else 1)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_training_pass_leaves_what_it_must(fusion, name):
+    """In a training graph: eps=None (the dtype's epsilon), mixed dtypes and an inference
+    graph are left to the graph (the last to the post-grad pass, which matches it there)."""
+    n = 64
+    x, r = rows(6, n, dtype=torch.float32), rows(6, n, dtype=torch.float32)
+    w = rows(n, dtype=torch.float32).requires_grad_()
+    for fn, args in (
+        (lambda x, r, w: F.rms_norm(x + r, (n,), w), (x, r, w)),
+        (lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), (x, r.double(), w)),
+    ):
+        torch._dynamo.reset()
+        torch.compile(fn, fullgraph=True, dynamic=False)(*args).sum().backward()
     assert fusion.rewrites == 0
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), fullgraph=True)(x, r, w)
+    assert fusion.rewrites == 1  # the post-grad pass's
 
 
 def test_enable_names_the_backend_and_keeps_another_pass():
@@ -194,11 +230,12 @@ def test_enable_names_the_backend_and_keeps_another_pass():
         def uuid(self):
             return b"other"
 
-    with config.patch(post_grad_custom_post_pass=Other()):
-        with pytest.raises(ValueError, match="post_grad_custom_post_pass is already set"):
-            rmsnorm_api.enable_compile_fusion("triton")
-        rmsnorm_api.disable_compile_fusion()  # leaves another pass alone
-        assert isinstance(config.post_grad_custom_post_pass, Other)
+    for name in ("post_grad_custom_post_pass", "pre_grad_custom_pass"):
+        with config.patch(**{name: Other()}):
+            with pytest.raises(ValueError, match=f"{name} is already set"):
+                rmsnorm_api.enable_compile_fusion("triton")
+            rmsnorm_api.disable_compile_fusion()  # leaves another pass alone
+            assert isinstance(getattr(config, name), Other)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

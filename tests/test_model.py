@@ -939,24 +939,25 @@ def test_speedup_lies_in_its_range_of_blocks():
     assert "[range of blocks]" in text
 
 
-def test_the_pass_is_neither_run_nor_drawn_at_the_training_step():
-    """The pass leaves training graphs, so its block there is native's: not run (the job
-    asks pass_not_applicable), and a record an earlier run wrote there drawn as not
-    applicable, not as a speedup of the pass."""
-    from harness.model.config import REPO, pass_not_applicable
+def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
+    """The pass rewrites training graphs, so the job runs it there (pass_not_applicable
+    names eager modes only); a training record an earlier run wrote, whose pass left the
+    graph (none of the fused op's kernels ran), is drawn as not applicable, not as a
+    speedup of the pass; one whose kernels show the fused op is drawn."""
+    from harness.model.config import REPO, pass_left_training, pass_not_applicable
 
-    assert "training graphs" in pass_not_applicable("compile", True)
-    assert "compiled graphs" in pass_not_applicable("eager", False)
-    assert pass_not_applicable("compile", False) is None
+    assert pass_not_applicable("compile") is None
+    assert "compiled graphs" in pass_not_applicable("eager")
+    assert "left the training graph" in pass_left_training({"names": ["triton_red_fused_add"]})
+    assert pass_left_training({"names": ["_fused_add_rms_norm_fwd_looped"]}) is None
     committed = REPO / "results" / "h200" / "model" / "records.jsonl"
     recs = records.read_records(committed)
     timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"
              and r["model"]["shape"] == "train" and r["status"] == "PASS"]  # fmt: skip
     if not timed:
         pytest.skip("no training record of the pass in the committed records")
-    text = model.render([r for r in recs if (r.get("model") or {}).get("shape") == "train"])
+    train = [r for r in recs if (r.get("model") or {}).get("shape") == "train"]
+    text = model.render(train)
     rows = [line for line in text.splitlines() if "| compile | triton_pass |" in line]
-    assert rows and all(
-        "SKIP: not run: not applicable: the pass leaves training" in r for r in rows
-    )
+    assert rows and all("SKIP: not run: not applicable: this record's pass left" in r for r in rows)
     assert "triton_pass x" not in text

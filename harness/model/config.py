@@ -34,19 +34,30 @@ VARIANTS = (
 PASS = {"triton_pass": "triton_fused", "cuda_pass": "cuda_fused"}
 
 
-def pass_not_applicable(mode: str, train: bool) -> Optional[str]:
-    """Why a PASS variant is not run in a mode at a shape (None: it is): the pass rewrites
-    compiled graphs only, and leaves training graphs (their forward saves the norm's
-    values for the backward, which none of its patterns match), where its block would be
-    native's compiled block timed again."""
+def pass_not_applicable(mode: str) -> Optional[str]:
+    """Why a PASS variant is not run in a mode (None: it is): the pass rewrites compiled
+    graphs only, inference graphs after autograd and training graphs before it."""
     if not mode.startswith("compile"):
         return "not applicable: the pass rewrites compiled graphs (eagerly it is native)"
-    if train:
-        return (
-            "not applicable: the pass leaves training graphs (their forward saves the norm's"
-            " values), so its block is native's"
-        )
     return None
+
+
+#: Kernel names that show the pass's fused op ran in a block: Triton's forward kernels of
+#: the fused add, and the CUDA library's.
+PASS_KERNELS = ("_fused_add_rms_norm_fwd", "cuda_impl::")
+
+
+def pass_left_training(kernels: Optional[dict]) -> Optional[str]:
+    """Why a PASS variant's training record is not the pass's (None: it is): one written
+    before the pass rewrote training graphs ran none of the fused op's kernels, and timed
+    native's block again."""
+    names = (kernels or {}).get("names") or []
+    if any(k in n for n in names for k in PASS_KERNELS):
+        return None
+    return (
+        "not applicable: this record's pass left the training graph (none of the fused op's"
+        " kernels ran), so its block is native's"
+    )
 
 
 FUSED = ("triton_fused", "cuda_fused", *PASS)

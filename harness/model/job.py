@@ -111,7 +111,7 @@ def run_job(run: Run, shape: Shape, mode: str, names: list[str]) -> None:
         where = f"{shape.name}/{mode}/{name}"
         why = v.unavailable
         if v.compile_pass and not why:
-            why = pass_not_applicable(mode, shape.train)
+            why = pass_not_applicable(mode)
         if why:
             _write_block(run, st.shape, mode, name, status="SKIP", notes=[f"not run: {why}"])
             run.say(f"{where}: skip ({why})")

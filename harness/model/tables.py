@@ -19,6 +19,7 @@ from harness.model.config import (
     TRAIN_MODES,
     VARIANTS,
     Shape,
+    pass_left_training,
     pass_not_applicable,
 )
 from harness.model.shares import exceeds, speedup_of_medians
@@ -58,14 +59,16 @@ def _redrawn_speedups(recs: list[dict]) -> list[dict]:
 
 
 def _applicable(r: dict) -> dict:
-    """r, or for a PASS variant where the pass does not apply (pass_not_applicable: a
-    training step) a SKIP saying so: a record an earlier run wrote there timed native's
-    block, not the pass."""
+    """r, or for a PASS variant where the pass did not apply (pass_not_applicable: an eager
+    mode; pass_left_training: a training record without the fused op's kernels, which
+    timed native's block) a SKIP saying so."""
     m = r["model"]
-    why = m.get("variant") in PASS and pass_not_applicable(
-        m.get("exec", ""), (m.get("config") or {}).get("train", False)
-    )
-    if not why or r["status"] == "SKIP":
+    if m.get("variant") not in PASS or r["status"] == "SKIP":
+        return r
+    why = pass_not_applicable(m.get("exec", ""))
+    if not why and (m.get("config") or {}).get("train", False):
+        why = pass_left_training(r.get("kernels"))
+    if not why:
         return r
     return {**r, "status": "SKIP", "notes": [f"not run: {why}"]}
 
