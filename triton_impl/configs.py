@@ -296,10 +296,10 @@ SEARCH_LOOPED_CHUNKS = (1024, 2048, 4096, 8192, 16384, 32768)
 SEARCH_LOOPED_WARPS = (4, 8, 16, 32)
 SEARCH_LOOPED_THREAD_BYTES = (8, 64)
 SEARCH_LOOPED_ROWS2_MAX_N = 8192
-#: The fused add's fused tile also past FUSED_MAX_N, to rows of this width: one row a
-#: program on these warps (Liger's shape at 16-bit 32768, which its rule does not take).
-SEARCH_FUSED_ADD_TILE_MAX_N = 32768
-SEARCH_FUSED_ADD_TILE_WARPS = (16, 32)
+#: The fused tile also past FUSED_MAX_N, to rows of this width: one row a program on these
+#: warps (Liger's shape at 16-bit 32768).
+SEARCH_WIDE_TILE_MAX_N = 32768
+SEARCH_WIDE_TILE_WARPS = (16, 32)
 #: The sharded kernel from rows of this width up, its programs waiting for their row's sum
 #: (the last-arrival schedule lost at every wide shape: docs/notebook/06-wide-rows.md, v24):
 #: shard widths and warps, the per-thread bytes of a shard in SEARCH_SHARD_THREAD_BYTES.
@@ -366,9 +366,9 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     """The candidates the sweep times for rows of n elements: fused tiles whose bytes a
     thread fit SEARCH_THREAD_BYTES, the split kernel (its tile the aligned body) for rows
     that are not whole 16-byte vectors, the looped kernel (looped_candidates) and the
-    sharded kernel (sharded_candidates). op "fused_add_rms_norm": the fused add's rule's
-    config, its fused tile on one row to SEARCH_FUSED_ADD_TILE_MAX_N, and the same
-    candidates."""
+    sharded kernel (sharded_candidates), and the fused tile on one row past FUSED_MAX_N to
+    SEARCH_WIDE_TILE_MAX_N. op "fused_add_rms_norm": the fused add's rule's config first,
+    then the same candidates."""
     n, element_size = check_width(n, element_size, "search_space")
     if op not in FORWARD_KERNELS:
         raise ValueError(f"search_space: op is {op!r}; expected 'rms_norm' or 'fused_add_rms_norm'")
@@ -376,8 +376,8 @@ def search_space(n: int, element_size: int, op: str = "rms_norm") -> list[Config
     block_n = triton.next_power_of_2(n)
     if op == "fused_add_rms_norm":
         out.append(fused_add_config(n, element_size))
-        if FUSED_MAX_N[element_size] < block_n <= SEARCH_FUSED_ADD_TILE_MAX_N:
-            out += [_fused(block_n, 1, w) for w in SEARCH_FUSED_ADD_TILE_WARPS]
+    if FUSED_MAX_N[element_size] < block_n <= SEARCH_WIDE_TILE_MAX_N:
+        out += [_fused(block_n, 1, w) for w in SEARCH_WIDE_TILE_WARPS]
     for cfg in (*_register_tiles(n, element_size), *looped_candidates(n, element_size),
                 *sharded_candidates(n, element_size)):  # fmt: skip
         if cfg not in out:

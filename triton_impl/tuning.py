@@ -74,12 +74,12 @@ FUSED_ADD_WIDE = {
 }
 #: Widths where wide rows take another config than FUSED_ADD_WIDE's, keyed by the
 #: power-of-two width (and, for an entry of one dtype, that dtype: Width.dtype, for x and
-#: residual of that dtype): 16-bit rows to 32768 take the looped kernel, the row one chunk
-#: on 32 warps (docs/notebook/16-why-inductor-wins.md, v56); fp16 reads its shard again
+#: residual of that dtype): 16-bit rows to 32768 take the fused tile, the row held on 32
+#: warps (docs/notebook/16-why-inductor-wins.md, v58); fp16 reads its shard again
 #: after the wait at 65536 and 131072, where the held shard's registers leave it fewer
 #: programs an SM than bf16 (docs/notebook/06-wide-rows.md, v29).
 FUSED_ADD_WIDE_TUNED = {
-    Width(2, 32768): Config("looped", 32768, 32),
+    Width(2, 32768): _fused(32768, 1, 32),
     Width(2, 65536, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
     Width(2, 131072, dtype="fp16"): dataclasses.replace(FUSED_ADD_WIDE[2], reload=True),
 }

@@ -93,6 +93,26 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 }
 #undef RMS_NORM_LD_V4
 
+// x's 16-byte vectors with an L2 eviction priority, as Triton's eviction hints compile:
+// the row's first read kept (evict_last) for its second, which is the last (evict_first).
+template <bool KEEP>
+__device__ __forceinline__ uint4 load_hinted(const uint4* p) {
+  uint4 v;
+  uint64_t policy;
+  if constexpr (KEEP) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+  }
+  return v;
+}
+
 // VEC weights as floats starting at w (element offset already applied); vector loads when
 // the address is 16-byte aligned (fp32 weights beside 16-bit x take two vectors).
 template <typename W, int VEC>
@@ -464,7 +484,9 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = c + t + k * ROW_THREADS;
-      u[k].raw = j < nvec ? load_stream<kPlainLoads>(xp + j) : make_uint4(0, 0, 0, 0);
+      u[k].raw = j >= nvec  ? make_uint4(0, 0, 0, 0)
+                 : HOLD     ? load_stream<kPlainLoads>(xp + j)
+                            : load_hinted<true>(xp + j);
     }
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
@@ -495,12 +517,19 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     }
   }
   for (int c = FIRST; c < nvec; c += CHUNK) {
+    // the chunk's vectors all in flight before the first store
+    Pack<T> u[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int j = c + t + k * ROW_THREADS;
+      u[k].raw = j >= nvec  ? make_uint4(0, 0, 0, 0)
+                 : HOLD     ? load_stream<kPlainLoads>(xp + j)
+                            : load_hinted<false>(xp + j);
+    }
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = c + t + k * ROW_THREADS;
       if (j >= nvec) break;
-      Pack<T> u;
-      u.raw = load_stream<kPlainLoads>(xp + j);
       float wf[VEC];
       if (w != nullptr) {
         load_weight<W, VEC>(w + j * VEC, true, wf);
@@ -510,7 +539,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       }
       Pack<T> o;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u.e[i]) * rstd * wf[i]);
+      for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u[k].e[i]) * rstd * wf[i]);
       yp[j] = o.raw;
     }
   }
