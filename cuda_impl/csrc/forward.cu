@@ -96,6 +96,10 @@ int last_rung(Ladder ladder) {
 // add has no such body).
 template <typename Tb>
 Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors, bool clusters) {
+  if (vectors && vecs > kRereadMinVecs && (rows == 0 || rows >= sms)) {
+    const int c = climb<Tb>(elem == 4 ? Ladder::kReread32 : Ladder::kReread16, vecs);
+    if (c >= 0) return {c, 1};
+  }
   if (vectors && elem == 2 && vecs > 0 && vecs % kRowChunkVecs == 0) {
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};

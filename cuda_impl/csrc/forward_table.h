@@ -38,7 +38,9 @@ constexpr int kLateWeight = 16;
 constexpr int kRowChunks = 32;
 // - kReread (with kRowChunks): no chunk held through the sum either: every chunk summed as
 //   it arrives and read again for the scale, as Triton's looped kernel and torch.compile's
-//   generated one do, so a thread holds nothing of the row across the reduction.
+//   generated one do, so a thread holds nothing of the row across the reduction; a chunk's
+//   vectors all in flight before its first store, with Triton's L2 eviction priorities
+//   (the first read kept for the second, the second the last).
 constexpr int kReread = 4;
 // - kWholeVectors | kStagedRow (clusters of both ops, the two together): a row whose every
 //   access is a whole aligned 16-byte vector takes staged_slice: each CTA a contiguous
@@ -100,6 +102,8 @@ enum class Ladder {
   kCluster16,  // rows wider than one CTA holds: a cluster's CTAs share the row (16-bit)
   kCluster32,  // ... (fp32)
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
+  kReread16,   // many 16-bit rows of whole aligned 16-byte vectors: one CTA a row, read twice
+  kReread32,   // ... (fp32)
   kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider
   kOdd16,      // 16-bit rows off the 16-byte grid (N, or a row's start, not on it), many rows
 };
@@ -110,6 +114,10 @@ constexpr int kWholeMinN = 32768;
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
 // vectors, lost to the many-row ladder: docs/notebook/07-decode-and-host-time.md, v31).
 constexpr int kRowChunkVecs = 512;
+// kReread16 and kReread32 take rows of more than this many vectors (16-bit 4096, fp32
+// 2048: narrower rows hold their vectors on the other ladders at the same speed, within the
+// sweep's spread), and only many rows (at least one a SM; decode-sized calls keep theirs).
+constexpr int kRereadMinVecs = 512;
 // kOdd16 takes rows of more than this many vectors (the many-row rung below its first one;
 // the band its sweep measured: 4095 and 4097 elements).
 constexpr int kOddMinVecs = 256;
@@ -263,6 +271,7 @@ constexpr bool used_by(int i, int elem) {
   for (int r = 0; r < kNumRungs<Tb>; ++r) {
     const Ladder l = Tb::kRungs[r].ladder;
     if ((l == many || l == cluster || l == Ladder::kFew || l == Ladder::kWhole ||
+         l == (elem == 4 ? Ladder::kReread32 : Ladder::kReread16) ||
          (l == Ladder::kOdd16 && elem == 2)) &&
         same(Tb::kRungs[r].config, kConfigs<Tb>[i]))
       return true;
