@@ -258,21 +258,27 @@ def test_cuda_config_table():
         assert caps == sorted(caps), (elem, caps)
         vec = 16 // elem
         # one CTA holds 8192 vectors; rows of whole vectors from 32768 elements take
-        # whole-vector clusters, other rows one CTA until it cannot hold them
+        # whole-vector clusters (but 16-bit 32768, read twice by one CTA), other rows one
+        # CTA until it cannot hold them
         assert C.default_config(8192 * vec - 1, elem).cluster == 1
         assert C.default_config(2 * 8192 * vec, elem).cluster >= 2
         assert not C.default_config(32768 - vec, elem).variant & C.variant_bits()["whole_vectors"]
-        for n in (32768, 32768 + vec, 32768 * vec):
+        for n in (32768, 32768 + vec, 32768 * vec)[elem == 2 :]:
             c = C.default_config(n, elem)
             assert c.variant & C.variant_bits()["whole_vectors"] and c.cluster >= 2, (n, elem, c)
     # what the throughput ladders pick is shipped
     assert picked <= {(c.row_threads, c.vpt, c.cluster, c.variant) for c in shipped}
-    # row chunks: 16-bit rows of a whole number of 512 vectors, nothing else
-    for n, elem, want in ((4096, 2, True), (8192, 2, True), (12288, 2, True), (5120, 2, False),
-                          (4097, 2, False), (2048, 2, False), (16384, 2, False),
-                          (4096, 4, False)):  # fmt: skip
-        got = bool(C.default_config(n, elem).variant & C.variant_bits()["row_chunks"])
-        assert got == want, (n, elem)
+    # many rows of whole vectors past 512 of them, to 16-bit 32768 and fp32 24576: row chunks
+    # read twice; 16-bit 4096 row chunks held; nothing else row chunks
+    bits = C.variant_bits()
+    for n, elem, want in ((5120, 2, "reread"), (8192, 2, "reread"), (12288, 2, "reread"),
+                          (16384, 2, "reread"), (32768, 2, "reread"), (4096, 4, "reread"),
+                          (24576, 4, "reread"), (4096, 2, "held"), (4097, 2, None),
+                          (2048, 2, None), (32776, 2, None), (2048, 4, None), (5121, 4, None),
+                          (24580, 4, None), (32768, 4, None)):  # fmt: skip
+        v = C.default_config(n, elem).variant
+        got = "reread" if v & bits["reread"] else "held" if v & bits["row_chunks"] else None
+        assert got == want, (n, elem, got)
     # the late weight: 16-bit rows off the 16-byte grid of 257-512 whole vectors, nothing else
     for n, elem, want in ((4095, 2, True), (4097, 2, True), (2057, 2, True), (4103, 2, True),
                           (2049, 2, False), (4111, 2, False), (3072, 2, False),
