@@ -63,10 +63,11 @@ def compiled_matches(fn, *args, dtype):
         torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
 
 
-def compiled_as_without_the_pass(fn, *args):
+def compiled_as_without_the_pass(fn, *args, dtype):
     """fn compiled with the pass installed against fn compiled without it: a graph the pass
-    leaves is Inductor's own, to the bit (Inductor's numerics are its own: eager's
-    composite rounds its intermediates where Inductor may not)."""
+    leaves is Inductor's own (Inductor's numerics are its own: eager's composite rounds its
+    intermediates where Inductor may not), within a rounding of y (on a GPU two compiles may
+    autotune their reductions apart)."""
     import rmsnorm_api
 
     config = torch._inductor.config
@@ -81,7 +82,7 @@ def compiled_as_without_the_pass(fn, *args):
             config.post_grad_custom_post_pass, config.pre_grad_custom_pass = installed
     got, want = (t if isinstance(t, tuple) else (t,) for t in (got, want))
     for g, v in zip(got, want, strict=True):
-        torch.testing.assert_close(g, v, rtol=0, atol=0)
+        torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["rtol"])
 
 
 def rows(*shape, dtype):
@@ -158,7 +159,7 @@ def test_leaves_what_the_fused_op_does_not_compute(fusion, name, case):
     # fp32 for the strided rows (the 16-bit graph did not match there without the check)
     dtype = torch.float32 if case == "strided rows" else torch.bfloat16
     x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
-    compiled_as_without_the_pass(LEFT_ALONE[case], x, r, w)
+    compiled_as_without_the_pass(LEFT_ALONE[case], x, r, w, dtype=dtype)
     assert fusion.rewrites == 0
 
 
@@ -167,7 +168,7 @@ def test_leaves_a_number_added_before_an_rms_norm_module(fusion, name):
     dtype = torch.bfloat16
     x, norm = rows(6, 64, dtype=dtype), torch.nn.RMSNorm(64, device=DEVICE, dtype=dtype)
     torch.nn.init.normal_(norm.weight)
-    compiled_as_without_the_pass(module_norm, x, 1, norm)
+    compiled_as_without_the_pass(module_norm, x, 1, norm, dtype=dtype)
     assert fusion.rewrites == 0
 
 
@@ -178,7 +179,8 @@ def test_leaves_widths_the_fused_op_refuses(fusion, name, n):
     without the pass."""
     dtype = torch.float32
     x, r, w = rows(2, n, dtype=dtype), rows(2, n, dtype=dtype), rows(n, dtype=dtype)
-    compiled_as_without_the_pass(lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), x, r, w)
+    fn = lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6)  # noqa: E731
+    compiled_as_without_the_pass(fn, x, r, w, dtype=dtype)
     assert fusion.rewrites == 0
 
 
