@@ -413,6 +413,21 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
   }
 }
 
+// A chunk's vectors from vector c of the row, all in flight before the first use (zeros past
+// the row): plain loads beside a held first chunk, else with the L2 priority KEEP says (kept
+// for the second read, or the last).
+template <typename T, int ROW_THREADS, int VPT, bool HOLD, bool KEEP>
+__device__ __forceinline__ void load_chunk(Pack<T> (&u)[VPT], const uint4* xp, int c, int t,
+                                           int nvec) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int j = c + t + k * ROW_THREADS;
+    u[k].raw = j >= nvec  ? make_uint4(0, 0, 0, 0)
+               : HOLD     ? load_stream<kPlainLoads>(xp + j)
+                          : load_hinted<KEEP>(xp + j);
+  }
+}
+
 // ---- the row-chunk body ------------------------------------------------------------------
 // kRowChunks: one CTA a row, for rows whose every access is a whole aligned 16-byte vector
 // (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
@@ -481,13 +496,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
   // the other chunks: summed as they arrive
   for (int c = FIRST; c < nvec; c += CHUNK) {
     Pack<T> u[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      u[k].raw = j >= nvec  ? make_uint4(0, 0, 0, 0)
-                 : HOLD     ? load_stream<kPlainLoads>(xp + j)
-                            : load_hinted<true>(xp + j);
-    }
+    load_chunk<T, ROW_THREADS, VPT, HOLD, true>(u, xp, c, t, nvec);
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
@@ -517,15 +526,8 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     }
   }
   for (int c = FIRST; c < nvec; c += CHUNK) {
-    // the chunk's vectors all in flight before the first store
-    Pack<T> u[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int j = c + t + k * ROW_THREADS;
-      u[k].raw = j >= nvec  ? make_uint4(0, 0, 0, 0)
-                 : HOLD     ? load_stream<kPlainLoads>(xp + j)
-                            : load_hinted<false>(xp + j);
-    }
+    Pack<T> u[VPT];  // every vector in flight before the first store
+    load_chunk<T, ROW_THREADS, VPT, HOLD, false>(u, xp, c, t, nvec);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int j = c + t + k * ROW_THREADS;
