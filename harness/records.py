@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import lzma
 import math
 import os
 import re
@@ -294,8 +295,10 @@ def out_dir_problem(path: str | os.PathLike) -> Optional[str]:
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[dict]:
-    """Validated records in file order; RecordError names the line that is wrong."""
-    with open(path, encoding="utf-8") as f:
+    """Validated records in file order (a file named *.xz read through lzma: the committed
+    sweeps and probes are kept compressed); RecordError names the line that is wrong."""
+    opener = lzma.open if os.fspath(path).endswith(".xz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -366,6 +366,27 @@ def test_record_round_trip(tmp_path):
     assert all(r["schema"] == records.SCHEMA_VERSION for r in back)
 
 
+def test_committed_evidence_reads_compressed(tmp_path):
+    """A records file kept compressed (*.xz: the committed sweeps and probes) reads as the
+    file it was; every committed one is JSON lines (the older probes' own, not all of them
+    records)."""
+    import lzma
+    import pathlib
+
+    path = tmp_path / "r.jsonl"
+    written = synthetic_records(path)
+    packed = tmp_path / "r.jsonl.xz"
+    packed.write_bytes(lzma.compress(path.read_bytes()))
+    assert records.read_records(packed) == records.read_records(path)
+    assert records.read_records(packed) == json.loads(json.dumps(written))
+    results = pathlib.Path(__file__).resolve().parent.parent / "results"
+    committed = sorted(results.glob("*/*/*.jsonl.xz"))
+    assert committed, "no compressed sweeps or probes under results/"
+    for f in committed:
+        lines = lzma.decompress(f.read_bytes()).decode().splitlines()
+        assert lines and all(json.loads(line) is not None for line in lines if line), f
+
+
 def test_record_nan_becomes_null_and_bad_records_are_named(tmp_path):
     r = records.make_record(
         run_id="t", env={}, kind="skip", impl="x", status="SKIP", gbps=float("nan")
