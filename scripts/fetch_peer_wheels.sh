@@ -10,11 +10,12 @@
 #          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
 #          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
-# One device call carries at most 64 MiB with the working tree (52 MB of tracked files),
-# hence the parts (12 MB each: 8 of them); h200.sh joins them.
+# One device call carries at most 64 MiB with the working tree (32 MB of tracked files, the
+# committed sweeps and probes compressed), hence the parts (24 MB each: 4 of them, the last
+# 20 MB, which fits beside .whl, .qk2 and .fi in the bench call); h200.sh joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_BYTES=${PART_BYTES:-12000000}
+PART_BYTES=${PART_BYTES:-24004096}
 FI_VERSION=0.7.4
 mkdir -p .git/info .whl .qk2
 for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/ /.qk7/ /.qk8/ /.qk9/ /.fi/; do
