@@ -10,12 +10,14 @@
 // once into registers (VPT 16-byte vectors a thread), reduced, scaled and stored: x is read
 // from HBM exactly once. Variants of the same kernel change how x is loaded and how long
 // its converted values live (kPlainLoads, kLeanRegs); the ladders say which each width gets.
-// 16-bit rows of 4096, 8192 or 12288 elements whose every access is a whole aligned vector
-// take the row-chunk body instead (kRowChunks: one CTA a row, each thread its own vectors and no
-// head or tail), many rows or few; rows of whole aligned vectors from 32768 elements take
-// clusters of up to 16 CTAs that each stage a contiguous slice in shared memory
-// (kWholeVectors, kStagedRow; both ops), no head or tail either. Many 16-bit rows off the
-// 16-byte grid (odd N, odd offsets) take a ladder of their own (kOdd16).
+// Rows whose every access is a whole aligned vector take the row-chunk body instead
+// (kRowChunks: one CTA a row, each thread its own vectors and no head or tail): many rows of
+// 16-bit 5120-32768 and fp32 4096-24576 elements with nothing held through the sum, each
+// vector read again (from L1 or L2) for the scale (kReread); 16-bit rows of 4096, 8192 or
+// 12288 holding their first chunk, at any row count. Other rows of whole aligned vectors
+// from 32768 elements take clusters of up to 16 CTAs that each stage a contiguous slice in
+// shared memory (kWholeVectors, kStagedRow; both ops), no head or tail either. Many 16-bit
+// rows off the 16-byte grid (odd N, odd offsets) take a ladder of their own (kOdd16).
 //
 // Alignment: the row is split into a scalar head (elements before x's first 16-byte
 // boundary), a body of 16-byte vectors, and a scalar tail. So N = 4095 or 4097, storage
@@ -433,11 +435,12 @@ __device__ __forceinline__ void load_chunk(Pack<T> (&u)[VPT], const uint4* xp, i
 // (x's and y's rows and the weight 16-byte aligned, N a multiple of a vector; the launcher
 // picks it only for such rows). Each thread runs the work of its own vectors and nothing
 // else: no head or tail, no unused vector slots (a decode-sized call is a few CTAs whose
-// instruction count is their time). A row wider than the first chunk is walked as
-// torch.compile's looped reduction walks it: later chunks summed as they arrive, then read
-// again (from L1 or L2, where they have just been) for the scale, on few registers a
-// thread, so many CTAs share an SM. Any other row (a forced config only) takes a scalar
-// loop, correct at any alignment and width.
+// instruction count is their time). HOLD: the first chunk and its weight held in registers
+// through the sum; a row wider than the first chunk (every chunk, without HOLD) is walked as
+// torch.compile's looped reduction walks it: summed as it arrives, then read again (from L1
+// or L2, where it has just been) for the scale, on few registers a thread, so many CTAs
+// share an SM. Any other row (a forced config only) takes a scalar loop, correct at any
+// alignment and width.
 template <typename T, typename W, int ROW_THREADS, int VPT, bool HOLD>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,

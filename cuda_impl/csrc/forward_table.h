@@ -104,7 +104,8 @@ enum class Ladder {
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
   kReread16,   // many 16-bit rows of whole aligned 16-byte vectors: one CTA a row, read twice
   kReread32,   // ... (fp32)
-  kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider
+  kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider (but many
+               // 16-bit rows of 32768, which kReread16 takes first)
   kOdd16,      // 16-bit rows off the 16-byte grid (N, or a row's start, not on it), many rows
 };
 // kWhole takes rows of at least this many elements (both element sizes: the widths its
