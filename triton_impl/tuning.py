@@ -53,8 +53,8 @@ LOOPED_THREAD_BYTES = 32
 LOOPED_TWO_ROWS_MAX_BYTES = 16384
 #: The looped kernel's configs where the sweep measured one ahead of looped_config's:
 #: fp32 rows of 5120-8191 elements two to a program on 32 warps; 16-bit rows of 8193-16383
-#: in chunks of 4096 on 16 warps (10240: 98.6% of copy against 95.1% on 32 warps, 12288
-#: level within the spread; docs/notebook/16-why-inductor-wins.md, v58).
+#: in chunks of 4096 on 16 warps, where the rule's 32 warps left 10240 a few points short
+#: and 12288 within the spread (docs/notebook/16-why-inductor-wins.md, v58).
 LOOPED_TUNED = {
     Width(4, 8192, padded=True): Config("looped", 4096, 32, block_m=2),
     Width(2, 16384, padded=True): Config("looped", 4096, 16),
