@@ -481,8 +481,9 @@ def _flashinfer_fused_add(cuda_path: bool) -> Impl:
     if why:
         return Impl(name, None, unavailable=why)
 
-    def operands(x, residual, weight):
-        """(x rows, residual rows, weight) as fused_add_rmsnorm takes them: 2-D, residual
+    def copies(x, residual, weight):
+        """(copies of x's and the residual's rows, weight) as fused_add_rmsnorm takes them,
+        in place (it writes y over its input, residual_out over the residual): 2-D, residual
         and weight in x's dtype."""
         if residual.dtype != x.dtype:
             raise ValueError(
@@ -491,15 +492,14 @@ def _flashinfer_fused_add(cuda_path: bool) -> Impl:
                 "the residual only in that dtype"
             )
         n = x.shape[-1]
-        return x.reshape(-1, n), residual.reshape(-1, n), _flashinfer_weight(name, weight, x)
+        w = _flashinfer_weight(name, weight, x)
+        return x.reshape(-1, n).clone(), residual.reshape(-1, n).clone(), w
 
     def in_place(rows, res, w, eps):
         _flashinfer_call(norm, cuda_path, norm.fused_add_rmsnorm, rows, res, w, eps)
 
     def fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
-        # on copies: fused_add_rmsnorm writes y over its input, residual_out over the residual
-        rows, res, w = operands(x, residual, weight)
-        y, out = rows.clone(), res.clone()
+        y, out, w = copies(x, residual, weight)
         in_place(y, out, w, eps)
         return y.view(x.shape), out.view(x.shape)
 
@@ -509,8 +509,7 @@ def _flashinfer_fused_add(cuda_path: bool) -> Impl:
         in place on them, bound to these inputs."""
         fn, seconds = _first_call(lambda: _run_once(fused_add_rms_norm, inputs), inputs)
         x, residual, weight, eps = inputs
-        rows, res, w = operands(x, residual, weight)
-        y, out = rows.clone(), res.clone()
+        y, out, w = copies(x, residual, weight)
 
         def timed(*again):
             if again[0] is not x:
