@@ -198,7 +198,8 @@ def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, m
             ok = p.direct and _launchable(compiled)
             p.compiled[align] = _Direct(compiled) if ok else False
         return
-    _run_compiled(d, p.grid, tensors, ptrs, (*p.ints, eps, *p.consts), tensors[0].get_device())
+    # x's device, as its plan key holds it
+    _run_compiled(d, p.grid, tensors, ptrs, (*p.ints, eps, *p.consts), key[0][4])
 
 
 def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -237,7 +238,7 @@ def eager_forward(
         op, ins, outs = "rms_norm", (x,), (y,)
     else:
         op, ins, outs = "fused_add_rms_norm", (x, residual), (y, _empty(residual, x))
-    if x.numel() > 0:
+    if p is not None or x.numel() > 0:  # a cached plan is an x with elements
         w = x if weight is None else weight  # a dummy pointer when there is no weight
         tensors = (*ins, w, *outs)
         _cached_launch(p, key, tensors, eps, lambda: plan(op, ins, weight, eps, outs))
