@@ -181,9 +181,11 @@ def host_parts_main(args) -> int:
     for m, n in parse_shapes(args.shapes):
         x, w, _ = shape_inputs(m, n, dtype)
         y = triton_impl.rms_norm(x, w, 1e-6)  # plans and compiles: the cache's entry exists
-        p = eager.PLANS[eager._key(x, w)]
-        compiled = p.compiled[(True, True, True)]
-        values = [x, w, y, *p.ints, 1e-6, *p.consts]
+        key = (eager._tensor_key(x), eager._tensor_key(w), None)
+        p = eager.PLANS[key]
+        direct = p.compiled[(True, True, True)]
+        tensors, rest = (x, w, y), (*p.ints, 1e-6, *p.consts)
+        ptrs = [t.data_ptr() for t in tensors]
         fns = {
             "native": lambda x=x, w=w, n=n: F.rms_norm(x, (n,), w, 1e-6),
             "cuda": lambda x=x, w=w: cuda_impl.rms_norm(x, w, 1e-6),
@@ -193,8 +195,12 @@ def host_parts_main(args) -> int:
             "empty_like": lambda x=x: torch.empty_like(x),
             "redispatch": lambda x=x, w=w: _OP.redispatch(_CUDA_KEYS, x, w, 1e-6),
             "cuda_op": lambda x=x, w=w: _OP(x, w, 1e-6),
-            "plan_key": lambda x=x, w=w: eager.PLANS.get(eager._key(x, w)),
-            "tri_launch": lambda c=compiled, g=p.grid, v=values: eager._run_compiled(c, g, v, 0),
+            "plan_key": lambda x=x, w=w: eager.PLANS.get(
+                (eager._tensor_key(x), eager._tensor_key(w), None)
+            ),
+            "tri_launch": functools.partial(
+                eager._run_compiled, direct, p.grid, tensors, ptrs, rest, 0
+            ),
         }
         if _FAST is not None:  # setup.py's build: the CUDA kernel's direct entry point
             fns["cuda_entry"] = lambda x=x, w=w: _FAST.rms_norm(x, w, 1e-6)

@@ -210,6 +210,57 @@ def test_eager_fast_path_repeats(name, m, n, dtype, wdtype, pad):
         assert all(all(p.compiled.values()) for p in plans) == eager.DIRECT
 
 
+def _fake_compiled(record: list, **launcher_attrs):
+    """A compiled kernel whose launcher is the installed Triton's CUDA launcher class, its
+    C function replaced by one that records what it is given."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    launcher = object.__new__(CudaLauncher)
+    attrs = dict(global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                 profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=False,
+                 num_ctas=1, gsan_enabled=False, arg_annotations=("annotations",),
+                 kernel_signature=b"signature")  # fmt: skip
+    attrs.update(launcher_attrs)
+    for k, v in attrs.items():
+        setattr(launcher, k, v)
+    launcher.launch = lambda *args: record.append(args)
+    return SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1, 0),
+                           launch_metadata=lambda *a: None)  # fmt: skip
+
+
+@pytest.mark.parametrize("scratch", [0, 64], ids=["lean", "scratch"])
+def test_direct_launch_passes_what_the_launcher_would(monkeypatch, scratch):
+    """The eager path's direct launch gives the launcher's C function exactly what the
+    installed Triton's launcher would (the pointers as integers, which the launcher takes
+    as they are); a launcher with scratch memory to allocate is called whole."""
+    from triton_impl import eager
+
+    if not eager.DIRECT:
+        pytest.skip(f"no direct launch with this Triton ({eager.triton.__version__})")
+    monkeypatch.setattr(eager, "_cuda_stream", lambda device: 77)
+    # the launcher's __call__ reads the active driver (3.8), which a machine without a GPU
+    # has not: a stand-in, never used with no scratch to allocate
+    monkeypatch.setattr(eager.triton.runtime.driver, "_active", object())
+    x, w = torch.ones(2, 8), torch.ones(8)
+    y = torch.empty_like(x)
+    tensors, ptrs, rest = (x, w, y), [4096, 8192, 12288], (8, 8, 2, 1e-6, 16, 4)
+    theirs: list = []
+    launcher = _fake_compiled(theirs).run
+    launcher(5, 1, 1, 77, 1234, (4, 1, 0), None, None, None, *ptrs, *rest)
+    ours: list = []
+    d = eager._Direct(_fake_compiled(ours, global_scratch_size=scratch))
+    if scratch:  # the launcher whole: it allocates, from the tensors
+        monkeypatch.setattr(d.compiled, "run", lambda *args: ours.append(args))
+        eager._run_compiled(d, (5,), tensors, ptrs, rest, 0)
+        assert d.launch is None
+        assert ours == [(5, 1, 1, 77, 1234, (4, 1, 0), None, None, None, *tensors, *rest)]
+        return
+    eager._run_compiled(d, (5,), tensors, ptrs, rest, 0)
+    assert ours == theirs and len(ours) == 1
+
+
 class _Recording:
     """A mode that records the name of every call it sees, then runs it."""
 

@@ -18,11 +18,23 @@ What the direct launch assumes of Triton's internals (none of it public API):
   and ``run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
   enter_hook, exit_hook, *args)`` takes every kernel argument, constexprs included, in
   signature order (as JITFunction.run calls it);
-- ``triton.knobs.runtime`` holds the launch hooks and ``triton.runtime.driver.active`` the
-  current stream.
+- ``run`` is the CUDA launcher object, whose Python ``__call__`` only allocates scratch
+  memory (none where ``global_scratch_size`` and ``profile_scratch_size`` are 0) and, in
+  3.8, instruments (``gsan_enabled``) before calling its C function ``launch``: with
+  (grid, stream, function, launch_cooperative_grid, launch_pdl, global_scratch,
+  profile_scratch, packed_metadata, launch_metadata, enter_hook, exit_hook, *args) in 3.6,
+  (grid, stream, function, launch_cooperative_grid, launch_pdl, packed_metadata,
+  launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch,
+  arg_annotations, kernel_signature, args) in 3.8; kernels with neither are launched by
+  that function directly, their pointers as integers (an integer skips the launcher's
+  ``data_ptr`` call and its driver query of each pointer; the fast path takes plain CUDA
+  tensors only, rmsnorm_api.bypass_ok);
+- ``triton.knobs.runtime`` holds the launch hooks; the current stream is torch's
+  (``torch._C._cuda_getCurrentRawStream``, which Triton's driver takes with torch loaded).
 Checked against Triton 3.6 and 3.8 (VERIFIED_TRITON). On any other version, or with
 RMSNORM_TRITON_FAST_LAUNCH=0, a hit launches through the public ``kernel[grid](...)``
-instead: slower on the host, never a crash or a wrong launch.
+instead: slower on the host, never a crash or a wrong launch. With a launch hook set, a
+hit launches through ``run`` with the tensors, as JITFunction.run does.
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ def direct_launch_ok() -> bool:
 
 
 DIRECT = direct_launch_ok()
+#: Triton 3.8's launcher takes the kernel's arguments as one tuple after their annotations
+_ARGS_AS_TUPLE = _version(triton.__version__) >= (3, 8)
 PLANS: dict = {}
 _MAX_PLANS = 4096
 
@@ -72,7 +86,33 @@ class _Plan:
         names = list(getattr(kernel, "arg_names", ()))
         self.consts = tuple(meta[a] for a in names if a in meta)
         self.direct = DIRECT and len(names) == tensors + len(ints) + 1 + len(self.consts)
-        self.compiled: dict = {}  # (each tensor 16-byte aligned) -> compiled kernel, or False
+        self.compiled: dict = {}  # (each tensor 16-byte aligned) -> _Direct, or False
+
+
+class _Direct:
+    """A compiled kernel as the direct launch takes it: the kernel, and its launcher's C
+    function with what the launcher's ``__call__`` would pass it besides the grid, the
+    stream and the arguments (launch None: the launcher allocates or instruments, so it
+    is called whole)."""
+
+    __slots__ = ("compiled", "function", "launch", "head", "tail")
+
+    def __init__(self, compiled) -> None:
+        launcher = compiled.run  # loads the binary on first use
+        self.compiled, self.function = compiled, compiled.function
+        lean = (
+            getattr(launcher, "global_scratch_size", None) == 0
+            and getattr(launcher, "profile_scratch_size", None) == 0
+            and not getattr(launcher, "gsan_enabled", False)
+        )
+        self.launch = getattr(launcher, "launch", None) if lean else None
+        flags = (launcher.launch_cooperative_grid, launcher.launch_pdl) if lean else ()
+        if _ARGS_AS_TUPLE:
+            self.head = (*flags, compiled.packed_metadata, None, None, None, None, None)
+            self.tail = (launcher.arg_annotations, launcher.kernel_signature) if lean else ()
+        else:
+            self.head = (*flags, None, None, compiled.packed_metadata, None, None, None)
+            self.tail = ()
 
 
 def _tensor_key(t: Optional[torch.Tensor]) -> Optional[tuple]:
@@ -92,19 +132,34 @@ def _hook(hook):
     return None if calls is not None and not calls else hook
 
 
-def _run_compiled(compiled, grid: tuple, values: list, device: int) -> None:
-    """Launch a compiled kernel as JITFunction.run does (see the module docstring), with
-    empty hook chains passed as no hook."""
+def _run_compiled(
+    d: _Direct, grid: tuple, tensors: tuple, ptrs: list, rest: tuple, device: int
+) -> None:
+    """Launch a compiled kernel: its launcher's C function directly, the pointers as
+    integers (see the module docstring); through the launcher whole, with the tensors, as
+    JITFunction.run does, where a launch hook is set or the launcher has more to do.
+    Empty hook chains are passed as no hook."""
+    stream = _cuda_stream(device)
     knobs = triton.knobs.runtime
-    stream = triton.runtime.driver.active.get_current_stream(device)
     enter, leave = _hook(knobs.launch_enter_hook), _hook(knobs.launch_exit_hook)
-    md = compiled.launch_metadata(grid, stream, *values) if enter is not None else None
-    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, md,
-                 enter, leave, *values)  # fmt: skip
+    if d.launch is not None and enter is None and leave is None:
+        if _ARGS_AS_TUPLE:
+            d.launch(grid[0], 1, 1, stream, d.function, *d.head, *d.tail, (*ptrs, *rest))
+        else:
+            d.launch(grid[0], 1, 1, stream, d.function, *d.head, *ptrs, *rest)
+        return
+    values = (*tensors, *rest)
+    md = d.compiled.launch_metadata(grid, stream, *values) if enter is not None else None
+    d.compiled.run(grid[0], 1, 1, stream, d.function, d.compiled.packed_metadata, md,
+                   enter, leave, *values)  # fmt: skip
+
+
+def _cuda_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def _launchable(compiled) -> bool:
-    """Whether a compiled kernel has what _run_compiled uses."""
+    """Whether a compiled kernel has what _Direct and _run_compiled use."""
     names = ("run", "function", "packed_metadata", "launch_metadata")
     return all(hasattr(compiled, a) for a in names)
 
@@ -133,15 +188,18 @@ def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, m
         if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
             PLANS.clear()
         p = PLANS[key] = _Plan(launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta)
-    align = tuple(t.data_ptr() % 16 == 0 for t in tensors)
-    compiled = p.compiled.get(align)
-    if not compiled:  # compile (or find in Triton's caches) and launch, generically
+    ptrs = [t.data_ptr() for t in tensors]
+    align = tuple(a % 16 == 0 for a in ptrs)
+    d = p.compiled.get(align)
+    if not d:  # compile (or find in Triton's caches) and launch, generically
         compiled = p.kernel[p.grid](*tensors, *p.ints, eps, **p.meta)
         if align not in p.compiled:
             compiled = compiled.result() if hasattr(compiled, "result") else compiled
-            p.compiled[align] = compiled if p.direct and _launchable(compiled) else False
+            ok = p.direct and _launchable(compiled)
+            p.compiled[align] = _Direct(compiled) if ok else False
         return
-    _run_compiled(compiled, p.grid, [*tensors, *p.ints, eps, *p.consts], tensors[0].get_device())
+    # x's device, as its plan key holds it
+    _run_compiled(d, p.grid, tensors, ptrs, (*p.ints, eps, *p.consts), key[0][4])
 
 
 def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +238,7 @@ def eager_forward(
         op, ins, outs = "rms_norm", (x,), (y,)
     else:
         op, ins, outs = "fused_add_rms_norm", (x, residual), (y, _empty(residual, x))
-    if x.numel() > 0:
+    if p is not None or x.numel() > 0:  # a cached plan is an x with elements
         w = x if weight is None else weight  # a dummy pointer when there is no weight
         tensors = (*ins, w, *outs)
         _cached_launch(p, key, tensors, eps, lambda: plan(op, ins, weight, eps, outs))
