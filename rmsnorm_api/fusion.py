@@ -23,6 +23,13 @@ where x, residual or the weight needs a gradient, become one call of the fused o
 autograd (its backward kernels) AOTAutograd then traces for both passes. Under the same
 rules (one dtype, the op's own checks); an explicit eps only (eps=None, the dtype's
 epsilon, is left as it is).
+
+The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
+module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
+call no Inductor fusion reaches. The pre-grad pass rewrites ``h = x + residual`` and the
+backend's ``rms_norm(h, weight, eps)`` into its fused op too, in every graph (inference and
+training), with or without a weight, under the same rules (x and residual of one dtype, the
+fused op's own checks).
 """
 
 from __future__ import annotations
@@ -212,15 +219,56 @@ def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
     return add, x, r, weight, float(eps)
 
 
-def _rewrite_training(graph: torch.fx.Graph, backend: str) -> int:
-    """Each match of _training_match rewritten into the fused op, placed at the add (so
-    every use of the sum, before the norm too, reads its second output); the count."""
+def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
+    """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
+    public function and module call it: x, weight or None, eps) of a residual add, in any
+    graph, and the fused op takes them; else None (see the module docstring)."""
+    from rmsnorm_api import check_fused_inputs
+
+    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
+    if norm.op != "call_function" or norm.target not in (plain, plain.default):
+        return None
+    if len(norm.args) != 3 or norm.kwargs:
+        return None
+    add, weight, eps = norm.args
+    if not (isinstance(add, torch.fx.Node) and add.op == "call_function"):
+        return None
+    if add.target not in (operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
+        return None
+    x, r = add.args
+    if not all(isinstance(n, torch.fx.Node) for n in (x, r)):
+        return None  # x + 1.0: a number where the fused op takes a tensor
+    if weight is not None and (not isinstance(weight, torch.fx.Node) or order[weight] > order[add]):
+        return None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    xv, rv = (n.meta.get("example_value") for n in (x, r))
+    wv = None if weight is None else weight.meta.get("example_value")
+    if not all(isinstance(v, torch.Tensor) for v in (xv, rv)) or xv.device.type not in devices:
+        return None
+    if weight is not None and not isinstance(wv, torch.Tensor):
+        return None
+    if xv.dtype != rv.dtype:
+        return None  # the add would promote; the fused op writes y in x's dtype
+    try:
+        check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
+    except (TypeError, ValueError):
+        return None
+    return add, x, r, weight, float(eps)
+
+
+def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
+    """Each match of _training_match or _own_norm_match rewritten into the fused op, placed
+    at the add (so every use of the sum, before the norm too, reads its second output); the
+    count."""
     fused, devices = _backend_op(backend)
     order = {n: i for i, n in enumerate(graph.nodes)}
     count = 0
     for norm in list(graph.nodes):
         try:
-            found = _training_match(norm, order, devices)
+            found = _training_match(norm, order, devices) or _own_norm_match(
+                norm, order, devices, backend
+            )
         except Exception:  # a node the check cannot judge is left alone
             found = None
         if found is None:
@@ -267,19 +315,20 @@ def _uuid(backend: str) -> bytes:
         return hashlib.sha256(f.read() + backend.encode()).digest()
 
 
-class _TrainingFusionPass(CustomGraphPass):
+class _PreGradFusionPass(CustomGraphPass):
     """The pre-grad pass Inductor runs on each graph dynamo traced: training graphs'
-    residual adds and norms rewritten (_rewrite_training), counted in the post-grad pass's
-    rewrites (what enable_compile_fusion returns)."""
+    residual adds and norms, and any graph's add and the backend's own plain op, rewritten
+    (_rewrite_pre_grad), counted in the post-grad pass's rewrites (what
+    enable_compile_fusion returns)."""
 
     def __init__(self, counted: _FusionPass):
         self.counted = counted
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        self.counted.rewrites += _rewrite_training(graph, self.counted.backend)
+        self.counted.rewrites += _rewrite_pre_grad(graph, self.counted.backend)
 
     def uuid(self) -> Optional[bytes]:
-        return _uuid(self.counted.backend + ":training")
+        return _uuid(self.counted.backend + ":pre-grad")
 
 
 def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
@@ -294,7 +343,7 @@ def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
             f" {list(BACKENDS)}"
         )
     for name, ours in (("post_grad_custom_post_pass", _FusionPass),
-                       ("pre_grad_custom_pass", _TrainingFusionPass)):  # fmt: skip
+                       ("pre_grad_custom_pass", _PreGradFusionPass)):  # fmt: skip
         current = getattr(inductor_config, name)
         if current is not None and not isinstance(current, ours):
             raise ValueError(
@@ -302,7 +351,7 @@ def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
                 f" set ({current!r}); Inductor runs one"
             )
     installed = _FusionPass(backend)
-    inductor_config.pre_grad_custom_pass = _TrainingFusionPass(installed)
+    inductor_config.pre_grad_custom_pass = _PreGradFusionPass(installed)
     inductor_config.post_grad_custom_post_pass = installed
     return installed
 
@@ -312,5 +361,5 @@ def disable_compile_fusion() -> None:
     installed goes; another pass is left as it is)."""
     if isinstance(inductor_config.post_grad_custom_post_pass, _FusionPass):
         inductor_config.post_grad_custom_post_pass = None
-    if isinstance(inductor_config.pre_grad_custom_pass, _TrainingFusionPass):
+    if isinstance(inductor_config.pre_grad_custom_pass, _PreGradFusionPass):
         inductor_config.pre_grad_custom_pass = None
