@@ -27,11 +27,19 @@ VARIANTS = (
     "cuda_fused",
     "triton_pass",
     "cuda_pass",
+    "triton_plain_pass",
+    "cuda_plain_pass",
 )
-#: The variants that are native's block as written, compiled with
-#: rmsnorm_api.enable_compile_fusion(backend): the pass puts the backend's fused add + norm
-#: in it, so their pieces alone are the fused variants'. Compiled modes only.
-PASS = {"triton_pass": "triton_fused", "cuda_pass": "cuda_fused"}
+#: The variants compiled with rmsnorm_api.enable_compile_fusion(backend): native's block as
+#: written (*_pass), or the block with the backend's plain op after the add (*_plain_pass,
+#: as a model after swap_rms_norm); the pass puts the backend's fused add + norm in it, so
+#: their pieces alone are the fused variants'. Compiled modes only.
+PASS = {
+    "triton_pass": "triton_fused",
+    "cuda_pass": "cuda_fused",
+    "triton_plain_pass": "triton_fused",
+    "cuda_plain_pass": "cuda_fused",
+}
 
 
 def pass_not_applicable(mode: str) -> Optional[str]:
