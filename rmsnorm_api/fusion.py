@@ -212,6 +212,8 @@ def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
         return None  # inference graphs: the post-grad pass's
     if not xv.dtype == rv.dtype == wv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
         return None
+    if not (xv.is_contiguous() and rv.is_contiguous()):
+        return None  # the fused op's sum is contiguous, the add's keeps a permuted layout
     try:
         check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
@@ -250,6 +252,8 @@ def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], 
         return None
     if xv.dtype != rv.dtype:
         return None  # the add would promote; the fused op writes y in x's dtype
+    if not (xv.is_contiguous() and rv.is_contiguous()):
+        return None  # the fused op's sum is contiguous, the add's keeps a permuted layout
     try:
         check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
@@ -257,18 +261,53 @@ def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], 
     return add, x, r, weight, float(eps)
 
 
+# operators a tensor takes in place (dynamo's graph keeps `h += r`, `h[i] = v` as these)
+_IN_PLACE_OPERATORS = {
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+    operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
+}  # fmt: skip
+_IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
+
+
+def _may_write(node: torch.fx.Node) -> bool:
+    """Whether a node of dynamo's graph (not functionalized: an in-place op writes the
+    tensor its argument node names) may write a tensor in place, judged conservatively:
+    a module call, an out= argument, an in-place operator, an op whose schema writes, or
+    a method or function named as torch names its in-place ops (a trailing underscore)."""
+    if node.op == "call_module":
+        return True
+    if node.op not in ("call_method", "call_function"):
+        return False
+    target = node.target
+    if "out" in node.kwargs or target in _IN_PLACE_OPERATORS:
+        return True
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    schema = getattr(target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
 def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
     """Each match of _training_match or _own_norm_match rewritten into the fused op, placed
     at the add (so every use of the sum, before the norm too, reads its second output); the
-    count."""
+    count. A match with a node that may write in place between the add and the norm is left:
+    the fused op at the add would normalise the sum (and read the weight) as they were
+    before that write, and would save for its backward a sum the write then changes."""
     fused, devices = _backend_op(backend)
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     count = 0
-    for norm in list(graph.nodes):
+    for norm in nodes:
         try:
             found = _training_match(norm, order, devices) or _own_norm_match(
                 norm, order, devices, backend
             )
+            if found is not None and any(map(_may_write, nodes[order[found[0]] + 1 : order[norm]])):
+                found = None
         except Exception:  # a node the check cannot judge is left alone
             found = None
         if found is None:
