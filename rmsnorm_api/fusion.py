@@ -184,55 +184,14 @@ def _backend_op(backend: str) -> tuple[object, tuple[str, ...]]:
     return getattr(torch.ops, ns).fused_add_rms_norm.default, devices
 
 
-def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
-    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
-    graph that trains and the fused op takes them, else None (see the module docstring)."""
+def _sum_before_norm(add, weight, eps, order: dict, devices: tuple[str, ...]):
+    """(x, residual, and the example values of x, residual and weight) where ``add`` is a
+    residual add of two tensors of one dtype, each contiguous (the fused op's sum is; the
+    add's keeps a permuted layout), and it, the weight (a node made before the add, or
+    None) and eps (a number) are what the fused op takes on a device it runs on here; else
+    None. What both pre-grad matches ask of the sum."""
     from rmsnorm_api import check_fused_inputs
 
-    if norm.op != "call_function" or norm.target is not torch.rms_norm:
-        return None
-    args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
-    args.update(norm.kwargs)
-    add, weight, eps = args.get("input"), args.get("weight"), args.get("eps")
-    if not (isinstance(add, torch.fx.Node) and add.op == "call_function"):
-        return None
-    if add.target not in (operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
-        return None
-    x, r = add.args
-    nodes = (x, r, weight)
-    if not all(isinstance(n, torch.fx.Node) for n in nodes) or isinstance(eps, bool):
-        return None
-    if not isinstance(eps, (int, float)) or order[weight] > order[add]:
-        return None  # eps=None (the dtype's epsilon), or a weight made after the sum
-    vals = [n.meta.get("example_value") for n in nodes]
-    if not all(isinstance(v, torch.Tensor) for v in vals):
-        return None
-    xv, rv, wv = vals
-    if not any(v.requires_grad for v in vals) or xv.device.type not in devices:
-        return None  # inference graphs: the post-grad pass's
-    if not xv.dtype == rv.dtype == wv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
-        return None
-    if not (xv.is_contiguous() and rv.is_contiguous()):
-        return None  # the fused op's sum is contiguous, the add's keeps a permuted layout
-    try:
-        check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
-    except (TypeError, ValueError):
-        return None
-    return add, x, r, weight, float(eps)
-
-
-def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
-    """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
-    public function and module call it: x, weight or None, eps) of a residual add, in any
-    graph, and the fused op takes them; else None (see the module docstring)."""
-    from rmsnorm_api import check_fused_inputs
-
-    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
-    if norm.op != "call_function" or norm.target not in (plain, plain.default):
-        return None
-    if len(norm.args) != 3 or norm.kwargs:
-        return None
-    add, weight, eps = norm.args
     if not (isinstance(add, torch.fx.Node) and add.op == "call_function"):
         return None
     if add.target not in (operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
@@ -241,24 +200,57 @@ def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], 
     if not all(isinstance(n, torch.fx.Node) for n in (x, r)):
         return None  # x + 1.0: a number where the fused op takes a tensor
     if weight is not None and (not isinstance(weight, torch.fx.Node) or order[weight] > order[add]):
-        return None
+        return None  # a weight made after the sum
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        return None
+        return None  # eps=None (the dtype's epsilon)
     xv, rv = (n.meta.get("example_value") for n in (x, r))
     wv = None if weight is None else weight.meta.get("example_value")
-    if not all(isinstance(v, torch.Tensor) for v in (xv, rv)) or xv.device.type not in devices:
+    if not (isinstance(xv, torch.Tensor) and isinstance(rv, torch.Tensor)):
         return None
     if weight is not None and not isinstance(wv, torch.Tensor):
         return None
-    if xv.dtype != rv.dtype:
-        return None  # the add would promote; the fused op writes y in x's dtype
+    if xv.device.type not in devices or xv.dtype != rv.dtype:
+        return None  # a promoting add: the fused op writes y in x's dtype
     if not (xv.is_contiguous() and rv.is_contiguous()):
-        return None  # the fused op's sum is contiguous, the add's keeps a permuted layout
+        return None
     try:
         check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
         return None
+    return x, r, xv, rv, wv
+
+
+def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
+    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
+    graph that trains and the fused op takes them, else None (see the module docstring)."""
+    if norm.op != "call_function" or norm.target is not torch.rms_norm:
+        return None
+    args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
+    args.update(norm.kwargs)
+    add, weight, eps = args.get("input"), args.get("weight"), args.get("eps")
+    found = None if weight is None else _sum_before_norm(add, weight, eps, order, devices)
+    if found is None:
+        return None
+    x, r, xv, rv, wv = found
+    if not any(v.requires_grad for v in (xv, rv, wv)):
+        return None  # inference graphs: the post-grad pass's
+    if wv.dtype != xv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
+        return None
     return add, x, r, weight, float(eps)
+
+
+def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
+    """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
+    public function and module call it: x, weight or None, eps) of a residual add, in any
+    graph, and the fused op takes them; else None (see the module docstring)."""
+    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
+    if norm.op != "call_function" or norm.target not in (plain, plain.default):
+        return None
+    if len(norm.args) != 3 or norm.kwargs:
+        return None
+    add, weight, eps = norm.args
+    found = _sum_before_norm(add, weight, eps, order, devices)
+    return None if found is None else (add, *found[:2], weight, float(eps))
 
 
 # operators a tensor takes in place (dynamo's graph keeps `h += r`, `h[i] = v` as these)
@@ -319,9 +311,8 @@ def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
             y = graph.call_function(operator.getitem, (call, 0))
         with graph.inserting_after(y):
             s = graph.call_function(operator.getitem, (call, 1))
-        for node, value in ((call, None), (y, norm), (s, add)):
-            if value is not None:
-                node.meta.update(value.meta)
+        for node, value in ((y, norm), (s, add)):
+            node.meta.update(value.meta)
         norm.replace_all_uses_with(y)
         graph.erase_node(norm)
         add.replace_all_uses_with(s)
