@@ -23,6 +23,13 @@ where x, residual or the weight needs a gradient, become one call of the fused o
 autograd (its backward kernels) AOTAutograd then traces for both passes. Under the same
 rules (one dtype, the op's own checks); an explicit eps only (eps=None, the dtype's
 epsilon, is left as it is).
+
+The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
+module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
+call no Inductor fusion reaches. The pre-grad pass rewrites ``h = x + residual`` and the
+backend's ``rms_norm(h, weight, eps)`` into its fused op too, in every graph (inference and
+training), with or without a weight, under the same rules (x and residual of one dtype, the
+fused op's own checks).
 """
 
 from __future__ import annotations
@@ -177,50 +184,122 @@ def _backend_op(backend: str) -> tuple[object, tuple[str, ...]]:
     return getattr(torch.ops, ns).fused_add_rms_norm.default, devices
 
 
-def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
-    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
-    graph that trains and the fused op takes them, else None (see the module docstring)."""
+def _sum_before_norm(add, weight, eps, order: dict, devices: tuple[str, ...]):
+    """(x, residual, and the example values of x, residual and weight) where ``add`` is a
+    residual add of two tensors of one dtype, each contiguous (the fused op's sum is; the
+    add's keeps a permuted layout), and it, the weight (a node made before the add, or
+    None) and eps (a number) are what the fused op takes on a device it runs on here; else
+    None. What both pre-grad matches ask of the sum."""
     from rmsnorm_api import check_fused_inputs
 
-    if norm.op != "call_function" or norm.target is not torch.rms_norm:
-        return None
-    args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
-    args.update(norm.kwargs)
-    add, weight, eps = args.get("input"), args.get("weight"), args.get("eps")
     if not (isinstance(add, torch.fx.Node) and add.op == "call_function"):
         return None
     if add.target not in (operator.add, torch.add) or len(add.args) != 2 or add.kwargs:
         return None
     x, r = add.args
-    nodes = (x, r, weight)
-    if not all(isinstance(n, torch.fx.Node) for n in nodes) or isinstance(eps, bool):
+    if not all(isinstance(n, torch.fx.Node) for n in (x, r)):
+        return None  # x + 1.0: a number where the fused op takes a tensor
+    if weight is not None and (not isinstance(weight, torch.fx.Node) or order[weight] > order[add]):
+        return None  # a weight made after the sum
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None  # eps=None (the dtype's epsilon)
+    xv, rv = (n.meta.get("example_value") for n in (x, r))
+    wv = None if weight is None else weight.meta.get("example_value")
+    if not (isinstance(xv, torch.Tensor) and isinstance(rv, torch.Tensor)):
         return None
-    if not isinstance(eps, (int, float)) or order[weight] > order[add]:
-        return None  # eps=None (the dtype's epsilon), or a weight made after the sum
-    vals = [n.meta.get("example_value") for n in nodes]
-    if not all(isinstance(v, torch.Tensor) for v in vals):
+    if weight is not None and not isinstance(wv, torch.Tensor):
         return None
-    xv, rv, wv = vals
-    if not any(v.requires_grad for v in vals) or xv.device.type not in devices:
-        return None  # inference graphs: the post-grad pass's
-    if not xv.dtype == rv.dtype == wv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
+    if xv.device.type not in devices or xv.dtype != rv.dtype:
+        return None  # a promoting add: the fused op writes y in x's dtype
+    if not (xv.is_contiguous() and rv.is_contiguous()):
         return None
     try:
         check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
         return None
+    return x, r, xv, rv, wv
+
+
+def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
+    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
+    graph that trains and the fused op takes them, else None (see the module docstring)."""
+    if norm.op != "call_function" or norm.target is not torch.rms_norm:
+        return None
+    args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
+    args.update(norm.kwargs)
+    add, weight, eps = args.get("input"), args.get("weight"), args.get("eps")
+    found = None if weight is None else _sum_before_norm(add, weight, eps, order, devices)
+    if found is None:
+        return None
+    x, r, xv, rv, wv = found
+    if not any(v.requires_grad for v in (xv, rv, wv)):
+        return None  # inference graphs: the post-grad pass's
+    if wv.dtype != xv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
+        return None
     return add, x, r, weight, float(eps)
 
 
-def _rewrite_training(graph: torch.fx.Graph, backend: str) -> int:
-    """Each match of _training_match rewritten into the fused op, placed at the add (so
-    every use of the sum, before the norm too, reads its second output); the count."""
+def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
+    """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
+    public function and module call it: x, weight or None, eps) of a residual add, in any
+    graph, and the fused op takes them; else None (see the module docstring)."""
+    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
+    if norm.op != "call_function" or norm.target not in (plain, plain.default):
+        return None
+    if len(norm.args) != 3 or norm.kwargs:
+        return None
+    add, weight, eps = norm.args
+    found = _sum_before_norm(add, weight, eps, order, devices)
+    return None if found is None else (add, *found[:2], weight, float(eps))
+
+
+# operators a tensor takes in place (dynamo's graph keeps `h += r`, `h[i] = v` as these)
+_IN_PLACE_OPERATORS = {
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+    operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
+}  # fmt: skip
+_IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
+
+
+def _may_write(node: torch.fx.Node) -> bool:
+    """Whether a node of dynamo's graph (not functionalized: an in-place op writes the
+    tensor its argument node names) may write a tensor in place, judged conservatively:
+    a module call, an out= argument, an in-place operator, an op whose schema writes, or
+    a method or function named as torch names its in-place ops (a trailing underscore)."""
+    if node.op == "call_module":
+        return True
+    if node.op not in ("call_method", "call_function"):
+        return False
+    target = node.target
+    if "out" in node.kwargs or target in _IN_PLACE_OPERATORS:
+        return True
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    schema = getattr(target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
+def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
+    """Each match of _training_match or _own_norm_match rewritten into the fused op, placed
+    at the add (so every use of the sum, before the norm too, reads its second output); the
+    count. A match with a node that may write in place between the add and the norm is left:
+    the fused op at the add would normalise the sum (and read the weight) as they were
+    before that write, and would save for its backward a sum the write then changes."""
     fused, devices = _backend_op(backend)
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     count = 0
-    for norm in list(graph.nodes):
+    for norm in nodes:
         try:
-            found = _training_match(norm, order, devices)
+            found = _training_match(norm, order, devices) or _own_norm_match(
+                norm, order, devices, backend
+            )
+            if found is not None and any(map(_may_write, nodes[order[found[0]] + 1 : order[norm]])):
+                found = None
         except Exception:  # a node the check cannot judge is left alone
             found = None
         if found is None:
@@ -232,9 +311,8 @@ def _rewrite_training(graph: torch.fx.Graph, backend: str) -> int:
             y = graph.call_function(operator.getitem, (call, 0))
         with graph.inserting_after(y):
             s = graph.call_function(operator.getitem, (call, 1))
-        for node, value in ((call, None), (y, norm), (s, add)):
-            if value is not None:
-                node.meta.update(value.meta)
+        for node, value in ((y, norm), (s, add)):
+            node.meta.update(value.meta)
         norm.replace_all_uses_with(y)
         graph.erase_node(norm)
         add.replace_all_uses_with(s)
@@ -267,19 +345,20 @@ def _uuid(backend: str) -> bytes:
         return hashlib.sha256(f.read() + backend.encode()).digest()
 
 
-class _TrainingFusionPass(CustomGraphPass):
+class _PreGradFusionPass(CustomGraphPass):
     """The pre-grad pass Inductor runs on each graph dynamo traced: training graphs'
-    residual adds and norms rewritten (_rewrite_training), counted in the post-grad pass's
-    rewrites (what enable_compile_fusion returns)."""
+    residual adds and norms, and any graph's add and the backend's own plain op, rewritten
+    (_rewrite_pre_grad), counted in the post-grad pass's rewrites (what
+    enable_compile_fusion returns)."""
 
     def __init__(self, counted: _FusionPass):
         self.counted = counted
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        self.counted.rewrites += _rewrite_training(graph, self.counted.backend)
+        self.counted.rewrites += _rewrite_pre_grad(graph, self.counted.backend)
 
     def uuid(self) -> Optional[bytes]:
-        return _uuid(self.counted.backend + ":training")
+        return _uuid(self.counted.backend + ":pre-grad")
 
 
 def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
@@ -294,7 +373,7 @@ def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
             f" {list(BACKENDS)}"
         )
     for name, ours in (("post_grad_custom_post_pass", _FusionPass),
-                       ("pre_grad_custom_pass", _TrainingFusionPass)):  # fmt: skip
+                       ("pre_grad_custom_pass", _PreGradFusionPass)):  # fmt: skip
         current = getattr(inductor_config, name)
         if current is not None and not isinstance(current, ours):
             raise ValueError(
@@ -302,7 +381,7 @@ def enable_compile_fusion(backend: str = "triton") -> _FusionPass:
                 f" set ({current!r}); Inductor runs one"
             )
     installed = _FusionPass(backend)
-    inductor_config.pre_grad_custom_pass = _TrainingFusionPass(installed)
+    inductor_config.pre_grad_custom_pass = _PreGradFusionPass(installed)
     inductor_config.post_grad_custom_post_pass = installed
     return installed
 
@@ -312,5 +391,5 @@ def disable_compile_fusion() -> None:
     installed goes; another pass is left as it is)."""
     if isinstance(inductor_config.post_grad_custom_post_pass, _FusionPass):
         inductor_config.post_grad_custom_post_pass = None
-    if isinstance(inductor_config.pre_grad_custom_pass, _TrainingFusionPass):
+    if isinstance(inductor_config.pre_grad_custom_pass, _PreGradFusionPass):
         inductor_config.pre_grad_custom_pass = None

@@ -287,3 +287,135 @@ def test_transformers_llama_compiled_runs_the_fused_op(fusion, name):
         got = torch.compile(model, dynamic=False)(ids).last_hidden_state
     torch.testing.assert_close(got, want, rtol=4 * TOL[dtype]["rtol"], atol=4 * TOL[dtype]["rtol"])
     assert fusion.rewrites == 4
+
+
+def _backend(name):
+    import cuda_impl
+    import triton_impl
+
+    return {"triton": triton_impl, "cuda": cuda_impl}[name]
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no_weight"])
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_an_add_before_the_backends_own_norm(fusion, name, grad, weighted):
+    """A block whose norm is already the backend's (its rms_norm called after the residual
+    add) holds that op as an opaque call: the pre-grad pass makes the add and it one call of
+    the fused op, in inference and training graphs, with the uncompiled block's outputs
+    (and gradients)."""
+    backend = _backend(name)
+    dtype = torch.float32 if not HAS_GPU else torch.bfloat16
+    x, r = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype)
+    w = rows(64, dtype=dtype) if weighted else None
+    ins = [t for t in (x, r, w) if t is not None]
+    if grad:
+        for t in ins:
+            t.requires_grad_()
+
+    def block(x, r, w):
+        h = x + r
+        return backend.rms_norm(h, w, 1e-6) * 0.5 + h, h
+
+    with torch.set_grad_enabled(grad):
+        got = torch.compile(block, fullgraph=True, dynamic=False)(x, r, w)
+        want = block(x, r, w)
+    tol = dict(rtol=2 * TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, **tol)
+    if grad:
+        grads = torch.autograd.grad(sum((t * t).sum() for t in got), ins)
+        wants = torch.autograd.grad(sum((t * t).sum() for t in want), ins)
+        for g, v in zip(grads, wants, strict=True):
+            torch.testing.assert_close(g, v, **tol)
+    assert fusion.rewrites == 1
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_an_add_before_the_backends_module(fusion, name):
+    """The backend's RMSNorm module (eps None: the dtype's epsilon, resolved by the module)
+    after a residual add, as swap_rms_norm leaves a model: rewritten."""
+    backend = _backend(name)
+    dtype = torch.float32 if not HAS_GPU else torch.bfloat16
+    norm = backend.RMSNorm(64, device=DEVICE, dtype=dtype)
+    torch.nn.init.normal_(norm.weight)
+    x, r = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype)
+    with torch.no_grad():
+        got = torch.compile(module_norm, fullgraph=True, dynamic=False)(x, r, norm)
+        want = module_norm(x, r, norm)
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["rtol"])
+    assert fusion.rewrites == 1
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_the_backends_own_norm_it_must(fusion, name):
+    """Left to the graph: a promoting add (x and residual of two dtypes: the fused op
+    writes y in x's dtype, the norm of the promoted sum in fp32) and a number added."""
+    backend = _backend(name)
+    n = 64
+    x, w = rows(6, n, dtype=torch.float32), rows(n, dtype=torch.float32)
+    r16 = rows(6, n, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for fn, args in (
+            (lambda x, r, w: backend.rms_norm(r + x, w, 1e-6), (x, r16, w)),
+            (lambda x, r, w: backend.rms_norm(x + 1.0, w, 1e-6), (x, None, w)),
+        ):
+            torch._dynamo.reset()
+            got = torch.compile(fn, fullgraph=True, dynamic=False)(*args)
+            torch.testing.assert_close(got, fn(*args), rtol=1e-6, atol=1e-6)
+    assert fusion.rewrites == 0
+
+
+def _written_between(norm):
+    def block(x, r, w):
+        h = x + r
+        h.add_(1.0)  # the sum written between the add and the norm
+        return norm(h, w), h
+
+    return block
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("form", ["own", "F.rms_norm"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_a_sum_written_before_its_norm(fusion, name, form, grad):
+    """A sum written in place between the add and the norm (dynamo's graph is not
+    functionalized: the norm's argument is still the add) is left: the fused op at the add
+    would normalise the sum before the write, and in training save a sum the write changes
+    (a failing compile). Outputs the uncompiled block's; the pass rewrites nothing."""
+    if form == "F.rms_norm" and not grad:
+        pytest.skip("inference graphs' F.rms_norm: the post-grad pass's, after functionalization")
+    backend = _backend(name)
+    if form == "own":
+        block = _written_between(lambda h, w: backend.rms_norm(h, w, 1e-6))
+    else:
+        block = _written_between(lambda h, w: F.rms_norm(h, (h.shape[-1],), w, 1e-6))
+    dtype = torch.float32 if not HAS_GPU else torch.bfloat16
+    x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
+    if grad:
+        w.requires_grad_()
+    with torch.set_grad_enabled(grad):
+        got = torch.compile(block, fullgraph=True, dynamic=False)(x, r, w)
+        want = block(x, r, w)
+    tol = dict(rtol=2 * TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, **tol)
+    assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_a_sum_of_permuted_rows(fusion, name):
+    """x and residual dense but permuted (last stride 1): the add's sum keeps their layout,
+    the fused op's is contiguous, so a later view of the sum could differ: left."""
+    backend = _backend(name)
+    dtype = torch.float32 if not HAS_GPU else torch.bfloat16
+    x, r = (rows(4, 6, 64, dtype=dtype).transpose(0, 1) for _ in range(2))  # (6, 4, 64)
+    w = rows(64, dtype=dtype)
+    with torch.no_grad():
+        fn = lambda x, r, w: (backend.rms_norm(x + r, w, 1e-6), x + r)  # noqa: E731
+        got = torch.compile(fn, fullgraph=True, dynamic=False)(x, r, w)
+        want = fn(x, r, w)
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["rtol"])
+    assert fusion.rewrites == 0

@@ -950,6 +950,12 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     assert "compiled graphs" in pass_not_applicable("eager")
     assert "left the training graph" in pass_left_training({"names": ["triton_red_fused_add"]})
     assert pass_left_training({"names": ["_fused_add_rms_norm_fwd_looped"]}) is None
+    # CUDA: the fused add's forward kernel (a residual type), not the plain op's (void),
+    # which a plain_pass block runs when the pass left it
+    cuda = "void cuda_impl::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16, __nv_bfloat16, "
+    assert pass_left_training({"names": [cuda + "__nv_bfloat16, 128, 4, false, 3>(...)"]}) is None
+    plain = {"names": [cuda + "void, 256, 2, false, 32>(...)", "_rms_norm_fwd_looped"]}
+    assert "left the training graph" in pass_left_training(plain)
     committed = REPO / "results" / "h200" / "model" / "records.jsonl"
     recs = records.read_records(committed)
     timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"

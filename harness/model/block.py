@@ -12,7 +12,9 @@ an add (the next block's first norm would fuse this block's last add):
 fused ones. Variants: native (F.rms_norm), eager (the composite transformers' LlamaRMSNorm
 runs: float, pow, mean, rsqrt, mul, cast, weight mul), triton and cuda (ours), triton_fused
 and cuda_fused (our fused add), triton_pass and cuda_pass (native's block, compiled with
-rmsnorm_api.enable_compile_fusion: our fused add put in by Inductor's pattern matcher).
+rmsnorm_api.enable_compile_fusion: our fused add put in by Inductor's pattern matcher),
+triton_plain_pass and cuda_plain_pass (our plain op's block, compiled with the same pass:
+the add and our norm made one fused call before autograd).
 
 Every block is checked on its outputs against the block computed in fp32 from the same
 bf16 weights and inputs (fp32_block), as close to it as native's eager block within
@@ -116,6 +118,10 @@ def variants() -> dict[str, Variant]:
         add_norm = unfused(impls.native_rms_norm)
         out[f"{name}_pass"] = Variant(f"{name}_pass", add_norm, None, unavailable=why,
                                       compile_pass=name)  # fmt: skip
+    for name in ("triton", "cuda"):  # our plain op's block, the add fused into it by the pass
+        why = out[f"{name}_fused"].unavailable
+        out[f"{name}_plain_pass"] = Variant(f"{name}_plain_pass", out[name].add_norm, None,
+                                            unavailable=why, compile_pass=name)  # fmt: skip
     return out
 
 

@@ -9,6 +9,7 @@ tokens, causal, a training step: harness.model.train).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -27,11 +28,19 @@ VARIANTS = (
     "cuda_fused",
     "triton_pass",
     "cuda_pass",
+    "triton_plain_pass",
+    "cuda_plain_pass",
 )
-#: The variants that are native's block as written, compiled with
-#: rmsnorm_api.enable_compile_fusion(backend): the pass puts the backend's fused add + norm
-#: in it, so their pieces alone are the fused variants'. Compiled modes only.
-PASS = {"triton_pass": "triton_fused", "cuda_pass": "cuda_fused"}
+#: The variants compiled with rmsnorm_api.enable_compile_fusion(backend): native's block as
+#: written (*_pass), or the block with the backend's plain op after the add (*_plain_pass,
+#: as a model after swap_rms_norm); the pass puts the backend's fused add + norm in it, so
+#: their pieces alone are the fused variants'. Compiled modes only.
+PASS = {
+    "triton_pass": "triton_fused",
+    "cuda_pass": "cuda_fused",
+    "triton_plain_pass": "triton_fused",
+    "cuda_plain_pass": "cuda_fused",
+}
 
 
 def pass_not_applicable(mode: str) -> Optional[str]:
@@ -42,9 +51,10 @@ def pass_not_applicable(mode: str) -> Optional[str]:
     return None
 
 
-#: Kernel names that show the pass's fused op ran in a block: Triton's forward kernels of
-#: the fused add, and the CUDA library's.
-PASS_KERNELS = ("_fused_add_rms_norm_fwd", "cuda_impl::")
+#: Kernel names that show the pass's fused op ran in a block: the fused add's forward
+#: kernels, Triton's by name, CUDA's by the residual's type in the forward kernel's third
+#: template argument (void in the plain op's, whose kernels a plain_pass block runs anyway).
+PASS_KERNELS = re.compile(r"_fused_add_rms_norm_fwd|rms_norm_kernel<[^,<>]+, [^,<>]+, (?!void\b)")
 
 
 def pass_left_training(kernels: Optional[dict]) -> Optional[str]:
@@ -52,7 +62,7 @@ def pass_left_training(kernels: Optional[dict]) -> Optional[str]:
     before the pass rewrote training graphs ran none of the fused op's kernels, and timed
     native's block again."""
     names = (kernels or {}).get("names") or []
-    if any(k in n for n in names for k in PASS_KERNELS):
+    if any(PASS_KERNELS.search(n) for n in names):
         return None
     return (
         "not applicable: this record's pass left the training graph (none of the fused op's"
