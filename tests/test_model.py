@@ -131,6 +131,30 @@ def test_a_wrong_norm_fails_the_block_check():
     assert not got["passed"] and "from the fp32 block" in got["error"]
 
 
+def test_a_pass_variant_compiles_its_own_block():
+    """A pass variant's block holds the same functions as native's (or ours), which the run
+    compiles first: compiled under its own name it is traced anew, with the pass, not given
+    native's compiled graph by dynamo (whose guards on the block's closures hold)."""
+    import rmsnorm_api
+
+    _runnable("triton_fused")  # the op the pass puts in (on CPU: the interpreter's)
+    cfg, shape = model.TINY, model.CPU_SHAPES["prefill"]
+    w = model.make_weights(cfg, DEVICE, 0)
+    args = model.make_inputs(cfg, shape, DEVICE, 0).args()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+            for name in ("native", "triton_pass"):
+                if name == "triton_pass":
+                    fusion = rmsnorm_api.enable_compile_fusion("triton")
+                block = model.block_fn(cfg, w, VARIANTS[name].add_norm, name)
+                torch.compile(block, fullgraph=True, dynamic=False)(*args)
+    finally:
+        rmsnorm_api.disable_compile_fusion()
+        torch._dynamo.reset()
+    assert fusion.rewrites == 2  # both of the block's add + norm pairs
+
+
 def test_decode_writes_only_the_cache_slot_of_the_new_token():
     cfg, shape = model.TINY, model.CPU_SHAPES["decode"]
     w = model.make_weights(cfg, "cpu", 0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -210,14 +211,24 @@ def block(cfg, w, add_norm, x, residual, cos, sin, k_cache=None, v_cache=None) -
     return mlp(w, h), residual
 
 
-def block_fn(cfg: BlockConfig, w: Weights, add_norm: Callable) -> Callable:
-    """The block as a function of its inputs alone: what torch.compile traces (one code
-    object for every variant, so dynamo keeps one cache entry a variant)."""
+def block_fn(
+    cfg: BlockConfig, w: Weights, add_norm: Callable, name: Optional[str] = None
+) -> Callable:
+    """The block as a function of its inputs alone: what torch.compile traces. Named (a
+    variant's name), it runs a code object of its own: dynamo keeps its compiled entries
+    on the code object and takes any whose guards hold, and a pass variant's block holds
+    the same functions as native's or ours (guarded by code and closure, not identity), so
+    on a shared code object it would run the graph compiled before the pass was installed.
+    One code object a variant also keeps each under dynamo's recompile limit."""
 
     def run(x, residual, cos, sin, k_cache=None, v_cache=None):
         return block(cfg, w, add_norm, x, residual, cos, sin, k_cache, v_cache)
 
-    return run
+    if name is None:
+        return run
+    code = run.__code__.replace(co_name=f"block_{name}")
+    return types.FunctionType(code, run.__globals__, code.co_name, run.__defaults__,
+                              run.__closure__)  # fmt: skip
 
 
 @dataclass

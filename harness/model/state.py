@@ -131,7 +131,7 @@ def _compiled(run: Run, st: ShapeState, v: Variant) -> tuple[Callable, float]:
     _enter_compile_shape(run, st)
     if v.name not in st.compiled:
         w = st.weights or run.weights
-        fn = torch.compile(block_fn(run.cfg, w, v.add_norm), fullgraph=True, dynamic=False)
+        fn = torch.compile(block_fn(run.cfg, w, v.add_norm, v.name), fullgraph=True, dynamic=False)
         # a training step's first call compiles the forward and AOTAutograd's backward
         first = (
             train_step(fn, st.inputs, w, st.dys)
