@@ -41,6 +41,21 @@ def fused_add_rms_norm_ref(
     return rms_norm_ref(residual_out, weight, eps).to(x.dtype), residual_out
 
 
+def fused_add_rms_norm_ref_of_fp32_sum(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out) as kernels that normalise the sum before rounding it compute them
+    (QuACK's and FlashInfer's fused add): residual_out as fused_add_rms_norm_ref's, y the
+    RMSNorm of the fp32 sum itself, one cast. The two references' y differ by the sum's
+    rounding, up to an ulp of it besides y's own, past TOL where rows are many: such a peer
+    is checked against its own definition, within the same TOL."""
+    s = x.float() + residual.float()
+    return rms_norm_ref(s, weight, eps).to(x.dtype), s.to(residual.dtype)
+
+
 def norm64(s: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """The forward in the inputs' own dtype (float64 for the gradient references and
     gradcheck): no casts, so autograd differentiates exactly the formula."""

@@ -7,6 +7,7 @@ Triton kernel runs under the interpreter with M capped (harness.cases.CPU_MAX_EL
 and the CUDA op's argument checks run on CPU tensors (they come before its device check).
 """
 
+import dataclasses
 import math
 import warnings
 
@@ -84,6 +85,28 @@ def test_case_grid_is_complete():
     assert {c.residual_fill for c in cases} >= {"randn", "cancel", "overflow", "nonfinite"}
     assert any(c.row_pad for c in cases) and any(c.weight == "none" for c in cases)
     assert {c.n for c in cases} >= {1, 17, 4095, 4097, 65536, 262144}
+
+
+def test_a_peer_is_checked_against_its_own_rounding():
+    """A peer that normalises the sum before rounding it (QuACK's, FlashInfer's fused add)
+    is checked against that definition (the op's differs from it by the sum's rounding,
+    past an ulp of y on a few of many millions of rows), within the same tolerance, and a
+    peer wrong by its own definition still fails."""
+    from harness.impls import Impl
+    from harness.reference import fused_add_rms_norm_ref_of_fp32_sum as own
+    from harness.validate import check
+
+    x, r, w = (torch.randn(8, 512).bfloat16() for _ in range(3))
+    inputs, ref = (x, r, w[0], 1e-6), fused_add_rms_norm_ref(x, r, w[0], 1e-6)
+    peer = Impl("peer", own, reference=own)
+    assert check(peer, *inputs, ref, op=OP)[2]
+
+    def off(*args):
+        y, s = own(*args)
+        return y * 1.02, s
+
+    ok, err = check(dataclasses.replace(peer, fn=off), *inputs, ref, op=OP)[2:]
+    assert not ok and "not close" in err
 
 
 def test_inputs_from_the_factory():
