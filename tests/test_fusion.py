@@ -209,9 +209,16 @@ def test_rewrites_a_training_graph(fusion, name, dtype, form):
     want = form(x, r, w1, w2)
     grads = torch.autograd.grad(sum((t * t).sum() for t in got), (x, r, w1, w2))
     wants = torch.autograd.grad(sum((t * t).sum() for t in want), (x, r, w1, w2))
-    tol = dict(rtol=4 * TOL[dtype]["rtol"], atol=4 * TOL[dtype]["rtol"])
-    for g, v in zip((*got, *grads), (*want, *wants), strict=True):
-        torch.testing.assert_close(g, v, **tol)
+    tol = 4 * TOL[dtype]["rtol"]
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, rtol=tol, atol=tol)
+    # a gradient's absolute allowance at the scale of its largest entry, as grad_close's:
+    # the weights' gradients are sums over rows whose terms cancel, and both sides round
+    # those terms (the uncompiled block in bf16), so an entry near zero carries the
+    # rounding of terms far larger than itself
+    for g, v in zip(grads, wants, strict=True):
+        scale = max(1.0, float(v.abs().max()))
+        torch.testing.assert_close(g, v, rtol=tol, atol=tol * scale)
     assert fusion.rewrites == (2 if form is decoder else 1)
 
 
