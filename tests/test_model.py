@@ -956,7 +956,7 @@ def test_speedup_lies_in_its_range_of_blocks():
     # the committed table, redrawn from its records: every value within its range
     import re
 
-    path = model.COMMITTED / model.RECORDS_NAME
+    path = model.COMMITTED / f"{model.RECORDS_NAME}.xz"  # committed runs are kept xz'd
     text = model.render(records.read_records(path))
     got = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text)
     assert got and all(float(lo) <= float(v) <= float(hi) for v, lo, hi in got)
@@ -980,7 +980,7 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     assert pass_left_training({"names": [cuda + "__nv_bfloat16, 128, 4, false, 3>(...)"]}) is None
     plain = {"names": [cuda + "void, 256, 2, false, 32>(...)", "_rms_norm_fwd_looped"]}
     assert "left the training graph" in pass_left_training(plain)
-    committed = REPO / "results" / "h200" / "model" / "records.jsonl"
+    committed = REPO / "results" / "h200" / "model" / "records.jsonl.xz"
     recs = records.read_records(committed)
     timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"
              and r["model"]["shape"] == "train" and r["status"] == "PASS"]  # fmt: skip

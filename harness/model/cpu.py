@@ -154,10 +154,13 @@ def committed_text(where: Optional[Path] = None) -> str:
     """The committed H200 table (rendered from its records, else its report; COMMITTED
     unless where says), or a plain statement that there is none yet."""
     where = COMMITTED if where is None else where
-    recs, md = where / RECORDS_NAME, where / REPORT_NAME
+    # a committed run's records are kept xz'd (read through lzma); a fresh run's are not
+    recs = next((r for r in (where / f"{RECORDS_NAME}.xz", where / RECORDS_NAME) if r.exists()),
+                None)  # fmt: skip
+    md = where / REPORT_NAME
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
-    if recs.exists():
-        return f"the committed H200 run ({shown / RECORDS_NAME}):\n\n" + render(
+    if recs is not None:
+        return f"the committed H200 run ({shown / recs.name}):\n\n" + render(
             records.read_records(recs)
         )
     if md.exists():
