@@ -201,8 +201,12 @@ if mode all || mode bench || mode quick; then
   # BENCH_APPEND=1: the committed records first, this run's appended (the report takes the
   # last record of each shape and implementation): a run of one op beside the others'
   if [[ "${BENCH_APPEND:-0}" == 1 ]]; then
-    mkdir -p "$OUT/results" && unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl"
-    flag+=" --append"
+    mkdir -p "$OUT/results"
+    if unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl"; then
+      flag+=" --append"
+    else
+      echo "BENCH_APPEND: the committed records did not decompress; not appended"; status=1
+    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.bench $flag ${BENCH_ARGS:-} --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" \
@@ -214,8 +218,12 @@ if mode model; then
   # MODEL_APPEND=1: appended to a copy of the committed model records (a run of some shapes)
   margs=""
   if [[ "${MODEL_APPEND:-0}" == 1 ]]; then
-    mkdir -p "$OUT/model" && unxz_to results/h200/model/records.jsonl.xz "$OUT/model/records.jsonl"
-    margs="--append"
+    mkdir -p "$OUT/model"
+    if unxz_to results/h200/model/records.jsonl.xz "$OUT/model/records.jsonl"; then
+      margs="--append"
+    else
+      echo "MODEL_APPEND: the committed records did not decompress; not appended"; status=1
+    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.model --require-gpu ${MODEL_ARGS:-} $margs --out "$OUT/model" 2>&1 || status=1

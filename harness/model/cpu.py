@@ -154,8 +154,9 @@ def committed_text(where: Optional[Path] = None) -> str:
     """The committed H200 table (rendered from its records, else its report; COMMITTED
     unless where says), or a plain statement that there is none yet."""
     where = COMMITTED if where is None else where
-    # a committed run's records are kept xz'd (read through lzma); a fresh run's are not
-    recs = next((r for r in (where / f"{RECORDS_NAME}.xz", where / RECORDS_NAME) if r.exists()),
+    # a committed run's records are kept xz'd (read through lzma); a fresh run's, not yet
+    # committed, are plain and shown first
+    recs = next((r for r in (where / RECORDS_NAME, where / f"{RECORDS_NAME}.xz") if r.exists()),
                 None)  # fmt: skip
     md = where / REPORT_NAME
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
@@ -166,7 +167,7 @@ def committed_text(where: Optional[Path] = None) -> str:
     if md.exists():
         return f"the committed H200 report ({shown / REPORT_NAME}):\n\n" + md.read_text()
     return (
-        f"no committed H200 model results yet ({shown / RECORDS_NAME} does not exist): run "
+        f"no committed H200 model results yet ({shown / RECORDS_NAME}[.xz] does not exist): run "
         f"python -m harness.model --out {shown} on the H200 and commit it"
     )
 
