@@ -63,10 +63,15 @@ build_variant() {
     >"/tmp/variant-${spec%%:*}.log" 2>&1
 }
 
-# unxz_to FILE.xz OUT: a committed (xz'd) records file decompressed to OUT, by Python's lzma
-# (the device image need not have xz)
+# unxz_to FILE.xz OUT WHAT: a committed (xz'd) records file decompressed to OUT, by
+# Python's lzma (the device image need not have xz); where it fails, WHAT (the switch that
+# asked for it) is said not to append and the call fails
 unxz_to() {
-  $PY -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"
+  $PY -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" &&
+    return 0
+  echo "$3: the committed records did not decompress; not appended"
+  status=1
+  return 1
 }
 
 # racecheck_verdict LOG: errors in our kernels fail the call; warnings in them are counted
@@ -202,11 +207,8 @@ if mode all || mode bench || mode quick; then
   # last record of each shape and implementation): a run of one op beside the others'
   if [[ "${BENCH_APPEND:-0}" == 1 ]]; then
     mkdir -p "$OUT/results"
-    if unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl"; then
+    unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl" BENCH_APPEND &&
       flag+=" --append"
-    else
-      echo "BENCH_APPEND: the committed records did not decompress; not appended"; status=1
-    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.bench $flag ${BENCH_ARGS:-} --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" \
@@ -219,11 +221,8 @@ if mode model; then
   margs=""
   if [[ "${MODEL_APPEND:-0}" == 1 ]]; then
     mkdir -p "$OUT/model"
-    if unxz_to results/h200/model/records.jsonl.xz "$OUT/model/records.jsonl"; then
+    unxz_to results/h200/model/records.jsonl.xz "$OUT/model/records.jsonl" MODEL_APPEND &&
       margs="--append"
-    else
-      echo "MODEL_APPEND: the committed records did not decompress; not appended"; status=1
-    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.model --require-gpu ${MODEL_ARGS:-} $margs --out "$OUT/model" 2>&1 || status=1

@@ -956,7 +956,7 @@ def test_speedup_lies_in_its_range_of_blocks():
     # the committed table, redrawn from its records: every value within its range
     import re
 
-    path = model.COMMITTED / f"{model.RECORDS_NAME}.xz"  # committed runs are kept xz'd
+    path = model.COMMITTED_RECORDS
     text = model.render(records.read_records(path))
     got = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text)
     assert got and all(float(lo) <= float(v) <= float(hi) for v, lo, hi in got)
@@ -968,7 +968,7 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     names eager modes only); a training record an earlier run wrote, whose pass left the
     graph (none of the fused op's kernels ran), is drawn as not applicable, not as a
     speedup of the pass; one whose kernels show the fused op is drawn."""
-    from harness.model.config import REPO, pass_left, pass_not_applicable
+    from harness.model.config import pass_left, pass_not_applicable
 
     assert pass_not_applicable("compile") is None
     assert "compiled graphs" in pass_not_applicable("eager")
@@ -981,7 +981,7 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     assert pass_left({"names": [cuda + "__nv_bfloat16, 128, 4, false, 3>(...)"]}) is None
     plain = {"names": [cuda + "void, 256, 2, false, 32>(...)", "_rms_norm_fwd_looped"]}
     assert "left the training graph" in pass_left(plain, True)
-    committed = REPO / "results" / "h200" / "model" / "records.jsonl.xz"
+    committed = model.COMMITTED_RECORDS
     recs = records.read_records(committed)
     timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"
              and r["model"]["shape"] == "train" and r["status"] == "PASS"]  # fmt: skip
@@ -998,7 +998,7 @@ def test_compiled_pass_records_without_the_fused_op_are_not_the_pass():
     """A compiled pass record whose block ran none of the fused op's kernels timed the
     block without the pass (the committed H200 run's prefill and decode rows: dynamo gave
     the pass variants native's compiled graph) and is drawn as not applicable."""
-    committed = model.COMMITTED / f"{model.RECORDS_NAME}.xz"
+    committed = model.COMMITTED_RECORDS
     recs = [r for r in records.read_records(committed)
             if (r.get("model") or {}).get("shape") in ("prefill", "decode")]  # fmt: skip
     text = model.render(recs)

@@ -42,6 +42,7 @@ from harness.model.cli import build_parser, main, parse_args
 from harness.model.config import (
     BLOCK_OP,
     COMMITTED,
+    COMMITTED_RECORDS,
     CPU_SHAPES,
     GPU_SHAPES,
     LAYER_OP,
@@ -72,6 +73,7 @@ from harness.reference import fused_add_rms_norm_ref
 __all__ = [
     "BLOCK_OP",
     "COMMITTED",
+    "COMMITTED_RECORDS",
     "CPU_SHAPES",
     "GPU_SHAPES",
     "LAYER_OP",

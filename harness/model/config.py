@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[2]  # harness/model/config.py: the repos
 #: The committed H200 run the no-GPU path prints (python -m harness.model --out this).
 COMMITTED = REPO / "results" / "h200" / "model"
 RECORDS_NAME, REPORT_NAME = "records.jsonl", "model.md"
+#: Its records, kept xz'd (read through lzma) as every committed run's are.
+COMMITTED_RECORDS = COMMITTED / f"{RECORDS_NAME}.xz"
 
 VARIANTS = (
     "native",
