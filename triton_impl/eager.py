@@ -78,7 +78,7 @@ _MAX_PLANS = 4096
 
 class _Plan:
     __slots__ = ("kernel", "grid", "ints", "meta", "consts", "direct", "compiled", "aligned",
-                 "dense", "eps", "rest")  # fmt: skip
+                 "dense", "last")  # fmt: skip
 
     def __init__(
         self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict, dense: tuple
@@ -94,14 +94,16 @@ class _Plan:
         # whether x (and the residual) are contiguous, as the key's strides say: how the
         # outputs are allocated (_empty)
         self.dense = dense
-        self.eps, self.rest = None, ()  # the last eps, and the arguments after the pointers
+        self.last: tuple = (None, ())  # the last eps, and the arguments after the pointers
 
     def rest_for(self, eps: float) -> tuple:
         """The kernel's arguments after its pointers (ints, eps, constexprs), kept for the
-        last eps a call gave: a model calls with one eps."""
-        if eps != self.eps:
-            self.eps, self.rest = eps, (*self.ints, eps, *self.consts)
-        return self.rest
+        last eps a call gave (a model calls with one eps); one tuple, so that a call never
+        takes another's eps with its own arguments."""
+        last = self.last
+        if last[0] != eps:
+            last = self.last = (eps, (*self.ints, eps, *self.consts))
+        return last[1]
 
 
 class _Direct:
@@ -157,9 +159,12 @@ def _run_compiled(
     stream = _cuda_stream(device)
     knobs = triton.knobs.runtime
     enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
-    # no hook: None, or an empty chain (_hook), tested inline (this runs every call)
-    hooked = getattr(enter, "calls", enter) or getattr(leave, "calls", leave)
-    if d.launch is not None and not hooked:
+    # no hook: None, or an empty chain (as _hook says), tested inline (this runs every call)
+    e_calls, l_calls = getattr(enter, "calls", None), getattr(leave, "calls", None)
+    quiet = (enter is None or (e_calls is not None and not e_calls)) and (
+        leave is None or (l_calls is not None and not l_calls)
+    )
+    if d.launch is not None and quiet:
         if _ARGS_AS_TUPLE:
             d.launch(grid[0], 1, 1, stream, d.function, *d.head, *d.tail, (*ptrs, *rest))
         else:
@@ -173,11 +178,11 @@ def _run_compiled(
 
 
 def _current_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
-#: device -> its current stream (a raw pointer): torch's getter itself where this torch
-#: has it (one call fewer a launch), else a function that asks for it when called
+#: device -> its current stream (a raw pointer): torch's raw getter itself where this torch
+#: has it (one call fewer a launch), else the public one
 _cuda_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream)
 
 
