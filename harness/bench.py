@@ -59,7 +59,7 @@ from harness.validate import NOTHING_CHECKED
 from rmsnorm_api import MAX_N
 
 REPO = Path(__file__).resolve().parent.parent
-COMMITTED = REPO / "results" / "h200" / "records.jsonl"
+COMMITTED = REPO / "results" / "h200" / "records.jsonl.xz"  # committed runs are kept xz'd
 #: Where a run without a GPU redraws the committed results unless --out says otherwise:
 #: one fixed place, overwritten by each run, outside the repository.
 NO_GPU_OUT = Path(tempfile.gettempdir()) / "rmsnorm-bench"
@@ -285,7 +285,7 @@ without a GPU:
   {CPU_MAX_ELEMENTS} elements, N never), else on three small shapes, in each of
   --dtypes. Only triton runs there: the other --impls are named as skipped, with the
   reason. Then the committed H200 results
-  (results/h200/records.jsonl) are redrawn, plots and report.md, into --out, by default
+  (results/h200/records.jsonl.xz) are redrawn, plots and report.md, into --out, by default
   {NO_GPU_OUT} (overwritten by each run).
   Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
   --require-gpu exits 1 instead.

@@ -50,6 +50,7 @@ import lzma
 import math
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -245,6 +246,11 @@ class RecordWriter:
     def __init__(self, path: str | os.PathLike, *, append: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        committed = self.path.with_name(self.path.name + ".xz")
+        if append and not self.path.exists() and committed.exists():
+            # a committed run is kept xz'd: an append to it starts from its records
+            with lzma.open(committed, "rb") as src, open(self.path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         self._f = open(self.path, "a" if append else "w", encoding="utf-8")
         self.count = 0
 

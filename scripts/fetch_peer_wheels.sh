@@ -2,20 +2,21 @@
 # Download the optional peers (Liger-Kernel, QuACK and its CuTe DSL, FlashInfer) for the
 # device machine (Python 3.12, x86-64, no registry there), into folders git ignores:
 #   .whl/  liger-kernel                      (carry it with every bench call)
-#   .qk1/, .qk3/, .qk4/, ...  QuACK's CUDA 13 library wheel (92 MB) in parts of PART_BYTES,
-#          each carried in a call of its own (with other work, or a `h200.sh stage` call) to
-#          a warm machine
+#   .qk1/, .qk3/  QuACK's CUDA 13 library wheel (92 MB) in parts of PART_BYTES, each
+#          carried in a call of its own (with other work, or a `h200.sh stage` call) to a
+#          warm machine
 #   .qk2/  QuACK's other wheels (carry with .whl for `bench`)
 #   .fi/   FlashInfer's norms: flashinfer-python's wheel (101 MB) cut by
 #          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
 #          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
-# One device call carries at most 64 MiB with the working tree (32 MB of tracked files, the
-# committed sweeps and probes compressed), hence the parts (24 MB each: 4 of them, the last
-# 20 MB, which fits beside .whl, .qk2 and .fi in the bench call); h200.sh joins them.
+# One device call carries at most 64 MiB with the working tree (14 MB of tracked files, the
+# committed records, sweeps and probes xz'd), hence the parts (46 MB: two, each beside the
+# tree in a call of its own; the bench call carries .whl, .qk2 and .fi, 13 MB); h200.sh
+# joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_BYTES=${PART_BYTES:-24004096}
+PART_BYTES=${PART_BYTES:-46000000}
 FI_VERSION=0.7.4
 mkdir -p .git/info .whl .qk2
 for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/ /.qk7/ /.qk8/ /.qk9/ /.fi/; do

@@ -63,6 +63,12 @@ build_variant() {
     >"/tmp/variant-${spec%%:*}.log" 2>&1
 }
 
+# unxz_to FILE.xz OUT: a committed (xz'd) records file decompressed to OUT, by Python's lzma
+# (the device image need not have xz)
+unxz_to() {
+  $PY -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"
+}
+
 # racecheck_verdict LOG: errors in our kernels fail the call; warnings in them are counted
 # (the cluster kernels' mbarrier.init against the mbarrier's later accesses, ordered by the
 # cluster barrier, which racecheck does not model: docs/notebook/15-defects-round-3.md, v54,
@@ -80,9 +86,9 @@ racecheck_verdict() {
 # Optional peers, carried as wheels (the device machine has no registry); fetch them here
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
-#   .qk1/, .qk3/, .qk4/, ..., .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel
-#   (92 MB) is larger than one call carries beside the working tree, so it is in parts
-#   (.qk1, .qk3, .qk4, ...), each carried in a call of its own (with other work, or
+#   .qk1/, .qk3/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is
+#   larger than one call carries beside the working tree, so it is in parts (.qk1,
+#   .qk3), each carried in a call of its own (with other work, or
 #   `bash scripts/h200.sh stage`, to a warm machine); .qk2 holds QuACK's other wheels and
 #   travels with the real call.
 #   .fi/  FlashInfer's norms (scripts/trim_flashinfer.py: flashinfer.norm and what it reads,
@@ -195,8 +201,12 @@ if mode all || mode bench || mode quick; then
   # BENCH_APPEND=1: the committed records first, this run's appended (the report takes the
   # last record of each shape and implementation): a run of one op beside the others'
   if [[ "${BENCH_APPEND:-0}" == 1 ]]; then
-    mkdir -p "$OUT/results" && cp results/h200/records.jsonl "$OUT/results/records.jsonl"
-    flag+=" --append"
+    mkdir -p "$OUT/results"
+    if unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl"; then
+      flag+=" --append"
+    else
+      echo "BENCH_APPEND: the committed records did not decompress; not appended"; status=1
+    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.bench $flag ${BENCH_ARGS:-} --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" \
@@ -208,8 +218,12 @@ if mode model; then
   # MODEL_APPEND=1: appended to a copy of the committed model records (a run of some shapes)
   margs=""
   if [[ "${MODEL_APPEND:-0}" == 1 ]]; then
-    mkdir -p "$OUT/model" && cp results/h200/model/records.jsonl "$OUT/model/records.jsonl"
-    margs="--append"
+    mkdir -p "$OUT/model"
+    if unxz_to results/h200/model/records.jsonl.xz "$OUT/model/records.jsonl"; then
+      margs="--append"
+    else
+      echo "MODEL_APPEND: the committed records did not decompress; not appended"; status=1
+    fi
   fi
   # shellcheck disable=SC2086
   $PY -m harness.model --require-gpu ${MODEL_ARGS:-} $margs --out "$OUT/model" 2>&1 || status=1

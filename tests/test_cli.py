@@ -19,7 +19,7 @@ from harness import analysis, bench, plot, records, report, sweep, validate
 from harness.ops import OPS
 from rmsnorm_api import MAX_N
 
-COMMITTED = Path(__file__).resolve().parent.parent / "results" / "h200" / "records.jsonl"
+COMMITTED = Path(__file__).resolve().parent.parent / "results" / "h200" / "records.jsonl.xz"
 
 
 def _bad_outs(tmp_path) -> list[tuple[str, str]]:

@@ -107,6 +107,10 @@ def test_a_peer_is_checked_against_its_own_rounding():
 
     ok, err = check(dataclasses.replace(peer, fn=off), *inputs, ref, op=OP)[2:]
     assert not ok and "not close" in err
+    # the peer's own definition is what it is held to: right by the op's, wrong by its own
+    held = Impl("held", fused_add_rms_norm_ref, reference=off)
+    assert check(dataclasses.replace(held, reference=None), *inputs, ref, op=OP)[2]
+    assert not check(held, *inputs, ref, op=OP)[2]
 
 
 def test_inputs_from_the_factory():

@@ -303,6 +303,19 @@ def _backend(name):
     return {"triton": triton_impl, "cuda": cuda_impl}[name]
 
 
+def _compiled_like_uncompiled(block, args: tuple, grad: bool, dtype) -> tuple:
+    """block compiled (the pass installed) and uncompiled on args, gradients enabled or not:
+    (got, want, tol), the outputs already within tol (two ulps: the fused op's one rounding
+    against the block's)."""
+    with torch.set_grad_enabled(grad):
+        got = torch.compile(block, fullgraph=True, dynamic=False)(*args)
+        want = block(*args)
+    tol = dict(rtol=2 * TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
+    for g, v in zip(got, want, strict=True):
+        torch.testing.assert_close(g, v, **tol)
+    return got, want, tol
+
+
 @pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no_weight"])
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("name", BACKENDS)
@@ -324,12 +337,7 @@ def test_rewrites_an_add_before_the_backends_own_norm(fusion, name, grad, weight
         h = x + r
         return backend.rms_norm(h, w, 1e-6) * 0.5 + h, h
 
-    with torch.set_grad_enabled(grad):
-        got = torch.compile(block, fullgraph=True, dynamic=False)(x, r, w)
-        want = block(x, r, w)
-    tol = dict(rtol=2 * TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
-    for g, v in zip(got, want, strict=True):
-        torch.testing.assert_close(g, v, **tol)
+    got, want, tol = _compiled_like_uncompiled(block, (x, r, w), grad, dtype)
     if grad:
         grads = torch.autograd.grad(sum((t * t).sum() for t in got), ins)
         wants = torch.autograd.grad(sum((t * t).sum() for t in want), ins)
@@ -402,12 +410,7 @@ def test_leaves_a_sum_written_before_its_norm(fusion, name, form, grad):
     x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
     if grad:
         w.requires_grad_()
-    with torch.set_grad_enabled(grad):
-        got = torch.compile(block, fullgraph=True, dynamic=False)(x, r, w)
-        want = block(x, r, w)
-    tol = dict(rtol=2 * TOL[dtype]["rtol"], atol=2 * TOL[dtype]["rtol"])
-    for g, v in zip(got, want, strict=True):
-        torch.testing.assert_close(g, v, **tol)
+    _compiled_like_uncompiled(block, (x, r, w), grad, dtype)
     assert fusion.rewrites == 0
 
 

@@ -367,9 +367,9 @@ def test_record_round_trip(tmp_path):
 
 
 def test_committed_evidence_reads_compressed(tmp_path):
-    """A records file kept compressed (*.xz: the committed sweeps and probes) reads as the
-    file it was; every committed one is JSON lines (the older probes' own, not all of them
-    records)."""
+    """A records file kept compressed (*.xz: the committed records, sweeps and probes) reads
+    as the file it was, and an append to it starts from its records; every committed one is
+    JSON lines (the older probes' own, not all of them records)."""
     import lzma
     import pathlib
 
@@ -379,9 +379,14 @@ def test_committed_evidence_reads_compressed(tmp_path):
     packed.write_bytes(lzma.compress(path.read_bytes()))
     assert records.read_records(packed) == records.read_records(path)
     assert records.read_records(packed) == json.loads(json.dumps(written))
+    # an append to a committed (xz'd) run starts from its records
+    (tmp_path / "r.jsonl").rename(tmp_path / "plain.jsonl")
+    with records.RecordWriter(path, append=True) as w:
+        w.write(written[0])
+    assert records.read_records(path) == json.loads(json.dumps([*written, written[0]]))
     results = pathlib.Path(__file__).resolve().parent.parent / "results"
-    committed = sorted(results.glob("*/*/*.jsonl.xz"))
-    assert committed, "no compressed sweeps or probes under results/"
+    committed = sorted(results.rglob("*.jsonl.xz"))
+    assert committed, "no compressed records, sweeps or probes under results/"
     for f in committed:
         lines = lzma.decompress(f.read_bytes()).decode().splitlines()
         assert lines and all(json.loads(line) is not None for line in lines if line), f

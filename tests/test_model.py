@@ -956,7 +956,7 @@ def test_speedup_lies_in_its_range_of_blocks():
     # the committed table, redrawn from its records: every value within its range
     import re
 
-    path = model.COMMITTED / model.RECORDS_NAME
+    path = model.COMMITTED / f"{model.RECORDS_NAME}.xz"  # committed runs are kept xz'd
     text = model.render(records.read_records(path))
     got = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", text)
     assert got and all(float(lo) <= float(v) <= float(hi) for v, lo, hi in got)
@@ -968,19 +968,20 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     names eager modes only); a training record an earlier run wrote, whose pass left the
     graph (none of the fused op's kernels ran), is drawn as not applicable, not as a
     speedup of the pass; one whose kernels show the fused op is drawn."""
-    from harness.model.config import REPO, pass_left_training, pass_not_applicable
+    from harness.model.config import REPO, pass_left, pass_not_applicable
 
     assert pass_not_applicable("compile") is None
     assert "compiled graphs" in pass_not_applicable("eager")
-    assert "left the training graph" in pass_left_training({"names": ["triton_red_fused_add"]})
-    assert pass_left_training({"names": ["_fused_add_rms_norm_fwd_looped"]}) is None
+    assert "left the training graph" in pass_left({"names": ["triton_red_fused_add"]}, True)
+    assert "left the graph" in pass_left({"names": ["triton_red_fused_add"]})
+    assert pass_left({"names": ["_fused_add_rms_norm_fwd_looped"]}) is None
     # CUDA: the fused add's forward kernel (a residual type), not the plain op's (void),
     # which a plain_pass block runs when the pass left it
     cuda = "void cuda_impl::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16, __nv_bfloat16, "
-    assert pass_left_training({"names": [cuda + "__nv_bfloat16, 128, 4, false, 3>(...)"]}) is None
+    assert pass_left({"names": [cuda + "__nv_bfloat16, 128, 4, false, 3>(...)"]}) is None
     plain = {"names": [cuda + "void, 256, 2, false, 32>(...)", "_rms_norm_fwd_looped"]}
-    assert "left the training graph" in pass_left_training(plain)
-    committed = REPO / "results" / "h200" / "model" / "records.jsonl"
+    assert "left the training graph" in pass_left(plain, True)
+    committed = REPO / "results" / "h200" / "model" / "records.jsonl.xz"
     recs = records.read_records(committed)
     timed = [r for r in recs if (r.get("model") or {}).get("variant") == "triton_pass"
              and r["model"]["shape"] == "train" and r["status"] == "PASS"]  # fmt: skip
@@ -991,3 +992,16 @@ def test_the_pass_runs_at_the_training_step_and_old_records_stay_skipped():
     rows = [line for line in text.splitlines() if "| compile | triton_pass |" in line]
     assert rows and all("SKIP: not run: not applicable: this record's pass left" in r for r in rows)
     assert "triton_pass x" not in text
+
+
+def test_compiled_pass_records_without_the_fused_op_are_not_the_pass():
+    """A compiled pass record whose block ran none of the fused op's kernels timed the
+    block without the pass (the committed H200 run's prefill and decode rows: dynamo gave
+    the pass variants native's compiled graph) and is drawn as not applicable."""
+    committed = model.COMMITTED / f"{model.RECORDS_NAME}.xz"
+    recs = [r for r in records.read_records(committed)
+            if (r.get("model") or {}).get("shape") in ("prefill", "decode")]  # fmt: skip
+    text = model.render(recs)
+    heads = ("| compile | triton_pass |", "| compile | cuda_pass |")
+    rows = [line for line in text.splitlines() if line.startswith(heads)]
+    assert rows and all("pass left the graph" in r for r in rows)

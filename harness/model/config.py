@@ -57,16 +57,19 @@ def pass_not_applicable(mode: str) -> Optional[str]:
 PASS_KERNELS = re.compile(r"_fused_add_rms_norm_fwd|rms_norm_kernel<[^,<>]+, [^,<>]+, (?!void\b)")
 
 
-def pass_left_training(kernels: Optional[dict]) -> Optional[str]:
-    """Why a PASS variant's training record is not the pass's (None: it is): one written
-    before the pass rewrote training graphs ran none of the fused op's kernels, and timed
-    native's block again."""
+def pass_left(kernels: Optional[dict], train: bool = False) -> Optional[str]:
+    """Why a PASS variant's compiled record is not the pass's (None: it is): its block ran
+    none of the fused op's kernels, so it timed the block without the pass (native's, or
+    our plain op's). Such records were written before the pass rewrote training graphs, and
+    before each variant's block was compiled on a code object of its own (until then dynamo
+    gave a pass variant the graph compiled for native's or our plain block)."""
     names = (kernels or {}).get("names") or []
     if any(PASS_KERNELS.search(n) for n in names):
         return None
+    graph = "the training graph" if train else "the graph"
     return (
-        "not applicable: this record's pass left the training graph (none of the fused op's"
-        " kernels ran), so its block is native's"
+        f"not applicable: this record's pass left {graph} (none of the fused op's kernels"
+        " ran), so it timed the block without the pass"
     )
 
 

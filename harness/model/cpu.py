@@ -154,16 +154,20 @@ def committed_text(where: Optional[Path] = None) -> str:
     """The committed H200 table (rendered from its records, else its report; COMMITTED
     unless where says), or a plain statement that there is none yet."""
     where = COMMITTED if where is None else where
-    recs, md = where / RECORDS_NAME, where / REPORT_NAME
+    # a committed run's records are kept xz'd (read through lzma); a fresh run's, not yet
+    # committed, are plain and shown first
+    recs = next((r for r in (where / RECORDS_NAME, where / f"{RECORDS_NAME}.xz") if r.exists()),
+                None)  # fmt: skip
+    md = where / REPORT_NAME
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
-    if recs.exists():
-        return f"the committed H200 run ({shown / RECORDS_NAME}):\n\n" + render(
+    if recs is not None:
+        return f"the committed H200 run ({shown / recs.name}):\n\n" + render(
             records.read_records(recs)
         )
     if md.exists():
         return f"the committed H200 report ({shown / REPORT_NAME}):\n\n" + md.read_text()
     return (
-        f"no committed H200 model results yet ({shown / RECORDS_NAME} does not exist): run "
+        f"no committed H200 model results yet ({shown / RECORDS_NAME}[.xz] does not exist): run "
         f"python -m harness.model --out {shown} on the H200 and commit it"
     )
 

@@ -19,7 +19,7 @@ from harness.model.config import (
     TRAIN_MODES,
     VARIANTS,
     Shape,
-    pass_left_training,
+    pass_left,
     pass_not_applicable,
 )
 from harness.model.shares import exceeds, speedup_of_medians
@@ -60,14 +60,14 @@ def _redrawn_speedups(recs: list[dict]) -> list[dict]:
 
 def _applicable(r: dict) -> dict:
     """r, or for a PASS variant where the pass did not apply (pass_not_applicable: an eager
-    mode; pass_left_training: a training record without the fused op's kernels, which
-    timed native's block) a SKIP saying so."""
+    mode; pass_left: a compiled record without the fused op's kernels, which timed the
+    block without the pass) a SKIP saying so."""
     m = r["model"]
     if m.get("variant") not in PASS or r["status"] == "SKIP":
         return r
     why = pass_not_applicable(m.get("exec", ""))
-    if not why and (m.get("config") or {}).get("train", False):
-        why = pass_left_training(r.get("kernels"))
+    if not why:
+        why = pass_left(r.get("kernels"), (m.get("config") or {}).get("train", False))
     if not why:
         return r
     return {**r, "status": "SKIP", "notes": [f"not run: {why}"]}
