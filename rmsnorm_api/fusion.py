@@ -260,19 +260,27 @@ _IN_PLACE_OPERATORS = {
     operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
 }  # fmt: skip
 _IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
+# what the functions dynamo's graph switches modes with are named after
+# (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast, ...)
+_MODE_SWITCHES = ("grad_enabled", "autocast", "inference_mode")
 
 
 def _may_write(node: torch.fx.Node) -> bool:
     """Whether a node of dynamo's graph (not functionalized: an in-place op writes the
-    tensor its argument node names) may write a tensor in place, judged conservatively:
-    a module call, an out= argument, an in-place operator, an op whose schema writes, or
-    a method or function named as torch names its in-place ops (a trailing underscore)."""
+    tensor its argument node names) may write a tensor in place, or change a mode the
+    norm would run under, judged conservatively: a module call, a higher-order operator
+    (a user's Triton kernel, a wrapped region), an out= or a true inplace= argument, an
+    in-place operator, an op whose schema writes, a method or function named as torch
+    names its in-place ops (a trailing underscore), and a switch of grad mode, inference
+    mode or autocast (the fused op at the add would run under the add's mode)."""
     if node.op == "call_module":
         return True
     if node.op not in ("call_method", "call_function"):
         return False
     target = node.target
-    if "out" in node.kwargs or target in _IN_PLACE_OPERATORS:
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    if "out" in node.kwargs or node.kwargs.get("inplace") or target in _IN_PLACE_OPERATORS:
         return True
     if isinstance(target, torch._ops.OpOverloadPacket):
         return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
@@ -280,6 +288,8 @@ def _may_write(node: torch.fx.Node) -> bool:
     if schema is not None and schema.is_mutable:
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    if any(mode in name for mode in _MODE_SWITCHES):
+        return True
     return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
 
 
