@@ -239,11 +239,11 @@ def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
     return add, x, r, weight, float(eps)
 
 
-def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
+def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], plain):
     """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
     public function and module call it: x, weight or None, eps) of a residual add, in any
-    graph, and the fused op takes them; else None (see the module docstring)."""
-    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
+    graph, and the fused op takes them; else None (see the module docstring). plain: the
+    backend's rms_norm op."""
     if norm.op != "call_function" or norm.target not in (plain, plain.default):
         return None
     if len(norm.args) != 3 or norm.kwargs:
@@ -300,13 +300,14 @@ def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
     the fused op at the add would normalise the sum (and read the weight) as they were
     before that write, and would save for its backward a sum the write then changes."""
     fused, devices = _backend_op(backend)
+    plain = getattr(torch.ops, f"{backend}_impl").rms_norm  # looked up once, not a node
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     count = 0
     for norm in nodes:
         try:
             found = _training_match(norm, order, devices) or _own_norm_match(
-                norm, order, devices, backend
+                norm, order, devices, plain
             )
             if found is not None and any(map(_may_write, nodes[order[found[0]] + 1 : order[norm]])):
                 found = None
