@@ -239,11 +239,11 @@ def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
     return add, x, r, weight, float(eps)
 
 
-def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], backend: str):
+def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], plain):
     """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
     public function and module call it: x, weight or None, eps) of a residual add, in any
-    graph, and the fused op takes them; else None (see the module docstring)."""
-    plain = getattr(torch.ops, f"{backend}_impl").rms_norm
+    graph, and the fused op takes them; else None (see the module docstring). plain: the
+    backend's rms_norm op."""
     if norm.op != "call_function" or norm.target not in (plain, plain.default):
         return None
     if len(norm.args) != 3 or norm.kwargs:
@@ -260,19 +260,27 @@ _IN_PLACE_OPERATORS = {
     operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
 }  # fmt: skip
 _IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
+# what the functions dynamo's graph switches modes with are named after
+# (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast, ...)
+_MODE_SWITCHES = ("grad_enabled", "autocast", "inference_mode")
 
 
 def _may_write(node: torch.fx.Node) -> bool:
     """Whether a node of dynamo's graph (not functionalized: an in-place op writes the
-    tensor its argument node names) may write a tensor in place, judged conservatively:
-    a module call, an out= argument, an in-place operator, an op whose schema writes, or
-    a method or function named as torch names its in-place ops (a trailing underscore)."""
+    tensor its argument node names) may write a tensor in place, or change a mode the
+    norm would run under, judged conservatively: a module call, a higher-order operator
+    (a user's Triton kernel, a wrapped region), an out= or a true inplace= argument, an
+    in-place operator, an op whose schema writes, a method or function named as torch
+    names its in-place ops (a trailing underscore), and a switch of grad mode, inference
+    mode or autocast (the fused op at the add would run under the add's mode)."""
     if node.op == "call_module":
         return True
     if node.op not in ("call_method", "call_function"):
         return False
     target = node.target
-    if "out" in node.kwargs or target in _IN_PLACE_OPERATORS:
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return True
+    if "out" in node.kwargs or node.kwargs.get("inplace") or target in _IN_PLACE_OPERATORS:
         return True
     if isinstance(target, torch._ops.OpOverloadPacket):
         return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
@@ -280,6 +288,8 @@ def _may_write(node: torch.fx.Node) -> bool:
     if schema is not None and schema.is_mutable:
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    if any(mode in name for mode in _MODE_SWITCHES):
+        return True
     return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
 
 
@@ -290,13 +300,14 @@ def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
     the fused op at the add would normalise the sum (and read the weight) as they were
     before that write, and would save for its backward a sum the write then changes."""
     fused, devices = _backend_op(backend)
+    plain = getattr(torch.ops, f"{backend}_impl").rms_norm  # looked up once, not a node
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     count = 0
     for norm in nodes:
         try:
             found = _training_match(norm, order, devices) or _own_norm_match(
-                norm, order, devices, backend
+                norm, order, devices, plain
             )
             if found is not None and any(map(_may_write, nodes[order[found[0]] + 1 : order[norm]])):
                 found = None

@@ -382,19 +382,27 @@ def test_leaves_the_backends_own_norm_it_must(fusion, name):
     assert fusion.rewrites == 0
 
 
-def _written_between(norm):
+#: how a sum is written between its add and its norm
+WRITES = {
+    "add_": lambda h: h.add_(1.0),
+    "inplace=True": lambda h: F.relu(h, inplace=True),
+}
+
+
+def _written_between(norm, write):
     def block(x, r, w):
         h = x + r
-        h.add_(1.0)  # the sum written between the add and the norm
+        write(h)  # the sum written between the add and the norm
         return norm(h, w), h
 
     return block
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("write", WRITES)
 @pytest.mark.parametrize("form", ["own", "F.rms_norm"])
 @pytest.mark.parametrize("name", BACKENDS)
-def test_leaves_a_sum_written_before_its_norm(fusion, name, form, grad):
+def test_leaves_a_sum_written_before_its_norm(fusion, name, form, write, grad):
     """A sum written in place between the add and the norm (dynamo's graph is not
     functionalized: the norm's argument is still the add) is left: the fused op at the add
     would normalise the sum before the write, and in training save a sum the write changes
@@ -403,14 +411,39 @@ def test_leaves_a_sum_written_before_its_norm(fusion, name, form, grad):
         pytest.skip("inference graphs' F.rms_norm: the post-grad pass's, after functionalization")
     backend = _backend(name)
     if form == "own":
-        block = _written_between(lambda h, w: backend.rms_norm(h, w, 1e-6))
+        block = _written_between(lambda h, w: backend.rms_norm(h, w, 1e-6), WRITES[write])
     else:
-        block = _written_between(lambda h, w: F.rms_norm(h, (h.shape[-1],), w, 1e-6))
+        block = _written_between(lambda h, w: F.rms_norm(h, (h.shape[-1],), w, 1e-6), WRITES[write])
     dtype = torch.float32 if not HAS_GPU else torch.bfloat16
     x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
     if grad:
         w.requires_grad_()
     _compiled_like_uncompiled(block, (x, r, w), grad, dtype)
+    assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("form", ["own", "F.rms_norm"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_an_add_under_another_grad_mode(fusion, name, form):
+    """The add under no_grad, the norm of a weight that trains after it: the fused op at
+    the add would run without grad (y needing none, the backward refused): left, the
+    outputs and the weight's gradient the uncompiled block's."""
+    backend = _backend(name)
+    norm = (lambda h, w: backend.rms_norm(h, w, 1e-6)) if form == "own" else (
+        lambda h, w: F.rms_norm(h, (h.shape[-1],), w, 1e-6))  # fmt: skip
+
+    def block(x, r, w):
+        with torch.no_grad():
+            h = x + r
+        return norm(h, w), h
+
+    dtype = torch.float32 if not HAS_GPU else torch.bfloat16
+    x, r, w = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype), rows(64, dtype=dtype)
+    w.requires_grad_()
+    got, want, tol = _compiled_like_uncompiled(block, (x, r, w), True, dtype)
+    assert got[0].requires_grad
+    (g,), (v,) = (torch.autograd.grad(out[0].float().square().sum(), w) for out in (got, want))
+    torch.testing.assert_close(g, v, **tol)
     assert fusion.rewrites == 0
 
 

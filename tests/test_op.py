@@ -261,6 +261,37 @@ def test_direct_launch_passes_what_the_launcher_would(monkeypatch, scratch):
     assert ours == theirs and len(ours) == 1
 
 
+def test_a_launch_hook_takes_the_launcher_whole(monkeypatch):
+    """With a launch hook set (a plain callable, or a chain with calls) a hit launches
+    through the compiled kernel's launcher whole, with the tensors and the launch
+    metadata, as JITFunction.run does; an empty chain counts as no hook."""
+    from triton_impl import eager
+
+    if not eager.DIRECT:
+        pytest.skip(f"no direct launch with this Triton ({eager.triton.__version__})")
+    monkeypatch.setattr(eager, "_cuda_stream", lambda device: 77)
+    x, w = torch.ones(2, 8), torch.ones(8)
+    tensors, ptrs, rest = (x, w, torch.empty_like(x)), [4096, 8192, 12288], (8, 8, 2, 1e-6)
+    direct: list = []
+    d = eager._Direct(_fake_compiled(direct))
+    whole: list = []
+    monkeypatch.setattr(d.compiled, "run", lambda *args: whole.append(args))
+    monkeypatch.setattr(d.compiled, "launch_metadata", lambda *args: "metadata")
+    runtime = eager.triton.knobs.runtime
+    leave = eager._hook(runtime.launch_exit_hook)
+
+    def hook(*args):
+        return None
+
+    monkeypatch.setattr(runtime, "launch_enter_hook", hook)
+    eager._run_compiled(d, (5,), tensors, ptrs, rest, 0)
+    assert not direct
+    assert whole == [(5, 1, 1, 77, 1234, (4, 1, 0), "metadata", hook, leave, *tensors, *rest)]
+    monkeypatch.setattr(runtime, "launch_enter_hook", None)
+    eager._run_compiled(d, (5,), tensors, ptrs, rest, 0)
+    assert len(direct) == (1 if leave is None else 0)
+
+
 class _Recording:
     """A mode that records the name of every call it sees, then runs it."""
 

@@ -45,7 +45,7 @@ from typing import Optional
 import torch
 import triton
 
-from rmsnorm_api import EPS_MAX, EPS_MIN, bypass_ok, check_fused_inputs, check_inputs
+from rmsnorm_api import EPS_MAX, EPS_MIN, check_fused_inputs, check_inputs
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import plan
 
@@ -77,9 +77,12 @@ _MAX_PLANS = 4096
 
 
 class _Plan:
-    __slots__ = ("kernel", "grid", "ints", "meta", "consts", "direct", "compiled")
+    __slots__ = ("kernel", "grid", "ints", "meta", "consts", "direct", "compiled", "aligned",
+                 "dense", "last")  # fmt: skip
 
-    def __init__(self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict) -> None:
+    def __init__(
+        self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict, dense: tuple
+    ) -> None:
         self.kernel, self.grid, self.ints, self.meta = kernel, grid, ints, meta
         # constexprs in signature order, after the runtime arguments: the tensors, the
         # ints, eps; a signature of any other shape is launched generically
@@ -87,6 +90,20 @@ class _Plan:
         self.consts = tuple(meta[a] for a in names if a in meta)
         self.direct = DIRECT and len(names) == tensors + len(ints) + 1 + len(self.consts)
         self.compiled: dict = {}  # (each tensor 16-byte aligned) -> _Direct, or False
+        self.aligned = (True,) * tensors  # the usual key of compiled: every pointer aligned
+        # whether x (and the residual) are contiguous, as the key's strides say: how the
+        # outputs are allocated (_empty)
+        self.dense = dense
+        self.last: tuple = (None, ())  # the last eps, and the arguments after the pointers
+
+    def rest_for(self, eps: float) -> tuple:
+        """The kernel's arguments after its pointers (ints, eps, constexprs), kept for the
+        last eps a call gave (a model calls with one eps); one tuple, so that a call never
+        takes another's eps with its own arguments."""
+        last = self.last
+        if last[0] != eps:
+            last = self.last = (eps, (*self.ints, eps, *self.consts))
+        return last[1]
 
 
 class _Direct:
@@ -141,21 +158,32 @@ def _run_compiled(
     Empty hook chains are passed as no hook."""
     stream = _cuda_stream(device)
     knobs = triton.knobs.runtime
-    enter, leave = _hook(knobs.launch_enter_hook), _hook(knobs.launch_exit_hook)
-    if d.launch is not None and enter is None and leave is None:
+    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    # no hook: None, or an empty chain (as _hook says), tested inline (this runs every call)
+    e_calls, l_calls = getattr(enter, "calls", None), getattr(leave, "calls", None)
+    quiet = (enter is None or (e_calls is not None and not e_calls)) and (
+        leave is None or (l_calls is not None and not l_calls)
+    )
+    if d.launch is not None and quiet:
         if _ARGS_AS_TUPLE:
             d.launch(grid[0], 1, 1, stream, d.function, *d.head, *d.tail, (*ptrs, *rest))
         else:
             d.launch(grid[0], 1, 1, stream, d.function, *d.head, *ptrs, *rest)
         return
+    enter, leave = _hook(enter), _hook(leave)
     values = (*tensors, *rest)
     md = d.compiled.launch_metadata(grid, stream, *values) if enter is not None else None
     d.compiled.run(grid[0], 1, 1, stream, d.function, d.compiled.packed_metadata, md,
                    enter, leave, *values)  # fmt: skip
 
 
-def _cuda_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
+def _current_stream(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+#: device -> its current stream (a raw pointer): torch's raw getter itself where this torch
+#: has it (one call fewer a launch), else the public one
+_cuda_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream)
 
 
 def _launchable(compiled) -> bool:
@@ -164,42 +192,43 @@ def _launchable(compiled) -> bool:
     return all(hasattr(compiled, a) for a in names)
 
 
-def eager_ok(x, weight, out) -> bool:
-    """Whether a call can take the fast path: no out=, and nothing the dispatcher's keys
-    above the op would do (rmsnorm_api.bypass_ok: plain CUDA tensors, no gradient, no
-    tracing, transform or mode)."""
-    return out is None and bypass_ok(x, weight)
+def _planned_launch(key: tuple, tensors: tuple, eps: float, dense: tuple, launch) -> None:
+    """A miss: launch what launch.plan planned, and cache its plan under key when the
+    launch uses the tensors in place (no copy made for it) and has no workspace of its own;
+    tensors the kernel's pointer arguments in signature order (a dummy in place of an
+    absent weight), dense as _Plan's."""
+    k = len(tensors)
+    pairs = zip(launch.args[:k], tensors, strict=True)
+    same = all(a.data_ptr() == t.data_ptr() for a, t in pairs)
+    if not (same and launch.reusable):
+        launch.kernel[launch.grid](*launch.args, **launch.meta)
+        return
+    if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
+        PLANS.clear()
+    p = PLANS[key] = _Plan(
+        launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta, dense
+    )
+    _cached_launch(p, tensors, eps, key[0][4])
 
 
-def _cached_launch(p: Optional[_Plan], key: tuple, tensors: tuple, eps: float, make_launch) -> None:
-    """Launch through the plan cache: p is PLANS' entry for key (None: a miss), tensors the
-    kernel's pointer arguments in signature order (a dummy in place of an absent weight),
-    make_launch plans the launch on a miss (launch.plan)."""
-    if p is None:
-        launch = make_launch()
-        k = len(tensors)
-        # cache only when the launch uses the tensors in place (no copy made for it) and
-        # has no workspace of its own
-        pairs = zip(launch.args[:k], tensors, strict=True)
-        same = all(a.data_ptr() == t.data_ptr() for a, t in pairs)
-        if not (same and launch.reusable):
-            launch.kernel[launch.grid](*launch.args, **launch.meta)
-            return
-        if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
-            PLANS.clear()
-        p = PLANS[key] = _Plan(launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta)
+def _cached_launch(p: _Plan, tensors: tuple, eps: float, device: int) -> None:
+    """Launch a cached plan on these tensors (as _planned_launch's) on x's device: its
+    compiled kernel for the pointers' alignment, directly; the first time an alignment
+    comes, through Triton's launcher, which compiles it (or finds it in its caches)."""
     ptrs = [t.data_ptr() for t in tensors]
-    align = tuple(a % 16 == 0 for a in ptrs)
+    low = 0
+    for a in ptrs:
+        low |= a
+    align = p.aligned if not low & 15 else tuple(a % 16 == 0 for a in ptrs)
     d = p.compiled.get(align)
-    if not d:  # compile (or find in Triton's caches) and launch, generically
+    if not d:
         compiled = p.kernel[p.grid](*tensors, *p.ints, eps, **p.meta)
         if align not in p.compiled:
             compiled = compiled.result() if hasattr(compiled, "result") else compiled
             ok = p.direct and _launchable(compiled)
             p.compiled[align] = _Direct(compiled) if ok else False
         return
-    # x's device, as its plan key holds it
-    _run_compiled(d, p.grid, tensors, ptrs, (*p.ints, eps, *p.consts), key[0][4])
+    _run_compiled(d, p.grid, tensors, ptrs, p.rest_for(eps), device)
 
 
 def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -210,10 +239,6 @@ def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if like.is_contiguous():
         return torch.empty_like(like)
     return torch.empty(x.shape, dtype=like.dtype, device=x.device)
-
-
-def _eps_ok(eps) -> bool:
-    return type(eps) is float and EPS_MIN <= eps <= EPS_MAX
 
 
 def eager_forward(
@@ -227,19 +252,32 @@ def eager_forward(
     CUDA tensors outside tracing (bypass_ok of every tensor), through the plan cache."""
     key = (_tensor_key(x), _tensor_key(weight), _tensor_key(residual))
     p = PLANS.get(key)
-    if p is None or not _eps_ok(eps):
+    w = x if weight is None else weight  # a dummy pointer when there is no weight
+    if p is not None and type(eps) is float and EPS_MIN <= eps <= EPS_MAX:
+        # a hit: the key implies the checks passed and that x has elements, and its
+        # strides whether x and the residual are contiguous (p.dense)
+        y = torch.empty_like(x) if p.dense[0] else _empty(x, x)
         if residual is None:
-            check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
-        else:
-            check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
+            _cached_launch(p, (x, w, y), eps, key[0][4])
+            return y
+        r = torch.empty_like(residual) if p.dense[1] else _empty(residual, x)
+        _cached_launch(p, (x, residual, w, y, r), eps, key[0][4])
+        return y, r
+    if residual is None:
+        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+    else:
+        check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
     y = _empty(x, x)
     if residual is None:
         op, ins, outs = "rms_norm", (x,), (y,)
     else:
         op, ins, outs = "fused_add_rms_norm", (x, residual), (y, _empty(residual, x))
-    if p is not None or x.numel() > 0:  # a cached plan is an x with elements
-        w = x if weight is None else weight  # a dummy pointer when there is no weight
+    if x.numel() > 0:
         tensors = (*ins, w, *outs)
-        _cached_launch(p, key, tensors, eps, lambda: plan(op, ins, weight, eps, outs))
+        dense = tuple(t.is_contiguous() for t in ins)
+        if p is not None:  # a cached plan, eps not a float of its range: checked above
+            _cached_launch(p, tensors, eps, key[0][4])
+        else:
+            _planned_launch(key, tensors, eps, dense, plan(op, ins, weight, eps, outs))
     return y if residual is None else outs
