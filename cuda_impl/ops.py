@@ -1,16 +1,14 @@
 """Python face of the CUDA C++ RMSNorm: loads the extension, registers fakes, wraps the ops
 (rms_norm and the fused residual add, fused_add_rms_norm / fused_add_rms_norm_).
 
-The library is whichever build is found: ``$CUDA_IMPL_LIBRARY`` if set (e.g. the CMake
-build's ``build/cmake/libcuda_impl_ops.so``), else ``cuda_impl/_C*.so`` from
-``python setup.py build_ext --inplace``. Same semantics, checks and error messages as
-triton_impl (rmsnorm_api); the C++ side repeats the checks for direct torch.ops callers.
+The library is whichever build rmsnorm_api.host finds: ``$CUDA_IMPL_LIBRARY`` if set (e.g.
+the CMake build's), else ``cuda_impl/_C*.so`` from ``python setup.py build_ext --inplace``.
+Same semantics, checks and error messages as triton_impl (rmsnorm_api); the C++ side repeats
+the checks for direct torch.ops callers.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import Optional
 
 import torch
@@ -29,52 +27,19 @@ from rmsnorm_api import (
     check_inputs,
     check_out,
     fused_backward_outputs,
+    host,
     register_autograd,
 )
 
 _IMPL = "cuda_impl.rms_norm"
 _FUSED = "cuda_impl.fused_add_rms_norm"
 _FUSED_ = "cuda_impl.fused_add_rms_norm_"
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def _library_path() -> str:
-    env = os.environ.get("CUDA_IMPL_LIBRARY")
-    if env:
-        if not os.path.isfile(env):
-            raise ImportError(f"CUDA_IMPL_LIBRARY={env} does not exist")
-        return env
-    found = sorted(glob.glob(os.path.join(_HERE, "_C*.so")))
-    if not found:
-        raise ImportError(
-            "cuda_impl: the CUDA extension is not built. Build it with "
-            "`python setup.py build_ext --inplace` "
-            "(or `pip install --no-build-isolation -e .`) in the repository root."
-        )
-    return found[0]
-
-
-def _fast_entry(path: str):
-    """The library's direct entry points for eager calls (csrc/fast_entry.cpp), where it is
-    also a Python module (setup.py's build, cuda_impl._C); None otherwise (the CMake
-    library), and those calls redispatch to the op's CUDA kernel instead."""
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.ExtensionFileLoader("cuda_impl._C", path)
-    spec = importlib.util.spec_from_file_location("cuda_impl._C", path, loader=loader)
-    try:
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-    except ImportError:  # no module init: not built as a Python module
-        return None
-    return module
-
-
-LIBRARY = _library_path()
+LIBRARY = host.library_path()
 torch.ops.load_library(LIBRARY)
 _OP = torch.ops.cuda_impl.rms_norm.default
-_FAST = _fast_entry(LIBRARY)
+#: the library's eager entry points (rmsnorm_api.host), None for the CMake library
+_FAST = host.entry()
 
 
 # The fakes (tracing, meta tensors) run the checks the CUDA kernel runs, so torch.compile
@@ -177,9 +142,14 @@ def rms_norm(
     returns it. Raises TypeError/ValueError naming the argument for unsupported input.
     """
     if out is None and type(eps) is float:
-        if bypass_ok(x, weight):
-            if _FAST is not None:
-                return _FAST.rms_norm(x, weight, eps)
+        # the eager fast path: the entry point tests bypass_ok's conditions itself (None:
+        # not a plain eager call); dynamo folds is_compiling and never traces the entry
+        if _FAST is not None:
+            if not torch.compiler.is_compiling():
+                y = _FAST.rms_norm(x, weight, eps)
+                if y is not None:
+                    return y
+        elif bypass_ok(x, weight):
             return _OP.redispatch(_CUDA_KEYS, x, weight, eps)
         if _on_gpu(x, weight):
             return _OP(x, weight, eps)
@@ -196,11 +166,16 @@ def fused_add_rms_norm(
     """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
-    # residual=None is refused by the op's checks (bypass_ok takes None for an absent tensor)
-    if type(eps) is float and residual is not None and bypass_ok(x, residual, weight):
+    # residual=None is refused by the op's checks (bypass_ok takes None for an absent tensor,
+    # the entry point refuses it as not a tensor)
+    if type(eps) is float and residual is not None:
         if _FAST is not None:
-            return _FAST.fused_add_rms_norm(x, residual, weight, eps)
-        return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
+            if not torch.compiler.is_compiling():
+                outs = _FAST.fused_add_rms_norm(x, residual, weight, eps)
+                if outs is not None:
+                    return outs
+        elif bypass_ok(x, residual, weight):
+            return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
     return _FUSED_OP(x, residual, weight, float(eps))
@@ -216,9 +191,9 @@ def fused_add_rms_norm_(
     CUDA graphs with no allocation. Raises TypeError/ValueError naming the argument (x and
     residual must view as rows in place and not overlap)."""
     fast = type(eps) is float and _FAST is not None and residual is not None
-    if fast and bypass_ok(x, residual, weight):
-        _FAST.fused_add_rms_norm_(x, residual, weight, eps)
-        return
+    if fast and not torch.compiler.is_compiling():
+        if _FAST.fused_add_rms_norm_(x, residual, weight, eps):
+            return
     if type(eps) is not float or not _on_gpu(x, residual, weight):
         check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
         check_in_place(x, residual, weight, impl=_FUSED_)

@@ -9,8 +9,8 @@ row a program at each warp count. --impls a,b,...: the named implementations
 (harness.impls, peers included) instead, device and host time, e.g. to compare two builds
 of the CUDA extension, run once each (CUDA_IMPL_LIBRARY=...) beside the same peer.
 --host-parts: host time of each piece of the two eager fast paths (the bypass check, the
-output's allocation, the CUDA op's redispatch and its direct entry, Triton's direct launch)
-beside the whole calls and native F.rms_norm, all interleaved.
+output's allocation, the CUDA op's redispatch, both entry points of the extension, Triton's
+direct launch from Python) beside the whole calls and native F.rms_norm, all interleaved.
 
     python3 scripts/decode_probe.py [--shapes 1x4096,8x8192] [--dtype bf16] [--cuda 512x4]
     python3 scripts/decode_probe.py --fused-add
@@ -202,8 +202,9 @@ def host_parts_main(args) -> int:
                 eager._run_compiled, direct, p.grid, tensors, ptrs, rest, 0
             ),
         }
-        if _FAST is not None:  # setup.py's build: the CUDA kernel's direct entry point
+        if _FAST is not None:  # setup.py's build: the entry points, bypass test included
             fns["cuda_entry"] = lambda x=x, w=w: _FAST.rms_norm(x, w, 1e-6)
+            fns["tri_entry"] = lambda x=x, w=w: _FAST.triton_rms_norm(x, w, 1e-6)
         got = host_interleaved(fns, calls=200, repeats=9)
         if names is None:
             names = list(fns)

@@ -516,6 +516,213 @@ def test_triton_eager_fallback_launch(monkeypatch, why):
     eager.PLANS.clear()
 
 
+def _entry_or_skip():
+    from rmsnorm_api import host
+
+    e = host.entry()
+    if e is None:
+        pytest.skip("no eager entry points: the extension is not built by setup.py")
+    return e
+
+
+@pytest.mark.parametrize("case", ["lean", "no weight", "fused", "cluster", "pdl",
+                                  "unaligned out", "fp64 arg", "uncompiled launcher"])  # fmt: skip
+def test_keep_hands_cpp_the_launchers_parameters(monkeypatch, case):
+    """What Python hands the C++ entry point of a directly launched plan (eager._keep): the
+    compiled kernel's parameters as Triton's launcher passes them (the signature's
+    non-constexpr arguments in order: a tensor's slot, an int and its width, eps), its
+    function, grid, warps and shared memory; nothing where that launch would not be all
+    Triton's launcher does (clusters, PDL, an output off the 16-byte grid, an argument
+    type it does not pass, a launcher with more to do)."""
+    from types import SimpleNamespace
+
+    from triton_impl import eager
+
+    kept = []
+    monkeypatch.setattr(eager, "HOST", SimpleNamespace(triton_keep=lambda *a: kept.append(a)))
+    fused = case == "fused"
+    names = ["x", "r", "w", "y", "ro"] if fused else ["x", "w", "y"]
+    signature = {n: "*bf16" for n in names}
+    signature.update(M="i32", one="constexpr", stride="i64", eps="fp32", BLOCK="constexpr")
+    if case == "fp64 arg":
+        signature["eps"] = "fp64"
+    md = SimpleNamespace(num_warps=8, num_ctas=2 if case == "cluster" else 1, shared=1024,
+                         launch_pdl=case == "pdl", launch_cooperative_grid=False)  # fmt: skip
+    compiled = SimpleNamespace(metadata=md, src=SimpleNamespace(signature=signature))
+    d = SimpleNamespace(compiled=compiled, function=1234,
+                        launch=None if case == "uncompiled launcher" else print)  # fmt: skip
+    p = eager._Plan(None, (77,), len(names), (300, 1, 4096), {}, (True,), case != "no weight")
+    x, w = torch.ones(2, 8), torch.ones(8)
+    tensors = (x, x, w, x, x) if fused else (x, w, x)
+    align = (True,) * (len(tensors) - 1) + (case != "unaligned out",)
+    eager._keep(p, d, tensors, align)
+    if case not in ("lean", "no weight", "fused"):
+        assert kept == []
+        return
+    ((kx, kr, kw, function, grid, warps, shared, args),) = kept
+    k = len(names)
+    assert (kx, function, grid, warps, shared) == (x, 1234, 77, 8, 1024)
+    assert kr is (x if fused else None) and kw is (None if case == "no weight" else w)
+    assert args == [(0, i) for i in range(k)] + [(1, 300), (2, 4096), (3, 0)]
+
+
+@pytest.mark.gpu
+def test_entry_points_bypass_as_bypass_ok():
+    """The C++ entry points (fast_entry.cpp) run a call only where bypass_ok would let it
+    past the dispatcher's keys, and return None (the Python paths take it) wherever it
+    would not: a gradient to record, functorch, torch function or dispatch modes, jit
+    tracing, negative or zero-tensor bits, nested, sparse or CPU tensors, a Parameter as x,
+    an eps not a Python float; and a forward-mode tangent on a tensor (bypass_ok refuses
+    any dual level: the entry points only tensors with a tangent, whose result needs one)."""
+    import torch.autograd.forward_ad as fwAD
+
+    import triton_impl
+
+    e = _entry_or_skip()
+    x, w = inputs(torch.bfloat16, n=4096, m=8)
+    r = torch.randn_like(x)
+    triton_impl.rms_norm(x, w, 1e-6)  # a plan kept for the Triton entry point
+    tol = TOL[torch.bfloat16]
+
+    def runs(x, w, eps=1e-6):
+        """Whether each entry point ran the call (they agree), its results checked."""
+        got = [e.rms_norm(x, w, eps), e.triton_rms_norm(x, w, eps)]
+        assert (got[0] is None) == (got[1] is None), "the entry points disagree"
+        if got[0] is None:
+            return False
+        for y in got:
+            torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **tol)
+        return True
+
+    assert runs(x, w)
+    assert not runs(x, w, 1) and not runs(x, w, torch.tensor(1e-6))
+    wg = w.clone().requires_grad_()
+    assert not runs(x, wg)
+    with torch.no_grad():
+        assert runs(x, wg)
+    assert not runs(x.cpu(), w) and not runs(x, w.cpu())
+    assert not runs(torch.nn.Parameter(x, requires_grad=False), w)
+    assert runs(x, torch.nn.Parameter(w, requires_grad=False))
+    assert not runs(torch._neg_view(x), w) and not runs(x, torch._neg_view(w))
+    zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
+    assert not runs(zero, w)
+    assert e.rms_norm(torch.nested.nested_tensor([x[0], x[1]]), w, 1e-6) is None
+    assert e.rms_norm(x.to_sparse(), w, 1e-6) is None
+    with Seen():
+        assert not runs(x, w)
+    with Passing():
+        assert not runs(x, w)
+    flags = []
+
+    def f(t):
+        flags.append(e.rms_norm(t, w, 1e-6) is None and e.triton_rms_norm(t, w, 1e-6) is None)
+        return t * 2
+
+    torch.func.vmap(f)(x)
+    assert flags == [True]
+    traced = []
+    torch.jit.trace(lambda t: traced.append(runs(t, w)) or t * 2, (x,), check_trace=False)
+    assert traced == [False]
+    with fwAD.dual_level():
+        assert not runs(fwAD.make_dual(x, torch.randn_like(x)), w)
+        assert runs(x, w)
+    # the fused add's entry points: the same test
+    assert e.fused_add_rms_norm(x, r, w, 1e-6) is not None
+    assert e.fused_add_rms_norm(x, r.requires_grad_(), w, 1e-6) is None
+    with Seen():
+        assert e.fused_add_rms_norm(x, r, w, 1e-6) is None
+        assert not e.fused_add_rms_norm_(x.clone(), r.detach().clone(), w, 1e-6)
+    xi, ri = x.clone(), r.detach().clone()
+    assert e.fused_add_rms_norm_(xi, ri, w, 1e-6)
+    assert torch.equal(ri, (x.float() + r.detach().float()).to(ri.dtype))
+
+
+@pytest.mark.gpu
+def test_triton_hits_launch_from_cpp(monkeypatch):
+    """Triton's eager hits launched by the C++ entry point (fast_entry.cpp) from the launch
+    Python kept: after one call of a layout, fresh tensors of it are normalised without
+    entering the Python launch, every result the reference's: a weight absent, of x's dtype
+    or fp32; rows strided, or offset off the 16-byte grid (another specialisation, kept
+    apart); the fused add with a residual of x's dtype or fp32. Clearing the plan cache
+    forgets what C++ kept."""
+    import triton_impl
+    from harness.reference import fused_add_rms_norm_ref
+    from triton_impl import eager
+
+    _entry_or_skip()
+    if eager.HOST is None:
+        pytest.skip(f"no direct launch with this Triton ({eager.triton.__version__})")
+    eager.PLANS.clear()
+    assert eager.HOST.triton_kept() == 0
+
+    def layouts():
+        wide = torch.randn(64, 4096 + 16, device=DEVICE)
+        for dtype, wdtype in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                              (torch.float32, None)):  # fmt: skip
+            w = None if wdtype is None else (1 + torch.randn(4096, device=DEVICE)).to(wdtype)
+            for x in (torch.randn(8, 4096, device=DEVICE), wide[:, :4096], wide[:, 1:4097],
+                      torch.randn(1, 3, 4097, device=DEVICE)[..., 1:]):  # fmt: skip
+                x = x.to(dtype)
+                yield x, w, torch.randn(x.shape, device=DEVICE).to(dtype)
+                yield x, w, torch.randn(x.shape, device=DEVICE)
+
+    def check_all():
+        for x, w, r in layouts():
+            tol = TOL[x.dtype]
+            torch.testing.assert_close(
+                triton_impl.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5), **tol
+            )
+            y, ro = triton_impl.fused_add_rms_norm(x, r, w, 1e-5)
+            want_y, want_r = fused_add_rms_norm_ref(x, r, w, 1e-5)
+            torch.testing.assert_close(y, want_y, **tol)
+            torch.testing.assert_close(ro, want_r, **TOL[r.dtype])
+
+    check_all()  # planned, compiled and kept
+    kept = eager.HOST.triton_kept()
+    assert kept > len(eager.PLANS) > 0  # an offset layout keeps another alignment
+
+    def no_python(*args, **kwargs):
+        raise AssertionError("a kept plan launched through Python")
+
+    monkeypatch.setattr(eager, "_cached_launch", no_python)
+    monkeypatch.setattr(eager, "_planned_launch", no_python)
+    check_all()  # fresh tensors, every launch from C++
+    assert eager.HOST.triton_kept() == kept
+    eager.PLANS.clear()
+    assert eager.HOST.triton_kept() == 0
+
+
+@pytest.mark.gpu
+def test_triton_kept_plan_is_its_call(monkeypatch):
+    """A kept plan is reused only by a call of its own kind: a weight that is x itself is
+    kept as a weight (an absent weight's plan has x's pointer in its place), eps is each
+    call's own, and an eps out of range or a launch hook set send a call back to Python
+    (the checks' error; Triton's launcher, which calls the hook)."""
+    import triton_impl
+    from triton_impl import eager
+
+    _entry_or_skip()
+    if eager.HOST is None:
+        pytest.skip(f"no direct launch with this Triton ({eager.triton.__version__})")
+    tol = TOL[torch.bfloat16]
+    for _ in range(2):
+        x = torch.randn(4096, device=DEVICE).to(torch.bfloat16)
+        torch.testing.assert_close(
+            triton_impl.rms_norm(x, x, 1e-6), rms_norm_ref(x, x, 1e-6), **tol
+        )
+        torch.testing.assert_close(
+            triton_impl.rms_norm(x, None, 1e-6), rms_norm_ref(x, None, 1e-6), **tol
+        )
+        torch.testing.assert_close(triton_impl.rms_norm(x, x, 0.5), rms_norm_ref(x, x, 0.5), **tol)
+    for eps in (float("nan"), 1e-50, 1e39):
+        with pytest.raises(ValueError, match="eps is"):
+            triton_impl.rms_norm(x, x, eps)
+    calls = []
+    monkeypatch.setattr(eager.triton.knobs.runtime, "launch_enter_hook", lambda *a: calls.append(a))
+    torch.testing.assert_close(triton_impl.rms_norm(x, x, 1e-6), rms_norm_ref(x, x, 1e-6), **tol)
+    assert len(calls) == 1
+
+
 def test_triton_verified_versions():
     from triton_impl import eager
 

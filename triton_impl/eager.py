@@ -45,7 +45,7 @@ from typing import Optional
 import torch
 import triton
 
-from rmsnorm_api import EPS_MAX, EPS_MIN, check_fused_inputs, check_inputs
+from rmsnorm_api import EPS_MAX, EPS_MIN, check_fused_inputs, check_inputs, host
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import plan
 
@@ -72,16 +72,37 @@ def direct_launch_ok() -> bool:
 DIRECT = direct_launch_ok()
 #: Triton 3.8's launcher takes the kernel's arguments as one tuple after their annotations
 _ARGS_AS_TUPLE = _version(triton.__version__) >= (3, 8)
-PLANS: dict = {}
+#: the CUDA extension's eager entry points (rmsnorm_api.host), which keep the plans launched
+#: directly and launch them in one call from C++; None: every hit goes through Python
+HOST = None if INTERPRET or not DIRECT else host.entry()
+
+
+class _Plans(dict):
+    """The plan cache; clearing it forgets the plans kept in C++ too."""
+
+    def clear(self) -> None:
+        super().clear()
+        if HOST is not None:
+            HOST.triton_forget()
+
+
+PLANS: dict = _Plans()
 _MAX_PLANS = 4096
 
 
 class _Plan:
     __slots__ = ("kernel", "grid", "ints", "meta", "consts", "direct", "compiled", "aligned",
-                 "dense", "last")  # fmt: skip
+                 "dense", "last", "weighted")  # fmt: skip
 
     def __init__(
-        self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict, dense: tuple
+        self,
+        kernel,
+        grid: tuple,
+        tensors: int,
+        ints: tuple,
+        meta: dict,
+        dense: tuple,
+        weighted: bool,
     ) -> None:
         self.kernel, self.grid, self.ints, self.meta = kernel, grid, ints, meta
         # constexprs in signature order, after the runtime arguments: the tensors, the
@@ -94,6 +115,8 @@ class _Plan:
         # whether x (and the residual) are contiguous, as the key's strides say: how the
         # outputs are allocated (_empty)
         self.dense = dense
+        # whether the call had a weight (without one, x's pointer stands in for it)
+        self.weighted = weighted
         self.last: tuple = (None, ())  # the last eps, and the arguments after the pointers
 
     def rest_for(self, eps: float) -> tuple:
@@ -206,7 +229,13 @@ def _planned_launch(key: tuple, tensors: tuple, eps: float, dense: tuple, launch
     if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
         PLANS.clear()
     p = PLANS[key] = _Plan(
-        launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta, dense
+        launch.kernel,
+        launch.grid,
+        k,
+        tuple(launch.args[k:-1]),
+        launch.meta,
+        dense,
+        key[1] is not None,
     )
     _cached_launch(p, tensors, eps, key[0][4])
 
@@ -226,9 +255,57 @@ def _cached_launch(p: _Plan, tensors: tuple, eps: float, device: int) -> None:
         if align not in p.compiled:
             compiled = compiled.result() if hasattr(compiled, "result") else compiled
             ok = p.direct and _launchable(compiled)
-            p.compiled[align] = _Direct(compiled) if ok else False
+            d = p.compiled[align] = _Direct(compiled) if ok else False
+            if d and HOST is not None:
+                _keep(p, d, tensors, align)
         return
     _run_compiled(d, p.grid, tensors, ptrs, p.rest_for(eps), device)
+
+
+#: Triton's signature types of the arguments the C++ launch passes: a pointer ("*bf16", ...),
+#: an int (its Arg code, fast_entry.cpp), eps
+_INTS = {"i32": 1, "i64": 2}
+
+
+def _keep(p: _Plan, d: _Direct, tensors: tuple, align: tuple) -> None:
+    """Hand a plan's direct launch to the C++ entry point (fast_entry.cpp), which launches
+    it on the next hit of the same key without entering Python: the compiled function, its
+    grid, warps and shared memory, and its parameters (the signature's non-constexpr
+    arguments, Triton's launcher's order). Kept only where that launch is all Triton's
+    launcher would do: lean (no scratch, no instrumentation), one CTA a program, no PDL or
+    cooperative launch, the outputs aligned as the C++ side allocates them (new tensors),
+    every argument of a type it passes."""
+    md = getattr(d.compiled, "metadata", None)
+    signature = getattr(getattr(d.compiled, "src", None), "signature", None)
+    outs = 1 if len(tensors) == 3 else 2
+    if (
+        d.launch is None
+        or md is None
+        or not isinstance(signature, dict)
+        or getattr(md, "num_ctas", 1) != 1
+        or getattr(md, "launch_pdl", False)
+        or getattr(md, "launch_cooperative_grid", False)
+        or not all(align[-outs:])
+        or len(p.grid) != 1
+    ):
+        return
+    k, ints = len(tensors), p.ints
+    args = []
+    for i, ty in enumerate(signature.values()):
+        if ty == "constexpr":
+            continue
+        if i < k and isinstance(ty, str) and ty.startswith("*"):
+            args.append((0, i))
+        elif k <= i < k + len(ints) and ty in _INTS:
+            args.append((_INTS[ty], int(ints[i - k])))
+        elif i == k + len(ints) and ty == "fp32":
+            args.append((3, 0))
+        else:
+            return
+    x, w = tensors[0], tensors[-outs - 1]
+    residual = tensors[1] if outs == 2 else None
+    weight = w if p.weighted else None
+    HOST.triton_keep(x, residual, weight, d.function, p.grid[0], md.num_warps, md.shared, args)
 
 
 def _empty(like: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

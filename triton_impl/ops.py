@@ -40,7 +40,7 @@ from rmsnorm_api import (
     check_out,
 )
 from triton_impl.configs import Config
-from triton_impl.eager import eager_forward
+from triton_impl.eager import HOST, eager_forward
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import has_work, launch, op, plan
 
@@ -138,9 +138,16 @@ def rms_norm(
     contiguous tensor of x's shape, dtype and device) and returns it. Raises
     TypeError/ValueError naming the argument for unsupported input.
     """
-    # the fast path: no out=, and nothing the dispatcher's keys above the op would do
-    if out is None and not INTERPRET and bypass_ok(x, weight):
-        return eager_forward(x, None, weight, eps, _IMPL)
+    # the fast paths: no out=, and nothing the dispatcher's keys above the op would do; a
+    # plan kept in C++ first (None: a miss, or not a plain eager call). Dynamo folds
+    # is_compiling and never traces the entry point.
+    if out is None and not INTERPRET:
+        if HOST is not None and not torch.compiler.is_compiling():
+            y = HOST.triton_rms_norm(x, weight, eps)
+            if y is not None:
+                return y
+        if bypass_ok(x, weight):
+            return eager_forward(x, None, weight, eps, _IMPL)
     ops = torch.ops.triton_impl
     return call_op(
         ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
@@ -157,8 +164,13 @@ def fused_add_rms_norm(
     Raises TypeError/ValueError naming the argument for unsupported input."""
     # residual=None is refused by the checks (bypass_ok takes None for an absent tensor, and
     # eager_forward would run rms_norm)
-    if not INTERPRET and residual is not None and bypass_ok(x, residual, weight):
-        return eager_forward(x, residual, weight, eps, _FUSED)
+    if not INTERPRET and residual is not None:
+        if HOST is not None and not torch.compiler.is_compiling():
+            outs = HOST.triton_fused_add_rms_norm(x, residual, weight, eps)
+            if outs is not None:
+                return outs
+        if bypass_ok(x, residual, weight):
+            return eager_forward(x, residual, weight, eps, _FUSED)
     _check_fused(x, residual, weight, eps, _FUSED)
     return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
 
