@@ -584,10 +584,15 @@ def test_entry_points_bypass_as_bypass_ok():
     triton_impl.rms_norm(x, w, 1e-6)  # a plan kept for the Triton entry point
     tol = TOL[torch.bfloat16]
 
+    from triton_impl import eager
+
     def runs(x, w, eps=1e-6):
-        """Whether each entry point ran the call (they agree), its results checked."""
-        got = [e.rms_norm(x, w, eps), e.triton_rms_norm(x, w, eps)]
-        assert (got[0] is None) == (got[1] is None), "the entry points disagree"
+        """Whether each entry point ran the call (they agree), its results checked; Triton's
+        only where its plans are kept in C++ (a Triton with the direct launch)."""
+        got = [e.rms_norm(x, w, eps)]
+        if eager.HOST is not None:
+            got.append(e.triton_rms_norm(x, w, eps))
+        assert len({y is None for y in got}) == 1, "the entry points disagree"
         if got[0] is None:
             return False
         for y in got:
@@ -616,6 +621,7 @@ def test_entry_points_bypass_as_bypass_ok():
 
     def f(t):
         flags.append(e.rms_norm(t, w, 1e-6) is None and e.triton_rms_norm(t, w, 1e-6) is None)
+        # (the Triton entry point returns None here whether or not a plan is kept)
         return t * 2
 
     torch.func.vmap(f)(x)
@@ -656,13 +662,13 @@ def test_triton_hits_launch_from_cpp(monkeypatch):
     assert eager.HOST.triton_kept() == 0
 
     def layouts():
-        wide = torch.randn(64, 4096 + 16, device=DEVICE)
         for dtype, wdtype in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
                               (torch.float32, None)):  # fmt: skip
             w = None if wdtype is None else (1 + torch.randn(4096, device=DEVICE)).to(wdtype)
-            for x in (torch.randn(8, 4096, device=DEVICE), wide[:, :4096], wide[:, 1:4097],
-                      torch.randn(1, 3, 4097, device=DEVICE)[..., 1:]):  # fmt: skip
-                x = x.to(dtype)
+            wide = torch.randn(64, 4096 + 16, device=DEVICE, dtype=dtype)
+            batch = torch.randn(1, 3, 4097, device=DEVICE, dtype=dtype)
+            for x in (torch.randn(8, 4096, device=DEVICE, dtype=dtype), wide[:, :4096],
+                      wide[:, 1:4097], batch[..., 1:]):  # fmt: skip
                 yield x, w, torch.randn(x.shape, device=DEVICE).to(dtype)
                 yield x, w, torch.randn(x.shape, device=DEVICE)
 
@@ -679,7 +685,8 @@ def test_triton_hits_launch_from_cpp(monkeypatch):
 
     check_all()  # planned, compiled and kept
     kept = eager.HOST.triton_kept()
-    assert kept > len(eager.PLANS) > 0  # an offset layout keeps another alignment
+    # every plan launched directly is kept (one alignment a key: the key has the offset)
+    assert kept == sum(bool(d) for p in eager.PLANS.values() for d in p.compiled.values()) > 0
 
     def no_python(*args, **kwargs):
         raise AssertionError("a kept plan launched through Python")

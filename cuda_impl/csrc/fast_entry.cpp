@@ -136,24 +136,39 @@ bool cuda_fused_add_in_place(py::handle x, py::handle residual, py::handle weigh
 
 using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, unsigned, unsigned, CUstream, void**, void**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
 
-// The driver's cuLaunchKernel, through the runtime (no link to libcuda of our own).
-LaunchKernel launch_kernel() {
-  static LaunchKernel fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
+// A driver function, through the runtime (no link to libcuda of our own); nullptr where the
+// driver has none.
+void* driver_function(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
-    cudaError_t err = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000,
-                                                       cudaEnableDefault, &found);
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
 #else
-    cudaError_t err = cudaGetDriverEntryPoint("cuLaunchKernel", &p, cudaEnableDefault, &found);
+  const cudaError_t err = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
 #endif
-    TORCH_CHECK(err == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr,
-                "triton_impl: the driver's cuLaunchKernel was not found (",
-                cudaGetErrorString(err), ")");
-    return reinterpret_cast<LaunchKernel>(p);
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();  // the failed query is not the next CUDA call's error
+    return nullptr;
+  }
+  return p;
+}
+
+// Set by driver(), which triton_keep asks before keeping a plan: a hit finds them set.
+LaunchKernel launch_kernel = nullptr;
+CtxGetCurrent ctx_get_current = nullptr;
+
+// Both driver functions, looked up once; false where either is missing (no Triton plan is
+// then kept, and Python launches every call).
+bool driver() {
+  static const bool ok = [] {
+    launch_kernel = reinterpret_cast<LaunchKernel>(driver_function("cuLaunchKernel"));
+    ctx_get_current = reinterpret_cast<CtxGetCurrent>(driver_function("cuCtxGetCurrent"));
+    return launch_kernel != nullptr && ctx_get_current != nullptr;
   }();
-  return fn;
+  return ok;
 }
 
 // A kernel argument of a plan, in the compiled kernel's parameter order (Triton's launcher
@@ -261,7 +276,7 @@ void launch(const Plan& p, const at::Tensor* const* tensors, double eps, int dev
     params[n] = &slots[n];
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const CUresult err = launch_kernel()(p.function, p.grid, 1, 1, p.block, 1, 1, p.shared,
+  const CUresult err = launch_kernel(p.function, p.grid, 1, 1, p.block, 1, 1, p.shared,
                                        reinterpret_cast<CUstream>(stream), params, nullptr);
   TORCH_CHECK(err == CUDA_SUCCESS, "triton_impl: cuLaunchKernel failed with CUresult ",
               static_cast<int>(err));
@@ -278,7 +293,11 @@ const Plan* find_plan(const Call& c) {
   auto it = plans.find(plan_key(c));
   if (it == plans.end()) return nullptr;
   // the function was loaded in the context of the device current when Triton compiled it
+  // (triton_keep keeps only plans of that device); a thread with no current context (whose
+  // first CUDA work this would be) goes through Triton's launcher, which makes one current
   if (it->second.device != c10::cuda::current_device() || !hooks_quiet()) return nullptr;
+  CUcontext ctx = nullptr;
+  if (ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
   return &it->second;
 }
 
@@ -318,8 +337,13 @@ bool triton_keep(py::handle x, py::handle residual, py::handle weight, uint64_t 
   Call c = bypass(x.ptr(), residual.is_none() ? nullptr : residual.ptr(), weight.ptr(),
                   py::float_(1e-6).ptr());
   const int64_t slots = residual.is_none() ? 3 : 5;
-  if (!c.ok || function == 0 || grid <= 0 || grid > std::numeric_limits<int32_t>::max() ||
-      num_warps <= 0 || num_warps > 32 || shared < 0 || args.size() > 30) {
+  // shared memory past 228 KiB needs a launch attribute Triton's launcher sets (none of
+  // our kernels asks for it); a plan of another device than the current one (whose
+  // context Triton loaded the function in) is launched by Python
+  if (!c.ok || !driver() || c.x->get_device() != c10::cuda::current_device() ||
+      function == 0 || grid <= 0 || grid > std::numeric_limits<int32_t>::max() ||
+      num_warps <= 0 || num_warps > 32 || shared < 0 || shared > 228 * 1024 ||
+      args.size() > 30) {
     return false;
   }
   for (const auto& [kind, value] : args) {
