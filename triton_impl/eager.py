@@ -31,6 +31,14 @@ What the direct launch assumes of Triton's internals (none of it public API):
   tensors only, rmsnorm_api.bypass_ok);
 - ``triton.knobs.runtime`` holds the launch hooks; the current stream is torch's
   (``torch._C._cuda_getCurrentRawStream``, which Triton's driver takes with torch loaded).
+Where the CUDA extension is built (rmsnorm_api.host), each plan launched directly is also
+kept there (``_keep``): its compiled function, grid, warps, shared memory and parameters in
+the order Triton's launcher passes them (the signature's non-constexpr arguments, then two
+null scratch pointers), and the public functions ask its entry point first, which tests
+bypass_ok's conditions, looks the call's key up (this module's key and each input's 16-byte
+alignment), allocates the outputs and calls cuLaunchKernel: a hit never enters Python past
+the public function. A miss, another device, a launch hook set, or any call bypass_ok
+would refuse, returns None to the Python paths here.
 Checked against Triton 3.6 and 3.8 (VERIFIED_TRITON). On any other version, or with
 RMSNORM_TRITON_FAST_LAUNCH=0, a hit launches through the public ``kernel[grid](...)``
 instead: slower on the host, never a crash or a wrong launch. With a launch hook set, a
