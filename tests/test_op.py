@@ -315,46 +315,6 @@ class Passing(_Recording, TorchFunctionMode):  # the base class refuses every ca
 
 
 @pytest.mark.gpu
-def test_bypass_only_where_nothing_is_skipped():
-    """The eager fast paths' predicate (rmsnorm_api.bypass_ok, which CUDA's redispatch below
-    Autograd and Triton's plan cache both ask) holds only when nothing needs a gradient and
-    nothing the dispatcher's keys would do is there: functorch, torch function or dispatch
-    modes, jit tracing, negative or zero-tensor bits."""
-    from rmsnorm_api import bypass_ok
-
-    x, w = inputs(torch.bfloat16, n=4096, m=8)
-    r = torch.randn_like(x)
-    wg = w.clone().requires_grad_()
-    assert bypass_ok(x, w) and bypass_ok(x, r, w) and bypass_ok(x, None)
-    assert not bypass_ok(x, wg)
-    assert not bypass_ok(x.cpu(), w) and not bypass_ok(x, w.cpu())
-    r.requires_grad_()
-    assert not bypass_ok(x, r, w)
-    with torch.no_grad():
-        assert bypass_ok(x, r, wg)
-    assert not bypass_ok(torch._neg_view(x), w) and not bypass_ok(x, torch._neg_view(w))
-    zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
-    assert not bypass_ok(zero, w)
-    nested = torch.nested.nested_tensor([x[0], x[1]])
-    assert not bypass_ok(nested, w) and not bypass_ok(x.to_sparse(), w)
-    with Seen():
-        assert not bypass_ok(x, w)
-    with Passing():
-        assert not bypass_ok(x, w)
-    flags = []
-
-    def f(t):
-        flags.append(bypass_ok(t, w))
-        return t * 2
-
-    torch.func.vmap(f)(x)
-    assert flags == [False]
-    traced = []
-    torch.jit.trace(lambda t: traced.append(bypass_ok(t, w)) or t * 2, (x,), check_trace=False)
-    assert traced == [False]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["triton", "cuda"])
 def test_fast_path_skips_nothing(name):
     """Each backend's eager calls, fast path or not, give the reference's result with
@@ -567,52 +527,61 @@ def test_keep_hands_cpp_the_launchers_parameters(monkeypatch, case):
 
 
 @pytest.mark.gpu
-def test_entry_points_bypass_as_bypass_ok():
-    """The C++ entry points (fast_entry.cpp) run a call only where bypass_ok would let it
-    past the dispatcher's keys, and return None (the Python paths take it) wherever it
-    would not: a gradient to record, functorch, torch function or dispatch modes, jit
-    tracing, negative or zero-tensor bits, nested, sparse or CPU tensors, a Parameter as x,
-    an eps not a Python float; and a forward-mode tangent on a tensor (bypass_ok refuses
-    any dual level: the entry points only tensors with a tangent, whose result needs one)."""
+def test_bypass_only_where_nothing_is_skipped():
+    """The eager fast paths' test, in Python (rmsnorm_api.bypass_ok, which the backends ask
+    without the extension's entry points) and in C++ (the entry points of fast_entry.cpp,
+    which run the call or return None): it holds only when nothing needs a gradient and
+    nothing the dispatcher's keys would do is there: functorch, torch function or dispatch
+    modes, jit tracing, negative or zero-tensor bits, nested, sparse or CPU tensors, a
+    Parameter as x; the entry points also want eps a Python float. The two agree but on
+    forward-mode AD: bypass_ok refuses any open dual level, the entry points only tensors
+    with a tangent (a tensor without one gets none either way)."""
     import torch.autograd.forward_ad as fwAD
 
     import triton_impl
+    from rmsnorm_api import bypass_ok, host
+    from triton_impl import eager
 
-    e = _entry_or_skip()
+    e = host.entry()
     x, w = inputs(torch.bfloat16, n=4096, m=8)
     r = torch.randn_like(x)
     triton_impl.rms_norm(x, w, 1e-6)  # a plan kept for the Triton entry point
     tol = TOL[torch.bfloat16]
 
-    from triton_impl import eager
-
-    def runs(x, w, eps=1e-6):
-        """Whether each entry point ran the call (they agree), its results checked; Triton's
-        only where its plans are kept in C++ (a Triton with the direct launch)."""
-        got = [e.rms_norm(x, w, eps)]
+    def runs(x, w, eps=1e-6, python=True):
+        """Whether the call may skip the dispatcher: bypass_ok's answer (python), and each
+        entry point's (they agree with it), their results checked."""
+        got = [] if e is None else [e.rms_norm(x, w, eps)]
         if eager.HOST is not None:
-            got.append(e.triton_rms_norm(x, w, eps))
-        assert len({y is None for y in got}) == 1, "the entry points disagree"
-        if got[0] is None:
-            return False
+            got.append(eager.HOST.triton_rms_norm(x, w, eps))
+        ran = bool(bypass_ok(x, w)) if python else None
         for y in got:
-            torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **tol)
-        return True
+            if ran is None:
+                ran = y is not None
+            assert (y is not None) == ran, "an entry point and bypass_ok disagree"
+            if y is not None:
+                torch.testing.assert_close(y, rms_norm_ref(x, w, 1e-6), **tol)
+        return ran
 
-    assert runs(x, w)
-    assert not runs(x, w, 1) and not runs(x, w, torch.tensor(1e-6))
+    assert runs(x, w) and bypass_ok(x, r, w) and bypass_ok(x, None)
+    if e is not None:  # eps not a float: the Python paths convert or refuse it
+        assert not runs(x, w, 1, python=False) and not runs(x, w, torch.tensor(1e-6), False)
     wg = w.clone().requires_grad_()
     assert not runs(x, wg)
     with torch.no_grad():
         assert runs(x, wg)
+    r.requires_grad_()
+    assert not bypass_ok(x, r, w)
+    with torch.no_grad():
+        assert bypass_ok(x, r, wg)
     assert not runs(x.cpu(), w) and not runs(x, w.cpu())
     assert not runs(torch.nn.Parameter(x, requires_grad=False), w)
     assert runs(x, torch.nn.Parameter(w, requires_grad=False))
     assert not runs(torch._neg_view(x), w) and not runs(x, torch._neg_view(w))
     zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
     assert not runs(zero, w)
-    assert e.rms_norm(torch.nested.nested_tensor([x[0], x[1]]), w, 1e-6) is None
-    assert e.rms_norm(x.to_sparse(), w, 1e-6) is None
+    assert not runs(torch.nested.nested_tensor([x[0], x[1]]), w)
+    assert not runs(x.to_sparse(), w)
     with Seen():
         assert not runs(x, w)
     with Passing():
@@ -620,27 +589,30 @@ def test_entry_points_bypass_as_bypass_ok():
     flags = []
 
     def f(t):
-        flags.append(e.rms_norm(t, w, 1e-6) is None and e.triton_rms_norm(t, w, 1e-6) is None)
-        # (the Triton entry point returns None here whether or not a plan is kept)
+        flags.append(runs(t, w))
         return t * 2
 
     torch.func.vmap(f)(x)
-    assert flags == [True]
+    assert flags == [False]
     traced = []
     torch.jit.trace(lambda t: traced.append(runs(t, w)) or t * 2, (x,), check_trace=False)
     assert traced == [False]
     with fwAD.dual_level():
         assert not runs(fwAD.make_dual(x, torch.randn_like(x)), w)
-        assert runs(x, w)
+        assert not bypass_ok(x, w)
+        assert e is None or runs(x, w, python=False)
+    if e is None:
+        return
     # the fused add's entry points: the same test
+    r = r.detach()
     assert e.fused_add_rms_norm(x, r, w, 1e-6) is not None
-    assert e.fused_add_rms_norm(x, r.requires_grad_(), w, 1e-6) is None
+    assert e.fused_add_rms_norm(x, r.clone().requires_grad_(), w, 1e-6) is None
     with Seen():
         assert e.fused_add_rms_norm(x, r, w, 1e-6) is None
-        assert not e.fused_add_rms_norm_(x.clone(), r.detach().clone(), w, 1e-6)
-    xi, ri = x.clone(), r.detach().clone()
+        assert not e.fused_add_rms_norm_(x.clone(), r.clone(), w, 1e-6)
+    xi, ri = x.clone(), r.clone()
     assert e.fused_add_rms_norm_(xi, ri, w, 1e-6)
-    assert torch.equal(ri, (x.float() + r.detach().float()).to(ri.dtype))
+    assert torch.equal(ri, (x.float() + r.float()).to(ri.dtype))
 
 
 @pytest.mark.gpu
