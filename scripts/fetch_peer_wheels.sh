@@ -2,21 +2,23 @@
 # Download the optional peers (Liger-Kernel, QuACK and its CuTe DSL, FlashInfer) for the
 # device machine (Python 3.12, x86-64, no registry there), into folders git ignores:
 #   .whl/  liger-kernel                      (carry it with every bench call)
-#   .qk1/, .qk3/  QuACK's CUDA 13 library wheel (92 MB) in parts of PART_BYTES, each
-#          carried in a call of its own (with other work, or a `h200.sh stage` call) to a
-#          warm machine
-#   .qk2/  QuACK's other wheels (carry with .whl for `bench`)
+#   .qk1/, .qk3/  QuACK's CUDA 13 library wheel (92 MB as a zip) repacked as an xz'd tar
+#          of its files (64 MB; h200.sh unpacks it into the site folder), in parts of
+#          PART_BYTES: the first carried with .qk2, .fi and .whl in a call of its own (with
+#          other work, or a `h200.sh stage` call), the second with the bench call to the
+#          still warm machine. LIBS_WHEEL: that wheel already here, used instead of
+#          downloading it
+#   .qk2/  QuACK's other wheels
 #   .fi/   FlashInfer's norms: flashinfer-python's wheel (101 MB) cut by
 #          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
 #          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
 # One device call carries at most 64 MiB with the working tree (14 MB of tracked files, the
-# committed records, sweeps and probes xz'd), hence the parts (46 MB: two, each beside the
-# tree in a call of its own; the bench call carries .whl, .qk2 and .fi, 13 MB); h200.sh
-# joins them.
+# committed records, sweeps and probes xz'd), hence the parts (34 MB: the first beside the
+# tree, .qk2, .fi and .whl, 62 MB; the second beside the tree); h200.sh joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_BYTES=${PART_BYTES:-46000000}
+PART_BYTES=${PART_BYTES:-34000000}
 FI_VERSION=0.7.4
 mkdir -p .git/info .whl .qk2
 for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/ /.qk7/ /.qk8/ /.qk9/ /.fi/; do
@@ -40,12 +42,33 @@ if [[ -z "$fi_wheel" ]]; then
   fi_wheel="$tmp/flashinfer_python-$FI_VERSION-py3-none-any.whl"
 fi
 rm -rf .fi && python3 scripts/trim_flashinfer.py "$fi_wheel" --out .fi
-get "$tmp" nvidia-cutlass-dsl-libs-cu13==4.8.1
-big=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
+libs_wheel=${LIBS_WHEEL:-}
+if [[ -z "$libs_wheel" ]]; then
+  get "$tmp" nvidia-cutlass-dsl-libs-cu13==4.8.1
+  libs_wheel=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
+fi
+# the wheel's files, modes kept, as an xz'd tar: its IR library deflates to 73 MB, xz's
+# strongest preset takes it to 50 (a few minutes here)
+big="$tmp/$(basename "$libs_wheel" .whl).tar.xz"
+python3 - "$libs_wheel" "$big" <<'PY'
+import sys
+import tarfile
+import zipfile
+
+with zipfile.ZipFile(sys.argv[1]) as whl, tarfile.open(sys.argv[2], "w:xz", preset=9) as tar:
+    for info in whl.infolist():
+        if info.is_dir():
+            continue
+        member = tarfile.TarInfo(info.filename)
+        member.size = info.file_size
+        member.mode = (info.external_attr >> 16) & 0o777 or 0o644
+        with whl.open(info) as data:
+            tar.addfile(member, data)
+PY
 split -b "$PART_BYTES" "$big" "$tmp/$(basename "$big").part-"
 # the parts into .qk1, .qk3, .qk4, ... (.qk2 holds the other wheels)
 dirs=(.qk1 .qk3 .qk4 .qk5 .qk6 .qk7 .qk8 .qk9)
-rm -rf "${dirs[@]}"  # an earlier split's parts would join with these into a broken wheel
+rm -rf "${dirs[@]}"  # an earlier split's parts would join with these into a broken file
 i=0
 for part in "$tmp"/*.part-*; do
   if ((i == ${#dirs[@]})); then

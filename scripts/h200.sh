@@ -92,26 +92,28 @@ racecheck_verdict() {
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
 #   .qk1/, .qk3/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is
-#   larger than one call carries beside the working tree, so it is in parts (.qk1,
-#   .qk3), each carried in a call of its own (with other work, or
-#   `bash scripts/h200.sh stage`, to a warm machine); .qk2 holds QuACK's other wheels and
-#   travels with the real call.
+#   repacked as a .tar.xz of its files (64 MB) in two parts (.qk1, .qk3), too large
+#   together beside the working tree: the first carried with .qk2 (QuACK's other wheels),
+#   .fi and .whl in a call of its own (with other work, or `bash scripts/h200.sh stage`),
+#   the second with the real call to the still warm machine.
 #   .fi/  FlashInfer's norms (scripts/trim_flashinfer.py: flashinfer.norm and what it reads,
 #   3 MB), unpacked into /tmp/site; it needs .qk2 (apache-tvm-ffi) and, for its default
-#   CuTe DSL path, QuACK's DSL whole. Carried with the real call, or staged like a part.
+#   CuTe DSL path, QuACK's DSL whole.
 mkdir -p /tmp/qk
-for d in .qk[0-9]* .fi; do [[ -d $d && $d != .qk2 ]] && cp "$d"/* /tmp/qk/; done
+for d in .qk[0-9]* .fi; do [[ -d $d ]] && cp "$d"/* /tmp/qk/; done
 mode stage && { ls -la /tmp/qk; exit 0; }
-[[ -d .qk2 ]] && cp .qk2/* /tmp/qk/
-# the parts joined once the last has come (the joined file reads as a whole zip)
-for part in /tmp/qk/*.whl.part-aa; do
+# the parts joined once the last has come (the joined file reads whole: a zip, or an xz'd
+# tar to its end)
+for part in /tmp/qk/*.part-aa; do
   [[ -e "$part" ]] || continue
-  whl=${part%.part-aa}
-  cat "$whl".part-* >"$whl.joined"
-  if $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).testzip()" "$whl.joined" 2>/dev/null; then
-    mv "$whl.joined" "$whl" && rm "$whl".part-*
+  whole=${part%.part-aa}
+  cat "$whole".part-* >"$whole.joined"
+  if $PY -c "import sys, tarfile, zipfile; p = sys.argv[1]
+zipfile.ZipFile(p).testzip() if sys.argv[2].endswith('.whl') else tarfile.open(p).getmembers()" \
+    "$whole.joined" "$whole" 2>/dev/null; then
+    mv "$whole.joined" "$whole" && rm "$whole".part-*
   else
-    rm "$whl.joined"; echo "QuACK's library wheel: $(ls "$whl".part-* | wc -l) parts here, not all yet"
+    rm "$whole.joined"; echo "$(basename "$whole"): $(ls "$whole".part-* | wc -l) parts here, not all yet"
   fi
 done
 wheels=$(ls .whl/*.whl /tmp/qk/*.whl 2>/dev/null)
@@ -119,11 +121,18 @@ if [[ -n "$wheels" ]]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $wheels && export RMSNORM_SITE_DIRS=/tmp/site
 fi
-for tarball in /tmp/qk/flashinfer*.tar.xz; do
+# the repacked wheels unpacked after pip, which replaces a package's folder whole (QuACK's
+# library adds its files to the folder its other wheels share)
+for tarball in /tmp/qk/*.tar.xz; do
   [[ -e "$tarball" ]] || continue
-  rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
+  case $(basename "$tarball") in
+    flashinfer*) rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info ;;
+  esac
   $PY -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
     "$tarball" /tmp/site && export RMSNORM_SITE_DIRS=/tmp/site
+done
+for tarball in /tmp/qk/flashinfer*.tar.xz; do
+  [[ -e "$tarball" ]] || continue
   # flashinfer_cuda's first call builds norm.cu (ninja, nvcc; ~/.cache/flashinfer), whose
   # headers include cublasLt.h and curand's: from torch's nvidia wheels where the toolkit
   # lacks them
