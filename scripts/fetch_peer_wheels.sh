@@ -3,7 +3,7 @@
 # device machine (Python 3.12, x86-64, no registry there), into folders git ignores:
 #   .whl/  liger-kernel                      (carry it with every bench call)
 #   .qk1/, .qk3/  QuACK's CUDA 13 library wheel (92 MB as a zip) repacked as an xz'd tar
-#          of its files (64 MB; h200.sh unpacks it into the site folder), in parts of
+#          of its files (61 MB; h200.sh unpacks it into the site folder), in parts of
 #          PART_BYTES: the first carried with .qk2, .fi and .whl in a call of its own (with
 #          other work, or a `h200.sh stage` call), the second with the bench call to the
 #          still warm machine. LIBS_WHEEL: that wheel already here, used instead of
@@ -14,8 +14,9 @@
 #          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
 # One device call carries at most 64 MiB with the working tree (14 MB of tracked files, the
-# committed records, sweeps and probes xz'd), hence the parts (34 MB: the first beside the
-# tree, .qk2, .fi and .whl, 62 MB; the second beside the tree); h200.sh joins them.
+# committed records, sweeps and probes xz'd), hence the parts (34 and 27 MB: the first
+# beside the tree, .qk2, .fi and .whl, 62 MB; the second beside the tree); h200.sh joins
+# them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_BYTES=${PART_BYTES:-34000000}
@@ -48,7 +49,7 @@ if [[ -z "$libs_wheel" ]]; then
   libs_wheel=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 fi
 # the wheel's files, modes kept, as an xz'd tar: its IR library deflates to 73 MB, xz's
-# strongest preset takes it to 50 (a few minutes here)
+# strongest preset takes it to 50 and the whole to 61 (minutes here)
 big="$tmp/$(basename "$libs_wheel" .whl).tar.xz"
 python3 - "$libs_wheel" "$big" <<'PY'
 import sys

@@ -92,7 +92,7 @@ racecheck_verdict() {
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
 #   .qk1/, .qk3/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is
-#   repacked as a .tar.xz of its files (64 MB) in two parts (.qk1, .qk3), too large
+#   repacked as a .tar.xz of its files (61 MB) in two parts (.qk1, .qk3), too large
 #   together beside the working tree: the first carried with .qk2 (QuACK's other wheels),
 #   .fi and .whl in a call of its own (with other work, or `bash scripts/h200.sh stage`),
 #   the second with the real call to the still warm machine.
