@@ -43,3 +43,120 @@ def test_schema_text():
         .schema("x")
         .endswith("float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)")
     )
+
+
+def _contract_checks():
+    """Each op's argument checks in the contract (rmsnorm_api), keyed by op: what both
+    backends run before their kernels (CPU tensors allowed: the rules are not the device)."""
+    import rmsnorm_api as api
+
+    def fwd(a):
+        api.check_inputs(a["x"], a["weight"], a["eps"], allow_cpu=True)
+
+    def fused(a):
+        api.check_fused_inputs(a["x"], a["residual"], a["weight"], a["eps"], allow_cpu=True)
+
+    return {
+        "rms_norm": fwd,
+        "rms_norm_out": lambda a: (fwd(a), api.check_out(a["out"], a["x"], a["weight"])),
+        "fused_add_rms_norm": fused,
+        "fused_add_rms_norm_": lambda a: (
+            fused(a),
+            api.check_in_place(a["x"], a["residual"], a["weight"]),
+        ),
+        "rms_norm_backward": lambda a: api.check_backward_inputs(
+            a["dy"], a["x"], a["weight"], a["eps"], allow_cpu=True
+        ),
+        "fused_add_rms_norm_backward": lambda a: api.check_backward_inputs(
+            a["dy"],
+            a["residual_out"],
+            a["weight"],
+            a["eps"],
+            a["d_residual_out"],
+            fused=True,
+            allow_cpu=True,
+        ),  # fmt: skip
+    }
+
+
+def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
+    """Arguments every rule of spec admits, built from the rules: the rows' tensors of
+    dtype and shape rows, the others as their rules relate them (x|float32: x's dtype),
+    each after the arguments it refers to."""
+    args = {a.name: (1e-6 if a.kind == "float" else a.default) for a in spec.args
+            if a.kind != "Tensor"}  # fmt: skip
+    pending = [a for a in spec.args if a.kind == "Tensor"]
+    while pending:
+        a = next(a for a in pending if _refers(a) <= set(args))
+        pending.remove(a)
+        dt = dtype if a.dtype == "float" else args[a.dtype.split("|")[0]].dtype
+        if a.shape == "rows":
+            shape = rows
+        elif a.shape.startswith("row of "):
+            shape = (args[a.shape[len("row of ") :]].shape[-1],)
+        else:
+            shape = tuple(args[a.shape].shape)
+        args[a.name] = torch.randn(shape).to(dt)
+    return {a.name: args[a.name] for a in spec.args}
+
+
+def _refers(a) -> set:
+    """The arguments a's rules name."""
+    names = set() if a.dtype == "float" else {a.dtype.split("|")[0]}
+    if a.shape != "rows":
+        names.add(a.shape.removeprefix("row of "))
+    return names
+
+
+def _violations(spec, a) -> list:
+    """(what, value) pairs breaking one rule of argument a each, the other arguments valid."""
+    out = []
+    base = _valid(spec)[a.name]
+    if a.dtype == "float":
+        out.append(("an int dtype", base.to(torch.int32)))
+    elif "|" in a.dtype:
+        out.append(("fp16 beside bf16", base.to(torch.float16)))
+    else:
+        out.append(("fp32 beside bf16", base.float()))
+    if a.shape == "rows":
+        out += [("0-d", base[0, 0].clone()), ("N = 0", base[:, :0].clone())]
+        out.append(("N past MAX_N", torch.randn(1, 262145).to(base.dtype)))
+    else:
+        out.append(
+            ("another shape", torch.randn(*base.shape[:-1], base.shape[-1] + 1).to(base.dtype))
+        )
+    wide = torch.randn(*base.shape[:-1], 2 * base.shape[-1]).to(base.dtype)
+    if a.stride in ("row", "dense"):
+        out.append(("last-dim stride 2", wide[..., ::2]))
+    if a.stride == "dense":
+        out.append(("rows apart", wide[..., : base.shape[-1]]))
+    return out
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_the_checks_keep_the_rules(op):
+    """The contract's checks admit what the description's rules admit and refuse, naming
+    the argument, every input breaking one rule: a tensor's dtype, shape or stride, a
+    scalar out of its range (the rules are what the checks are to be built from)."""
+    import re
+
+    spec = OPS[op]
+    check = _contract_checks()[op]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        check(_valid(spec, dtype))
+        check(_valid(spec, dtype, rows=(2, 3, 5)))
+    for a in spec.args:
+        if a.kind == "float":
+            for bad in (a.lo / 2, a.hi * 2, float("nan")):
+                args = _valid(spec)
+                args[a.name] = bad
+                with pytest.raises(ValueError, match=rf"\b{a.name}\b"):
+                    check(args)
+        if a.kind != "Tensor":
+            continue
+        for what, value in _violations(spec, a):
+            args = _valid(spec)
+            args[a.name] = value
+            with pytest.raises((TypeError, ValueError)) as e:
+                check(args)
+            assert re.search(rf"\b{a.name}\b", str(e.value)), (op, a.name, what, str(e.value))
