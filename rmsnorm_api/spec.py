@@ -101,9 +101,7 @@ OPS = {
     op.name: op
     for op in (
         OpSpec("rms_norm", (_X, _WEIGHT, _EPS), ("y",)),
-        OpSpec(
-            "rms_norm_out", (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS)
-        ),
+        OpSpec("rms_norm_out", (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS)),
         OpSpec(
             "fused_add_rms_norm",
             (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS),
