@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rmsnorm_api import EPS_MAX, EPS_MIN
+
 #: No default: the argument must be given.
 REQUIRED = object()
 
@@ -43,6 +45,16 @@ class Arg:
     stride: str = ""
     lo: float = 0.0
     hi: float = 0.0
+
+    @property
+    def dtype_of(self) -> str:
+        """The argument whose dtype this one's rule names ("" for "float")."""
+        return "" if self.dtype == "float" else self.dtype.split("|")[0]
+
+    @property
+    def shape_of(self) -> str:
+        """The argument whose shape this one's rule names ("" for "rows")."""
+        return "" if self.shape == "rows" else self.shape.removeprefix("row of ")
 
     def text(self, alias: str) -> str:
         """The argument as a schema string writes it (alias: the letter of a written
@@ -75,12 +87,8 @@ class OpSpec:
         return f"{ns}::{self.name}({args}) -> {out}"
 
 
-#: float32's normal range, as rmsnorm_api.EPS_MIN / EPS_MAX (this module imports no torch)
-_EPS_LO, _EPS_HI = 2.0**-126, (2.0 - 2.0**-23) * 2.0**127
-
-
 def _eps() -> Arg:
-    return Arg("eps", "float", lo=_EPS_LO, hi=_EPS_HI)
+    return Arg("eps", "float", lo=EPS_MIN, hi=EPS_MAX)
 
 
 def _rows(name: str, **kw) -> Arg:
