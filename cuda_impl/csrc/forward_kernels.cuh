@@ -535,19 +535,6 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     for (int k = 0; k < VPT; ++k) {
       const int j = c + t + k * ROW_THREADS;
       if (j >= nvec) break;
-#ifdef RMSNORM_REREAD_SPLIT_WEIGHT
-      Pack<T> o;
-      if (w != nullptr) {
-        float wf[VEC];
-        load_weight<W, VEC>(w + j * VEC, true, wf);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u[k].e[i]) * rstd * wf[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u[k].e[i]) * rstd);
-      }
-      yp[j] = o.raw;
-#else
       float wf[VEC];
       if (w != nullptr) {
         load_weight<W, VEC>(w + j * VEC, true, wf);
@@ -559,7 +546,6 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
 #pragma unroll
       for (int i = 0; i < VEC; ++i) o.e[i] = from_float<T>(to_float(u[k].e[i]) * rstd * wf[i]);
       yp[j] = o.raw;
-#endif
     }
   }
 }
