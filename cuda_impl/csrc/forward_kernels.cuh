@@ -617,7 +617,8 @@ __device__ __forceinline__ float edge_value(const T* xr, const R* rr, R* ro, int
 // element is read whole before the same thread writes it, and no thread touches another's.
 template <typename T, typename W, typename R, int ROW_THREADS, int VPT, bool CLUSTER, int VARIANT>
 __global__ void __launch_bounds__(block_threads(ROW_THREADS),
-                                  min_blocks(ROW_THREADS, VARIANT, !std::is_void_v<R>))
+                                  min_blocks(ROW_THREADS, VARIANT, !std::is_void_v<R>,
+                                             sizeof(W) == sizeof(T)))
     // the parameters every rms_norm path reads come first: 48 bytes, which with the 16 the
     // parameter bank holds before them make one constant-cache line, so a decode-sized
     // call, whose CTAs each start on a cold constant cache, waits on one miss, not two

@@ -69,12 +69,16 @@ constexpr int max_ranks(int variant) {
 }
 // CTAs an SM the compiler must fit in registers: rms_norm's staged row's at 64 registers a
 // thread (its slices live in shared memory; the general body it keeps for rows off the
-// 16-byte grid would take more, one CTA an SM fewer); 0 for any other, which leaves the
-// choice to the compiler as the one-argument form does (a 1 there cost registers and a CTA
-// an SM: docs/notebook/06-wide-rows.md, v32). The fused add's staged configs hold twice the
-// shared memory (two 256 x 8 CTAs an SM either way), and its general body spilled under 64
-// registers.
-constexpr int min_blocks(int row_threads, int variant, bool fused) {
+// 16-byte grid would take more, one CTA an SM fewer); the reread body's at 1024 threads,
+// two (32 registers), where the weight is x's dtype: left to itself the compiler chose 32
+// there too but spilled 8 bytes for fp16 x, none when bound (with an fp32 weight the bound
+// spills 12-20 bytes: left to the compiler, which takes 48); 0 for any other, which leaves
+// the choice to the compiler as the one-argument form does (a 1 there cost registers and a
+// CTA an SM: docs/notebook/06-wide-rows.md, v32). The fused add's staged configs hold twice
+// the shared memory (two 256 x 8 CTAs an SM either way), and its general body spilled
+// under 64 registers.
+constexpr int min_blocks(int row_threads, int variant, bool fused, bool weight_as_x) {
+  if ((variant & kReread) != 0 && block_threads(row_threads) == 1024 && weight_as_x) return 2;
   return (variant & kStagedRow) != 0 && !fused ? 65536 / (block_threads(row_threads) * 64) : 0;
 }
 
