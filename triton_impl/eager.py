@@ -270,8 +270,9 @@ def _cached_launch(p: _Plan, tensors: tuple, eps: float, device: int) -> None:
     _run_compiled(d, p.grid, tensors, ptrs, p.rest_for(eps), device)
 
 
-#: Triton's signature types of the arguments the C++ launch passes: a pointer ("*bf16", ...),
-#: an int (its Arg code, fast_entry.cpp), eps
+#: The C++ launch's argument codes (fast_entry.cpp's Arg): a tensor's pointer, an int of
+#: Triton's signature type, eps
+_POINTER, _EPS = 0, 3
 _INTS = {"i32": 1, "i64": 2}
 
 
@@ -303,11 +304,11 @@ def _keep(p: _Plan, d: _Direct, tensors: tuple, align: tuple) -> None:
         if ty == "constexpr":
             continue
         if i < k and isinstance(ty, str) and ty.startswith("*"):
-            args.append((0, i))
+            args.append((_POINTER, i))
         elif k <= i < k + len(ints) and ty in _INTS:
             args.append((_INTS[ty], int(ints[i - k])))
         elif i == k + len(ints) and ty == "fp32":
-            args.append((3, 0))
+            args.append((_EPS, 0))
         else:
             return
     x, w = tensors[0], tensors[-outs - 1]

@@ -249,7 +249,7 @@ bool hooks_quiet() {
 
 // Launch a plan on tensors (rms_norm: x, weight or x, y; the fused add: x, residual,
 // weight or x, y, residual_out).
-void launch(const Plan& p, const at::Tensor* const* tensors, double eps, int device) {
+void launch(const Plan& p, const at::Tensor* const* tensors, double eps) {
   union Slot {
     void* pointer;
     int32_t i32;
@@ -275,7 +275,7 @@ void launch(const Plan& p, const at::Tensor* const* tensors, double eps, int dev
     slots[n].pointer = nullptr;
     params[n] = &slots[n];
   }
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
   const CUresult err = launch_kernel(p.function, p.grid, 1, 1, p.block, 1, 1, p.shared,
                                        reinterpret_cast<CUstream>(stream), params, nullptr);
   TORCH_CHECK(err == CUDA_SUCCESS, "triton_impl: cuLaunchKernel failed with CUresult ",
@@ -286,10 +286,8 @@ void launch(const Plan& p, const at::Tensor* const* tensors, double eps, int dev
 // caller's Python paths take it.
 const Plan* find_plan(const Call& c) {
   if (!c.ok) return nullptr;
-  // eps outside float32's normal range: refused by the Python path's checks
-  if (!(c.eps >= std::numeric_limits<float>::min() && c.eps <= std::numeric_limits<float>::max())) {
-    return nullptr;
-  }
+  // eps outside its range: refused by the Python path's checks
+  if (!cuda_impl::eps_ok(c.eps)) return nullptr;
   auto it = plans.find(plan_key(c));
   if (it == plans.end()) return nullptr;
   // the function was loaded in the context of the device current when Triton compiled it
@@ -311,7 +309,7 @@ py::object triton_rms_norm(py::handle x, py::handle weight, py::handle eps) {
   if (p == nullptr) return py::none();
   at::Tensor y = empty_like_rows(*c.x, c.x->scalar_type());
   const at::Tensor* tensors[] = {c.x, c.weight ? c.weight : c.x, &y};
-  launch(*p, tensors, c.eps, p->device);
+  launch(*p, tensors, c.eps);
   return wrap(std::move(y));
 }
 
@@ -323,7 +321,7 @@ py::object triton_fused_add(py::handle x, py::handle residual, py::handle weight
   at::Tensor y = empty_like_rows(*c.x, c.x->scalar_type());
   at::Tensor r = empty_like_rows(*c.x, c.residual->scalar_type());
   const at::Tensor* tensors[] = {c.x, c.residual, c.weight ? c.weight : c.x, &y, &r};
-  launch(*p, tensors, c.eps, p->device);
+  launch(*p, tensors, c.eps);
   return py::make_tuple(wrap(std::move(y)), wrap(std::move(r)));
 }
 

@@ -231,13 +231,12 @@ std::string py_float(double v) {
 }
 
 void check_eps(double eps, const char* impl) {
-  // eps is added to an fp32 mean: outside float32's normal range it is 0, subnormal or inf
-  constexpr double kMin = std::numeric_limits<float>::min();
-  constexpr double kMax = std::numeric_limits<float>::max();
   char range[64];
-  std::snprintf(range, sizeof(range), "[%.7g, %.7g]", kMin, kMax);
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= kMin && eps <= kMax, impl, ": eps is ",
-                    py_float(eps), "; expected a number in float32's normal range ", range);
+  std::snprintf(range, sizeof(range), "[%.7g, %.7g]",
+                static_cast<double>(std::numeric_limits<float>::min()),
+                static_cast<double>(std::numeric_limits<float>::max()));
+  TORCH_CHECK_VALUE(eps_ok(eps), impl, ": eps is ", py_float(eps),
+                    "; expected a number in float32's normal range ", range);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -37,6 +38,11 @@ constexpr const char* kFusedBwdImpl = "cuda_impl.fused_add_rms_norm_backward";
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                   const char* impl = kImpl);
 void check_eps(double eps, const char* impl = kImpl);
+// eps is added to an fp32 mean: outside float32's normal range (NaN and inf included) it is
+// 0, subnormal or inf
+constexpr bool eps_ok(double eps) {
+  return eps >= std::numeric_limits<float>::min() && eps <= std::numeric_limits<float>::max();
+}
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
