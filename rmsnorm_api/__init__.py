@@ -72,6 +72,11 @@ DEFAULT_EPS = 1e-6
 EPS_MIN = float(torch.finfo(torch.float32).tiny)
 EPS_MAX = float(torch.finfo(torch.float32).max)
 
+# the ops' description reads the constants above
+from rmsnorm_api import spec as _spec  # noqa: E402
+
+_OUT = next(a for a in _spec.OPS["rms_norm_out"].args if a.name == "out")
+
 
 def check_inputs(
     x: torch.Tensor,
@@ -85,8 +90,7 @@ def check_inputs(
     """Raise TypeError/ValueError naming the offending argument; return None if valid.
     device_hint: the reason given with a refused device, where the default would mislead
     (kernel_info, which reads a compiled GPU kernel)."""
-    _check_args(x, weight, eps, impl)
-    _check_device(x, allow_cpu, impl, device_hint)
+    _check_op("rms_norm", impl, allow_cpu, device_hint, x=x, weight=weight, eps=eps)
 
 
 def check_fused_inputs(
@@ -98,96 +102,103 @@ def check_fused_inputs(
     allow_cpu: bool = False,
     impl: str = "fused_add_rms_norm",
 ) -> None:
-    """check_inputs for the fused add, with residual's checks (check_residual) before x's
-    device. Raise TypeError/ValueError naming the offending argument."""
-    _check_args(x, weight, eps, impl)
-    check_residual(residual, x, impl=impl)
-    _check_device(x, allow_cpu, impl)
+    """check_inputs for the fused add, with residual's checks (x's shape and device, x's
+    dtype or float32, stride 1 in the last dimension). Raise TypeError/ValueError naming
+    the offending argument."""
+    _check_op("fused_add_rms_norm", impl, allow_cpu, x=x, residual=residual, weight=weight, eps=eps)
 
 
-def _check_args(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, impl: str) -> None:
-    """Everything check_inputs checks but x's device."""
-    check_x(x, impl=impl)
-    n = x.shape[-1]
-    if n > MAX_N:
-        raise ValueError(f"{impl}: x's last dimension is {n}; the supported maximum is N = {MAX_N}")
-    if x.numel() > 0 and x.stride(-1) != 1:
-        raise ValueError(
-            f"{impl}: x has stride {x.stride(-1)} in its last dimension; expected 1"
-            " (call x.contiguous() first; rows may have any stride)"
-        )
-    _check_weight(weight, x, impl)
-    check_eps(eps, impl=impl)
+def _refuse(rule: str, **fields: object) -> None:
+    error = TypeError if rule in _spec.MESSAGE_TYPE_ERRORS else ValueError
+    raise error(_spec.MESSAGES[rule].format(**fields))
 
 
-def _check_weight(weight: Optional[torch.Tensor], x: torch.Tensor, impl: str, name: str = "x"):
-    """None, or a dense (N,) tensor of x's dtype or float32 on x's device (x is dy, named
-    so, in the backward)."""
-    if weight is None:
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
+
+
+def _check_tensor(a: _spec.Arg, values: dict, impl: str) -> None:
+    """One tensor argument against its rules (spec.Arg): its type and layout, dtype, shape
+    and stride, and its device beside the rows'."""
+    t, name = values[a.name], a.name
+    if t is None and a.optional:
         return
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"{impl}: weight must be a torch.Tensor or None, got {_type_name(weight)}")
-    _check_dense(weight, "weight", impl)
-    n = x.shape[-1]
-    if weight.shape != (n,):
-        raise ValueError(
-            f"{impl}: weight has shape {tuple(weight.shape)} but {name}'s last dimension"
-            f" is {n}; expected ({n},)"
+    if not isinstance(t, torch.Tensor):
+        _refuse(
+            "tensor_or_none" if a.optional else "tensor", impl=impl, name=name, got=_type_name(t)
         )
-    _check_beside_x(weight, "weight", x, impl, name)
+    if t.is_nested:
+        _refuse("nested", impl=impl, name=name)
+    if t.layout != torch.strided:
+        _refuse("layout", impl=impl, name=name, got=t.layout)
+    if a.dtype == "float":
+        if t.dtype not in DTYPES:
+            _refuse("dtype_float", impl=impl, name=name, got=t.dtype)
+    else:
+        of = values[a.dtype_of]
+        if t.dtype != of.dtype and not (a.dtype.endswith("|float32") and t.dtype == torch.float32):
+            rule = "dtype_of" if a.dtype == a.dtype_of else "dtype_of_or_fp32"
+            if rule != "dtype_of" and of.dtype == torch.float32:
+                rule = "dtype_of_fp32"
+            _refuse(rule, impl=impl, name=name, of=a.dtype_of, got=t.dtype, want=of.dtype)
+    if a.shape == "rows":
+        if t.dim() == 0:
+            _refuse("rank", impl=impl, name=name)
+        n = t.shape[-1]
+        if n < 1:
+            _refuse("n_min", impl=impl, name=name, got=n)
+        if n > MAX_N:
+            _refuse("n_max", impl=impl, name=name, got=n, want=MAX_N)
+    elif a.shape_of == a.shape:
+        of = values[a.shape_of]
+        if t.shape != of.shape:
+            _refuse("shape_of", impl=impl, name=name, of=a.shape_of, got=_shape(t), want=_shape(of))
+    else:
+        n = values[a.shape_of].shape[-1]
+        if t.shape != (n,):
+            _refuse("shape_row_of", impl=impl, name=name, of=a.shape_of, got=_shape(t), n=n)
+    if a.stride == "row" and t.numel() > 0 and t.stride(-1) != 1:
+        _refuse("stride_row", impl=impl, name=name, got=t.stride(-1))
+    if a.stride == "dense" and not t.is_contiguous():
+        _refuse("stride_dense", impl=impl, name=name)
 
 
-def _check_device(x: torch.Tensor, allow_cpu: bool, impl: str, hint: Optional[str] = None) -> None:
-    """x on a CUDA device, on the CPU where allow_cpu (the Triton interpreter), or meta
-    (shape inference: the ops give meta outputs and launch nothing). hint: why another
-    device is refused, where the default would mislead."""
-    # last, so that every other check also runs on a machine without a GPU
+def _check_op(
+    op: str,
+    impl: str,
+    allow_cpu: bool = False,
+    device_hint: Optional[str] = None,
+    **values: object,
+) -> None:
+    """An op's arguments against its description (spec.OPS[op]): each tensor's rules (the
+    rows first, then each after those its rules name), the others' devices beside the
+    rows', the scalars' ranges, and last the rows' device (so that every other check also
+    runs on a machine without a GPU: x on a CUDA device, on the CPU where allow_cpu (the
+    Triton interpreter), or meta (shape inference: the ops give meta outputs and launch
+    nothing)). device_hint: why another device is refused, where the default would
+    mislead."""
+    spec = _spec.OPS[op]
+    rows = spec.rows
+    for a in spec.check_order:
+        _check_tensor(a, values, impl)
+    x = values[rows.name]
+    for a in spec.check_order[1:]:
+        t = values[a.name]
+        if t is not None and t.device != x.device:
+            _refuse("device_of", impl=impl, name=a.name, of=rows.name, got=t.device, want=x.device)
+    for a in spec.args:
+        if a.kind == "float":
+            _check_scalar(a, values[a.name], impl)
     if x.device.type not in ("cuda", "meta") and not (allow_cpu and x.device.type == "cpu"):
+        hint = device_hint
         if hint is None:
             hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
             hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
-        raise ValueError(f"{impl}: x is on device '{x.device}'; expected a CUDA tensor{hint}")
-
-
-def _check_beside_x(
-    t: torch.Tensor, name: str, x: torch.Tensor, impl: str, x_name: str = "x"
-) -> None:
-    """A tensor read beside x (weight, residual): x's dtype or float32, on x's device (x is
-    dy, named so, in the backward)."""
-    if t.dtype not in (x.dtype, torch.float32):
-        want = f"{x_name}'s dtype ({x.dtype}) or float32"
-        if x.dtype == torch.float32:
-            want = f"{x_name}'s dtype, torch.float32"
-        raise TypeError(f"{impl}: {name} has dtype {t.dtype}; expected {want}")
-    if t.device != x.device:
-        raise ValueError(
-            f"{impl}: {name} is on device '{t.device}' but {x_name} is on '{x.device}'"
-        )
+        _refuse("device", impl=impl, name=rows.name, got=x.device, hint=hint)
 
 
 def _type_name(v: object) -> str:
     return "None" if v is None else type(v).__name__
-
-
-def _check_dense(t: torch.Tensor, name: str, impl: str) -> None:
-    """Refuse layouts the kernels cannot address: nested and sparse tensors."""
-    if t.is_nested:
-        raise TypeError(f"{impl}: {name} is a nested tensor; expected a dense (strided) tensor")
-    if t.layout != torch.strided:
-        raise TypeError(
-            f"{impl}: {name} has layout {t.layout}; expected torch.strided (a dense tensor)"
-        )
-
-
-def _check_shaped_like_x(t: torch.Tensor, name: str, x: torch.Tensor, impl: str) -> None:
-    """A tensor of x's shape beside it (out, residual): a dense tensor, that shape."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{impl}: {name} must be a torch.Tensor, got {_type_name(t)}")
-    _check_dense(t, name, impl)
-    if t.shape != x.shape:
-        raise ValueError(
-            f"{impl}: {name} has shape {tuple(t.shape)} but x has shape {tuple(x.shape)}"
-        )
 
 
 def as_int(v: object, name: str, where: str, lo: int, hi: Optional[int] = None) -> int:
@@ -221,20 +232,9 @@ def check_width(n: object, element_size: object, where: str) -> tuple[int, int]:
     return n, size
 
 
-def check_x(x: torch.Tensor, *, impl: str = "rms_norm", name: str = "x") -> None:
-    """The checks of x alone (type, layout, dtype, rank, N >= 1), shared with the modules
-    and the backward (name: dy there)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{impl}: {name} must be a torch.Tensor, got {_type_name(x)}")
-    _check_dense(x, name, impl)
-    if x.dtype not in DTYPES:
-        raise TypeError(
-            f"{impl}: {name} has dtype {x.dtype}; expected one of float32, float16, bfloat16"
-        )
-    if x.dim() == 0:
-        raise ValueError(f"{impl}: {name} is 0-dimensional; expected at least 1 dimension")
-    if x.shape[-1] < 1:
-        raise ValueError(f"{impl}: {name}'s last dimension is {x.shape[-1]}; expected N >= 1")
+def check_x(x: torch.Tensor, *, impl: str = "rms_norm") -> None:
+    """The rules of an op's rows (spec.OPS' x), which the modules check before their own."""
+    _check_tensor(_spec.OPS["rms_norm"].rows, {"x": x}, impl)
 
 
 def check_backward_inputs(
@@ -253,55 +253,19 @@ def check_backward_inputs(
     add's residual_out: dy's dtype or float32; stride 1 in the last dimension), weight as
     the forward takes it beside dy, the fused add's d_residual_out (residual_out's shape and
     dtype, or None) and eps. Raise TypeError/ValueError naming the argument."""
-    saved_name = "residual_out" if fused else "x"
-    check_x(dy, impl=impl, name="dy")
-    if not isinstance(saved, torch.Tensor):
-        raise TypeError(f"{impl}: {saved_name} must be a torch.Tensor, got {_type_name(saved)}")
-    _check_dense(saved, saved_name, impl)
-    if saved.shape != dy.shape:
-        raise ValueError(
-            f"{impl}: dy has shape {tuple(dy.shape)} but {saved_name} has shape"
-            f" {tuple(saved.shape)}"
-        )
-    n = dy.shape[-1]
-    if n > MAX_N:
-        raise ValueError(
-            f"{impl}: dy's last dimension is {n}; the supported maximum is N = {MAX_N}"
-        )
     if fused:
-        _check_beside_x(saved, saved_name, dy, impl, "dy")
-    elif saved.dtype != dy.dtype:
-        raise TypeError(f"{impl}: dy has dtype {dy.dtype} but x has dtype {saved.dtype}")
-    if saved.device != dy.device:
-        raise ValueError(
-            f"{impl}: dy is on device '{dy.device}' but {saved_name} is on '{saved.device}'"
+        _check_op(
+            "fused_add_rms_norm_backward",
+            impl,
+            allow_cpu,
+            dy=dy,
+            residual_out=saved,
+            d_residual_out=d_residual_out,
+            weight=weight,
+            eps=eps,
         )
-    if saved.numel() > 0 and saved.stride(-1) != 1:
-        raise ValueError(
-            f"{impl}: {saved_name} has stride {saved.stride(-1)} in its last dimension; expected 1"
-        )
-    _check_weight(weight, dy, impl, name="dy")
-    if d_residual_out is not None:
-        if not isinstance(d_residual_out, torch.Tensor):
-            raise TypeError(
-                f"{impl}: d_residual_out must be a torch.Tensor or None, got"
-                f" {_type_name(d_residual_out)}"
-            )
-        _check_dense(d_residual_out, "d_residual_out", impl)
-        if d_residual_out.shape != saved.shape or d_residual_out.dtype != saved.dtype:
-            raise ValueError(
-                f"{impl}: d_residual_out has shape {tuple(d_residual_out.shape)} and dtype"
-                f" {d_residual_out.dtype}; expected residual_out's, {tuple(saved.shape)} and"
-                f" {saved.dtype}"
-            )
-        if d_residual_out.device != dy.device:
-            raise ValueError(
-                f"{impl}: d_residual_out is on device '{d_residual_out.device}' but dy is on"
-                f" '{dy.device}'"
-            )
-    check_eps(eps, impl=impl)
-    if dy.device.type not in ("cuda", "meta") and not (allow_cpu and dy.device.type == "cpu"):
-        raise ValueError(f"{impl}: dy is on device '{dy.device}'; expected a CUDA tensor")
+    else:
+        _check_op("rms_norm_backward", impl, allow_cpu, dy=dy, x=saved, weight=weight, eps=eps)
 
 
 def fused_backward_outputs(
@@ -317,17 +281,19 @@ def fused_backward_outputs(
 
 
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{impl}: eps must be a real number, got {_type_name(eps)}")
+    _check_scalar(_spec.OPS["rms_norm"].args[-1], eps, impl)
+
+
+def _check_scalar(a: _spec.Arg, v: object, impl: str) -> None:
+    """A float argument (eps) against its range [a.lo, a.hi]."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        _refuse("real", impl=impl, name=a.name, got=_type_name(v))
     try:
-        value, shown = float(eps), repr(float(eps))
+        value, shown = float(v), repr(float(v))
     except OverflowError:  # an int past float's range, shown shortened
-        value, shown = math.inf, reprlib.repr(eps)
-    if not (math.isfinite(value) and EPS_MIN <= value <= EPS_MAX):
-        raise ValueError(
-            f"{impl}: eps is {shown}; expected a number in float32's normal range"
-            f" [{EPS_MIN:.7g}, {EPS_MAX:.7g}]"
-        )
+        value, shown = math.inf, reprlib.repr(v)
+    if not (math.isfinite(value) and a.lo <= value <= a.hi):
+        _refuse("range", impl=impl, name=a.name, got=shown, want=f"{a.lo:.7g}, {a.hi:.7g}")
 
 
 def _memory_checked_later() -> bool:
@@ -350,13 +316,9 @@ def check_out(
 ) -> None:
     """Checks for the out= form: a contiguous tensor of x's shape, dtype and device, apart
     from x and weight in memory (or x itself), and no autograd (run after check_inputs)."""
-    _check_shaped_like_x(out, "out", x, impl)
-    if out.dtype != x.dtype:
-        raise TypeError(f"{impl}: out has dtype {out.dtype} but x has dtype {x.dtype}")
+    _check_tensor(_OUT, {"out": out, "x": x}, impl)
     if out.device != x.device:
-        raise ValueError(f"{impl}: out is on device '{out.device}' but x is on '{x.device}'")
-    if not out.is_contiguous():
-        raise ValueError(f"{impl}: out must be contiguous")
+        _refuse("device_of", impl=impl, name="out", of="x", got=out.device, want=x.device)
     _refuse_grad("out=", impl, x=x, weight=weight, out=out)
     if _memory_checked_later():
         return
@@ -489,21 +451,6 @@ def _check_written(t: torch.Tensor, name: str, impl: str, hint: str) -> None:
         raise ValueError(
             f"{impl}: {name} has elements that share memory (more than one element of a"
             f" written-to tensor refers to a single memory location); {hint}"
-        )
-
-
-def check_residual(
-    residual: torch.Tensor, x: torch.Tensor, *, impl: str = "fused_add_rms_norm"
-) -> None:
-    """The fused add's residual: x's shape and device, x's dtype or float32 (an fp32
-    residual stream beside 16-bit activations), stride 1 in the last dimension, any row
-    stride (check_fused_inputs runs it)."""
-    _check_shaped_like_x(residual, "residual", x, impl)
-    _check_beside_x(residual, "residual", x, impl)
-    if residual.numel() > 0 and residual.stride(-1) != 1:
-        raise ValueError(
-            f"{impl}: residual has stride {residual.stride(-1)} in its last dimension;"
-            " expected 1 (call residual.contiguous() first; rows may have any stride)"
         )
 
 

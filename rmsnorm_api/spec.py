@@ -74,6 +74,24 @@ class OpSpec:
     args: tuple[Arg, ...]
     returns: tuple[str, ...] = ()
 
+    @property
+    def rows(self) -> Arg:
+        """The tensor the others are judged against (shape "rows"): x, or dy."""
+        return next(a for a in self.args if a.shape == "rows")
+
+    @property
+    def check_order(self) -> tuple[Arg, ...]:
+        """The tensors in the order their checks run: the rows first, then each after the
+        tensors its rules name (the fused backward's d_residual_out after residual_out)."""
+        done, out = {self.rows.name}, [self.rows]
+        rest = [a for a in self.args if a.kind == "Tensor" and a.name not in done]
+        while rest:
+            a = next(a for a in rest if {a.dtype_of, a.shape_of} <= done | {""})
+            rest.remove(a)
+            done.add(a.name)
+            out.append(a)
+        return tuple(out)
+
     def schema(self, ns: str) -> str:
         """The torch schema string of the op in namespace ns."""
         letters = iter("abcdefgh")
@@ -85,6 +103,41 @@ class OpSpec:
         else:
             out = "(" + ", ".join("Tensor" for _ in self.returns) + ")"
         return f"{ns}::{self.name}({args}) -> {out}"
+
+
+#: The checks' wording, one template a rule, in the fields {impl} (the function refusing),
+#: {name} (the argument), {of} (the argument a rule judges it against), {got} and {want}
+#: (values), {n} (a row width) and {hint}: formatted by the contract (rmsnorm_api) and,
+#: through the header tests/test_spec.py holds to this table (cuda_impl/csrc/spec_rules.h),
+#: by the C++ op's checks, so that both say the same words. TypeError for the type, layout
+#: and dtype rules, ValueError for the others (MESSAGE_TYPE_ERRORS).
+MESSAGES = {
+    "tensor": "{impl}: {name} must be a torch.Tensor, got {got}",
+    "tensor_or_none": "{impl}: {name} must be a torch.Tensor or None, got {got}",
+    "nested": "{impl}: {name} is a nested tensor; expected a dense (strided) tensor",
+    "layout": "{impl}: {name} has layout {got}; expected torch.strided (a dense tensor)",
+    "dtype_float": "{impl}: {name} has dtype {got}; expected one of float32, float16, bfloat16",
+    "dtype_of": "{impl}: {name} has dtype {got} but {of} has dtype {want}",
+    "dtype_of_or_fp32": "{impl}: {name} has dtype {got}; expected {of}'s dtype ({want}) or float32",
+    "dtype_of_fp32": "{impl}: {name} has dtype {got}; expected {of}'s dtype, torch.float32",
+    "rank": "{impl}: {name} is 0-dimensional; expected at least 1 dimension",
+    "n_min": "{impl}: {name}'s last dimension is {got}; expected N >= 1",
+    "n_max": "{impl}: {name}'s last dimension is {got}; the supported maximum is N = {want}",
+    "shape_of": "{impl}: {name} has shape {got} but {of} has shape {want}",
+    "shape_row_of": "{impl}: {name} has shape {got} but {of}'s last dimension is {n};"
+    " expected ({n},)",
+    "stride_row": "{impl}: {name} has stride {got} in its last dimension; expected 1 (call"
+    " {name}.contiguous() first; rows may have any stride)",
+    "stride_dense": "{impl}: {name} must be contiguous",
+    "device_of": "{impl}: {name} is on device '{got}' but {of} is on '{want}'",
+    "device": "{impl}: {name} is on device '{got}'; expected a CUDA tensor{hint}",
+    "real": "{impl}: {name} must be a real number, got {got}",
+    "range": "{impl}: {name} is {got}; expected a number in float32's normal range [{want}]",
+}
+MESSAGE_TYPE_ERRORS = frozenset(
+    ("tensor", "tensor_or_none", "nested", "layout", "dtype_float", "dtype_of")
+    + ("dtype_of_or_fp32", "dtype_of_fp32", "real")
+)
 
 
 def _eps() -> Arg:
@@ -148,3 +201,82 @@ OPS = {
         ),
     )
 }
+
+
+_ENUMS = {
+    "dtype": {"float": "kFloat", "A": "kOf", "A|float32": "kOfOrFloat32"},
+    "shape": {"rows": "kRows", "A": "kOf", "row of A": "kRowOf"},
+    "stride": {"any": "kAny", "row": "kRow", "dense": "kDense"},
+}
+
+
+def _camel(key: str) -> str:
+    """A C++ constant's name for a key: rms_norm -> RmsNorm, fused_add_rms_norm_ ->
+    FusedAddRmsNormInPlace."""
+    return "".join(w.capitalize() for w in key.split("_")) + "InPlace" * key.endswith("_")
+
+
+def header() -> str:
+    """cuda_impl/csrc/spec_rules.h: each op's tensor rules, in check order, and the checks'
+    wording, for the C++ op's checks (tests/test_spec.py holds the committed file to this)."""
+    from rmsnorm_api import MAX_N
+
+    out = [
+        "// Written from rmsnorm_api/spec.py by its header() (tests/test_spec.py holds this file",
+        "// to it, and says how to rewrite it): each op's tensor rules in the order the checks",
+        "// run, and the checks' wording, which the C++ op's checks (rms_norm.cpp) apply as",
+        "// rmsnorm_api does.",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "",
+        "namespace cuda_impl::spec {",
+        "",
+        "enum class Dtype { kFloat, kOf, kOfOrFloat32 };",
+        "enum class Shape { kRows, kOf, kRowOf };",
+        "enum class Stride { kAny, kRow, kDense };",
+        "// A tensor argument: its index among the op's arguments, its name, whether it may be",
+        "// None, and its rules (dtype_of, shape_of: the index of the argument a rule names, or",
+        "// -1).",
+        "struct Tensor {",
+        "  int arg;",
+        "  const char* name;",
+        "  bool optional;",
+        "  Dtype dtype;",
+        "  int dtype_of;",
+        "  Shape shape;",
+        "  int shape_of;",
+        "  Stride stride;",
+        "};",
+        "// A check's wording: its template ({field}s as rmsnorm_api fills them) and whether it is",
+        "// a TypeError (else a ValueError).",
+        "struct Message {",
+        "  const char* text;",
+        "  bool type_error;",
+        "};",
+        "",
+        f"constexpr int64_t kMaxN = {MAX_N};",
+        "",
+    ]
+    for op in OPS.values():
+        index = {a.name: i for i, a in enumerate(op.args)}
+        out.append(f"constexpr Tensor k{_camel(op.name)}[] = {{")
+        for a in op.check_order:
+            dtype = _ENUMS["dtype"][a.dtype.replace(a.dtype_of, "A") if a.dtype_of else a.dtype]
+            shape = _ENUMS["shape"][a.shape.replace(a.shape_of, "A") if a.shape_of else a.shape]
+            out.append(
+                f'    {{{index[a.name]}, "{a.name}", {str(a.optional).lower()}, Dtype::{dtype},'
+                f" {index.get(a.dtype_of, -1)}, Shape::{shape}, {index.get(a.shape_of, -1)},"
+                f" Stride::{_ENUMS['stride'][a.stride]}}},"
+            )
+        out.append("};")
+    out.append("")
+    for key, text in MESSAGES.items():
+        error = str(key in MESSAGE_TYPE_ERRORS).lower()
+        out.append(f"constexpr Message k{_camel(key)} = {{{_c_string(text)}, {error}}};")
+    out += ["", "}  // namespace cuda_impl::spec", ""]
+    return "\n".join(out)
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

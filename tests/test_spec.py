@@ -2,6 +2,8 @@
 of the contract, with the arguments (names, types, which may be None, which are written,
 defaults) and the returns the description gives it."""
 
+import pathlib
+
 import pytest
 import torch
 
@@ -126,15 +128,37 @@ def _violations(spec, a) -> list:
     return out
 
 
+def _cpp_op(op: str):
+    """The CUDA extension's op (its checks run on CPU tensors too: every input off a CUDA
+    device reaches a checking kernel), or None where the extension is not built."""
+    try:
+        import cuda_impl  # noqa: F401
+    except ImportError:
+        return None
+    return getattr(torch.ops.cuda_impl, op)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 def test_the_checks_keep_the_rules(op):
     """The contract's checks admit what the description's rules admit and refuse, naming
     the argument, every input breaking one rule: a tensor's dtype, shape or stride, a
-    scalar out of its range (the rules are what the checks are to be built from)."""
+    scalar out of its range; and the C++ op's checks, which read the same rules, refuse it
+    in the same words (but out=, whose checks follow x's device there)."""
     import re
 
     spec = OPS[op]
     check = _contract_checks()[op]
+    cpp = _cpp_op(op)
+
+    def same_words(args: dict, e: pytest.ExceptionInfo) -> None:
+        if cpp is None or (op == "rms_norm_out" and "out" in str(e.value).split(":")[1]):
+            return
+        with pytest.raises((TypeError, ValueError)) as c:
+            cpp(*args.values())
+        assert type(c.value) is type(e.value)
+        # the same words after the function's name (each backend's own)
+        assert str(c.value).splitlines()[0].split(": ", 1)[1] == str(e.value).split(": ", 1)[1]
+
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         check(_valid(spec, dtype))
         check(_valid(spec, dtype, rows=(2, 3, 5)))
@@ -143,8 +167,9 @@ def test_the_checks_keep_the_rules(op):
             for bad in (a.lo / 2, a.hi * 2, float("nan")):
                 args = _valid(spec)
                 args[a.name] = bad
-                with pytest.raises(ValueError, match=rf"\b{a.name}\b"):
+                with pytest.raises(ValueError, match=rf"\b{a.name}\b") as e:
                     check(args)
+                same_words(args, e)
         if a.kind != "Tensor":
             continue
         for what, value in _violations(spec, a):
@@ -153,3 +178,17 @@ def test_the_checks_keep_the_rules(op):
             with pytest.raises((TypeError, ValueError)) as e:
                 check(args)
             assert re.search(rf"\b{a.name}\b", str(e.value)), (op, a.name, what, str(e.value))
+            same_words(args, e)
+
+
+def test_the_cpp_checks_read_the_same_rules():
+    """The C++ op's checks read each op's rules and the wording from spec_rules.h, written
+    from the description: the committed file is what header() writes now."""
+    from rmsnorm_api.spec import header
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "cuda_impl/csrc/spec_rules.h"
+    assert path.read_text() == header(), (
+        "cuda_impl/csrc/spec_rules.h is stale: rewrite it with python -c"
+        " \"from rmsnorm_api.spec import header; print(header(), end='')\" >"
+        " cuda_impl/csrc/spec_rules.h"
+    )

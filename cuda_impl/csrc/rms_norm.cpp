@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <initializer_list>
 #include <limits>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <torch/library.h>
@@ -71,13 +73,33 @@ bool supported(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-// Refuse what the kernels cannot address: None (an undefined tensor), nested, sparse.
-void check_dense(const at::Tensor& t, const char* name, const char* impl = kImpl) {
-  TORCH_CHECK_TYPE(t.defined(), impl, ": ", name, " must be a torch.Tensor, got None");
-  TORCH_CHECK_TYPE(!t.is_nested(), impl, ": ", name,
-                   " is a nested tensor; expected a dense (strided) tensor");
-  TORCH_CHECK_TYPE(t.layout() == at::kStrided, impl, ": ", name, " has layout ",
-                   layout_str(t.layout()), "; expected torch.strided (a dense tensor)");
+// A check's message (spec_rules.h) with its {field}s filled as rmsnorm_api fills them
+// (impl and name, then the fields given; one not given is left empty: the Python side's
+// device hint), raised as a TypeError or a ValueError as there.
+using Fields = std::initializer_list<std::pair<std::string_view, std::string>>;
+[[noreturn]] void refuse(const spec::Message& m, const char* impl, const char* name,
+                         Fields fields = {}) {
+  std::string out;
+  for (const char* p = m.text; *p != '\0';) {
+    if (*p != '{') {
+      out += *p++;
+      continue;
+    }
+    const char* end = std::strchr(p, '}');
+    const std::string_view key(p + 1, static_cast<size_t>(end - p - 1));
+    if (key == "impl") {
+      out += impl;
+    } else if (key == "name") {
+      out += name;
+    } else {
+      for (const auto& [k, v] : fields) {
+        if (k == key) out += v;
+      }
+    }
+    p = end + 1;
+  }
+  if (m.type_error) TORCH_CHECK_TYPE(false, out);
+  TORCH_CHECK_VALUE(false, out);
 }
 
 // t's elements as rows of its last dimension at one row stride, in bytes (rmsnorm_api's
@@ -184,20 +206,6 @@ void refuse_grad(const char* form, const char* impl,
   }
 }
 
-// a tensor read beside x (weight, residual): x's dtype or float32, on x's device (x is dy,
-// named so, in the backward)
-void check_beside_x(const at::Tensor& t, const char* name, const at::Tensor& x, const char* impl,
-                    const char* x_name = "x") {
-  const std::string want = x.scalar_type() == at::kFloat
-                               ? std::string(x_name) + "'s dtype, torch.float32"
-                               : std::string(x_name) + "'s dtype (" +
-                                     dtype_str(x.scalar_type()) + ") or float32";
-  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, impl,
-                   ": ", name, " has dtype ", dtype_str(t.scalar_type()), "; expected ", want);
-  TORCH_CHECK_VALUE(t.device() == x.device(), impl, ": ", name, " is on device '",
-                    t.device().str(), "' but ", x_name, " is on '", x.device().str(), "'");
-}
-
 }  // namespace
 
 std::string py_float(double v) {
@@ -231,122 +239,123 @@ std::string py_float(double v) {
 }
 
 void check_eps(double eps, const char* impl) {
+  if (eps_ok(eps)) return;
   char range[64];
-  std::snprintf(range, sizeof(range), "[%.7g, %.7g]",
+  std::snprintf(range, sizeof(range), "%.7g, %.7g",
                 static_cast<double>(std::numeric_limits<float>::min()),
                 static_cast<double>(std::numeric_limits<float>::max()));
-  TORCH_CHECK_VALUE(eps_ok(eps), impl, ": eps is ", py_float(eps),
-                    "; expected a number in float32's normal range ", range);
+  refuse(spec::kRange, impl, "eps", {{"got", py_float(eps)}, {"want", range}});
 }
 
 namespace {
 
-// Everything check_inputs checks but x's device, which comes last (after the fused add's
-// residual checks too), so every other check also runs on a machine without a GPU.
-void check_args(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-                const char* impl) {
-  check_dense(x, "x", impl);
-  TORCH_CHECK_TYPE(supported(x.scalar_type()), impl, ": x has dtype ",
-                   dtype_str(x.scalar_type()), "; expected one of float32, float16, bfloat16");
-  TORCH_CHECK_VALUE(x.dim() > 0, impl, ": x is 0-dimensional; expected at least 1 dimension");
-  const int64_t n = x.size(-1);
-  TORCH_CHECK_VALUE(n >= 1, impl, ": x's last dimension is ", num(n), "; expected N >= 1");
-  TORCH_CHECK_VALUE(n <= kMaxN, impl, ": x's last dimension is ", num(n),
-                    "; the supported maximum is N = ", num(kMaxN));
-  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, impl, ": x has stride ",
-                    num(x.stride(-1)),
-                    " in its last dimension; expected 1 (call x.contiguous() first; rows may "
-                    "have any stride)");
-  if (weight.has_value()) {
-    const at::Tensor& w = *weight;
-    check_dense(w, "weight", impl);
-    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == n, impl, ": weight has shape ",
-                      shape_str(w.sizes()), " but x's last dimension is ", num(n),
-                      "; expected (", num(n), ",)");
-    check_beside_x(w, "weight", x, impl);
+// The name of an op's argument by its index (its rules' table lists every tensor).
+template <size_t K>
+const char* name_at(const spec::Tensor (&op)[K], int arg) {
+  for (const auto& r : op) {
+    if (r.arg == arg) return r.name;
   }
-  check_eps(eps, impl);
+  return "?";
 }
 
-void check_device(const at::Tensor& x, const char* impl) {
-  TORCH_CHECK_VALUE(x.is_cuda(), impl, ": x is on device '", x.device().str(),
-                    "'; expected a CUDA tensor");
+// One tensor argument against its rules (rmsnorm_api's _check_tensor): args holds the op's
+// arguments by index, nullptr for a scalar or None.
+template <size_t K>
+void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
+                  const at::Tensor* const* args, const char* impl) {
+  const at::Tensor* t = args[r.arg];
+  if (t == nullptr || !t->defined()) {
+    if (r.optional) return;
+    refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
+  }
+  if (t->is_nested()) refuse(spec::kNested, impl, r.name);
+  if (t->layout() != at::kStrided) refuse(spec::kLayout, impl, r.name, {{"got", layout_str(t->layout())}});
+  const std::string got = dtype_str(t->scalar_type());
+  if (r.dtype == spec::Dtype::kFloat) {
+    if (!supported(t->scalar_type())) refuse(spec::kDtypeFloat, impl, r.name, {{"got", got}});
+  } else {
+    const at::ScalarType of = args[r.dtype_of]->scalar_type();
+    const bool fp32_too = r.dtype == spec::Dtype::kOfOrFloat32;
+    if (t->scalar_type() != of && !(fp32_too && t->scalar_type() == at::kFloat)) {
+      const spec::Message& m = !fp32_too          ? spec::kDtypeOf
+                               : of == at::kFloat ? spec::kDtypeOfFp32
+                                                  : spec::kDtypeOfOrFp32;
+      refuse(m, impl, r.name,
+             {{"of", name_at(op, r.dtype_of)}, {"got", got}, {"want", dtype_str(of)}});
+    }
+  }
+  if (r.shape == spec::Shape::kRows) {
+    if (t->dim() == 0) refuse(spec::kRank, impl, r.name);
+    const int64_t n = t->size(-1);
+    if (n < 1) refuse(spec::kNMin, impl, r.name, {{"got", num(n)}});
+    if (n > kMaxN) refuse(spec::kNMax, impl, r.name, {{"got", num(n)}, {"want", num(kMaxN)}});
+  } else {
+    const at::Tensor& of = *args[r.shape_of];
+    if (r.shape == spec::Shape::kOf && t->sizes() != of.sizes()) {
+      refuse(spec::kShapeOf, impl, r.name,
+             {{"of", name_at(op, r.shape_of)}, {"got", shape_str(t->sizes())},
+              {"want", shape_str(of.sizes())}});
+    }
+    if (r.shape == spec::Shape::kRowOf && (t->dim() != 1 || t->size(0) != of.size(-1))) {
+      refuse(spec::kShapeRowOf, impl, r.name,
+             {{"of", name_at(op, r.shape_of)}, {"got", shape_str(t->sizes())},
+              {"n", num(of.size(-1))}});
+    }
+  }
+  if (r.stride == spec::Stride::kRow && t->numel() > 0 && t->stride(-1) != 1) {
+    refuse(spec::kStrideRow, impl, r.name, {{"got", num(t->stride(-1))}});
+  }
+  if (r.stride == spec::Stride::kDense && !t->is_contiguous()) {
+    refuse(spec::kStrideDense, impl, r.name);
+  }
 }
+
+// An op's arguments against its rules (rmsnorm_api's _check_op, in its order): every
+// tensor's, the others' devices beside the rows', eps, and last the rows' device, so every
+// other check also runs on a machine without a GPU.
+template <size_t K>
+void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double eps,
+              const char* impl) {
+  for (const auto& r : op) check_tensor(op, r, args, impl);
+  const at::Tensor& rows = *args[op[0].arg];
+  for (size_t i = 1; i < K; ++i) {
+    const at::Tensor* t = args[op[i].arg];
+    if (t != nullptr && t->defined() && t->device() != rows.device()) {
+      refuse(spec::kDeviceOf, impl, op[i].name,
+             {{"of", op[0].name}, {"got", t->device().str()}, {"want", rows.device().str()}});
+    }
+  }
+  check_eps(eps, impl);
+  if (!rows.is_cuda()) refuse(spec::kDevice, impl, op[0].name, {{"got", rows.device().str()}});
+}
+
+const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : nullptr; }
 
 }  // namespace
 
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                   const char* impl) {
-  check_args(x, weight, eps, impl);
-  check_device(x, impl);
+  const at::Tensor* args[] = {&x, maybe(weight), nullptr};
+  check_op(spec::kRmsNorm, args, eps, impl);
 }
 
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
                         const std::optional<at::Tensor>& weight, double eps, const char* impl) {
-  check_args(x, weight, eps, impl);
-  check_dense(residual, "residual", impl);
-  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), impl, ": residual has shape ",
-                    shape_str(residual.sizes()), " but x has shape ", shape_str(x.sizes()));
-  check_beside_x(residual, "residual", x, impl);
-  TORCH_CHECK_VALUE(residual.numel() == 0 || residual.stride(-1) == 1, impl,
-                    ": residual has stride ", num(residual.stride(-1)),
-                    " in its last dimension; expected 1 (call residual.contiguous() first; rows "
-                    "may have any stride)");
-  check_device(x, impl);
+  const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr};
+  check_op(spec::kFusedAddRmsNorm, args, eps, impl);
 }
 
-// The backward ops' arguments (rmsnorm_api's check_backward_inputs, in its order): dy, the
-// saved tensor (x, or the fused add's residual_out), weight, d_residual_out, eps, device.
+// The backward ops' arguments: saved is x, or the fused add's residual_out.
 void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
                            const std::optional<at::Tensor>& weight, double eps,
                            const std::optional<at::Tensor>& d_residual_out, bool fused) {
-  const char* impl = fused ? kFusedBwdImpl : kBwdImpl;
-  const char* sname = fused ? "residual_out" : "x";
-  check_dense(dy, "dy", impl);
-  TORCH_CHECK_TYPE(supported(dy.scalar_type()), impl, ": dy has dtype ",
-                   dtype_str(dy.scalar_type()), "; expected one of float32, float16, bfloat16");
-  TORCH_CHECK_VALUE(dy.dim() > 0, impl, ": dy is 0-dimensional; expected at least 1 dimension");
-  TORCH_CHECK_VALUE(dy.size(-1) >= 1, impl, ": dy's last dimension is ", num(dy.size(-1)),
-                    "; expected N >= 1");
-  check_dense(saved, sname, impl);
-  TORCH_CHECK_VALUE(saved.sizes() == dy.sizes(), impl, ": dy has shape ", shape_str(dy.sizes()),
-                    " but ", sname, " has shape ", shape_str(saved.sizes()));
-  const int64_t n = dy.size(-1);
-  TORCH_CHECK_VALUE(n <= kMaxN, impl, ": dy's last dimension is ", num(n),
-                    "; the supported maximum is N = ", num(kMaxN));
   if (fused) {
-    check_beside_x(saved, sname, dy, impl, "dy");
+    const at::Tensor* args[] = {&dy, maybe(d_residual_out), &saved, maybe(weight), nullptr};
+    check_op(spec::kFusedAddRmsNormBackward, args, eps, kFusedBwdImpl);
   } else {
-    TORCH_CHECK_TYPE(saved.scalar_type() == dy.scalar_type(), impl, ": dy has dtype ",
-                     dtype_str(dy.scalar_type()), " but x has dtype ",
-                     dtype_str(saved.scalar_type()));
+    const at::Tensor* args[] = {&dy, &saved, maybe(weight), nullptr};
+    check_op(spec::kRmsNormBackward, args, eps, kBwdImpl);
   }
-  TORCH_CHECK_VALUE(saved.device() == dy.device(), impl, ": dy is on device '", dy.device().str(),
-                    "' but ", sname, " is on '", saved.device().str(), "'");
-  TORCH_CHECK_VALUE(saved.numel() == 0 || saved.stride(-1) == 1, impl, ": ", sname,
-                    " has stride ", num(saved.stride(-1)), " in its last dimension; expected 1");
-  if (weight.has_value()) {
-    check_dense(*weight, "weight", impl);
-    TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == n, impl, ": weight has shape ",
-                      shape_str(weight->sizes()), " but dy's last dimension is ", num(n),
-                      "; expected (", num(n), ",)");
-    check_beside_x(*weight, "weight", dy, impl, "dy");
-  }
-  if (d_residual_out.has_value()) {
-    check_dense(*d_residual_out, "d_residual_out", impl);
-    TORCH_CHECK_VALUE(d_residual_out->sizes() == saved.sizes() &&
-                          d_residual_out->scalar_type() == saved.scalar_type(),
-                      impl, ": d_residual_out has shape ", shape_str(d_residual_out->sizes()),
-                      " and dtype ", dtype_str(d_residual_out->scalar_type()),
-                      "; expected residual_out's, ", shape_str(saved.sizes()), " and ",
-                      dtype_str(saved.scalar_type()));
-    TORCH_CHECK_VALUE(d_residual_out->device() == dy.device(), impl,
-                      ": d_residual_out is on device '", d_residual_out->device().str(),
-                      "' but dy is on '", dy.device().str(), "'");
-  }
-  check_eps(eps, impl);
-  TORCH_CHECK_VALUE(dy.device().is_cuda(), impl, ": dy is on device '", dy.device().str(),
-                    "'; expected a CUDA tensor");
 }
 
 // The in-place form writes y into x and residual_out into residual (rmsnorm_api's
@@ -368,14 +377,12 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
 
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight) {
-  check_dense(out, "out");
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), kImpl, ": out has shape ", shape_str(out.sizes()),
-                    " but x has shape ", shape_str(x.sizes()));
-  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), kImpl, ": out has dtype ",
-                   dtype_str(out.scalar_type()), " but x has dtype ", dtype_str(x.scalar_type()));
-  TORCH_CHECK_VALUE(out.device() == x.device(), kImpl, ": out is on device '", out.device().str(),
-                    "' but x is on '", x.device().str(), "'");
-  TORCH_CHECK_VALUE(out.is_contiguous(), kImpl, ": out must be contiguous");
+  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr};
+  check_tensor(spec::kRmsNormOut, spec::kRmsNormOut[1], args, kImpl);
+  if (out.device() != x.device()) {
+    refuse(spec::kDeviceOf, kImpl, "out",
+           {{"of", "x"}, {"got", out.device().str()}, {"want", x.device().str()}});
+  }
   check_written(out, "out", kImpl, "pass a plain tensor (out.resolve_neg() is a copy)");
   // a row written while another program still reads it gives wrong rows; out=x is safe
   const bool same_as_x = out.storage_offset() == x.storage_offset() && x.is_contiguous();

@@ -11,6 +11,8 @@
 #include <tuple>
 #include <vector>
 
+#include "spec_rules.h"
+
 namespace cuda_impl {
 
 // Numbers in messages are formatted with snprintf, never through an ostream: a build whose
@@ -22,8 +24,8 @@ inline std::string num(int v) { return std::to_string(v); }
 // A double as Python's repr prints it (0.0, 1e-06, nan), for messages that quote eps.
 std::string py_float(double v);
 
-// Largest row width accepted; must equal rmsnorm_api.MAX_N on the Python side.
-constexpr int64_t kMaxN = 262144;
+// Largest row width accepted: rmsnorm_api.MAX_N, written into spec_rules.h.
+constexpr int64_t kMaxN = spec::kMaxN;
 
 // The names errors start with, as on the Python side.
 constexpr const char* kImpl = "cuda_impl.rms_norm";
