@@ -75,8 +75,6 @@ EPS_MAX = float(torch.finfo(torch.float32).max)
 # the ops' description reads the constants above
 from rmsnorm_api import spec as _spec  # noqa: E402
 
-_OUT = next(a for a in _spec.OPS["rms_norm_out"].args if a.name == "out")
-
 
 def check_inputs(
     x: torch.Tensor,
@@ -117,49 +115,80 @@ def _shape(t: torch.Tensor) -> tuple:
     return tuple(t.shape)
 
 
-def _check_tensor(a: _spec.Arg, values: dict, impl: str) -> None:
-    """One tensor argument against its rules (spec.Arg): its type and layout, dtype, shape
-    and stride, and its device beside the rows'."""
-    t, name = values[a.name], a.name
-    if t is None and a.optional:
+def _rules(a: _spec.Arg) -> tuple:
+    """A tensor argument's rules as _check_tensor reads them: its name, whether it may be
+    None, the argument its dtype follows ("" for "float") and whether float32 is allowed
+    beside it, whether it is the rows, the argument its shape follows, whether that is
+    "row of", and its stride rule."""
+    return (
+        a.name,
+        a.optional,
+        a.dtype_of,
+        a.dtype.endswith("|float32"),
+        a.shape == "rows",
+        a.shape_of,
+        a.shape.startswith("row of "),
+        a.stride,
+    )
+
+
+#: Each op's tensors' rules in check order, and its float arguments: read once.
+_PLANS = {
+    name: (tuple(_rules(a) for a in op.check_order), tuple(a for a in op.args if a.kind == "float"))
+    for name, op in _spec.OPS.items()
+}
+
+
+#: out='s rules (rms_norm_out's out), which check_out applies beside x's
+_OUT_RULES = next(r for r in _PLANS["rms_norm_out"][0] if r[0] == "out")
+
+
+def _check_tensor(rules: tuple, values: dict, impl: str) -> None:
+    """One tensor argument against its rules (_rules): its type and layout, dtype, shape and
+    stride."""
+    name, optional, dtype_of, fp32_too, rows, shape_of, row_of, stride = rules
+    t = values[name]
+    if t is None and optional:
         return
     if not isinstance(t, torch.Tensor):
-        _refuse(
-            "tensor_or_none" if a.optional else "tensor", impl=impl, name=name, got=_type_name(t)
-        )
+        rule = "tensor_or_none" if optional else "tensor"
+        _refuse(rule, impl=impl, name=name, got=_type_name(t))
     if t.is_nested:
         _refuse("nested", impl=impl, name=name)
     if t.layout != torch.strided:
         _refuse("layout", impl=impl, name=name, got=t.layout)
-    if a.dtype == "float":
-        if t.dtype not in DTYPES:
-            _refuse("dtype_float", impl=impl, name=name, got=t.dtype)
+    dtype = t.dtype
+    if not dtype_of:
+        if dtype not in DTYPES:
+            _refuse("dtype_float", impl=impl, name=name, got=dtype)
     else:
-        of = values[a.dtype_of]
-        if t.dtype != of.dtype and not (a.dtype.endswith("|float32") and t.dtype == torch.float32):
-            rule = "dtype_of" if a.dtype == a.dtype_of else "dtype_of_or_fp32"
-            if rule != "dtype_of" and of.dtype == torch.float32:
-                rule = "dtype_of_fp32"
-            _refuse(rule, impl=impl, name=name, of=a.dtype_of, got=t.dtype, want=of.dtype)
-    if a.shape == "rows":
-        if t.dim() == 0:
+        want = values[dtype_of].dtype
+        if dtype != want and not (fp32_too and dtype == torch.float32):
+            rule = "dtype_of_fp32" if want == torch.float32 else "dtype_of_or_fp32"
+            rule = rule if fp32_too else "dtype_of"
+            _refuse(rule, impl=impl, name=name, of=dtype_of, got=dtype, want=want)
+    shape = t.shape
+    if rows:
+        if not shape:
             _refuse("rank", impl=impl, name=name)
-        n = t.shape[-1]
+        n = shape[-1]
         if n < 1:
             _refuse("n_min", impl=impl, name=name, got=n)
         if n > MAX_N:
             _refuse("n_max", impl=impl, name=name, got=n, want=MAX_N)
-    elif a.shape_of == a.shape:
-        of = values[a.shape_of]
-        if t.shape != of.shape:
-            _refuse("shape_of", impl=impl, name=name, of=a.shape_of, got=_shape(t), want=_shape(of))
+    elif row_of:
+        n = values[shape_of].shape[-1]
+        if shape != (n,):
+            _refuse("shape_row_of", impl=impl, name=name, of=shape_of, got=tuple(shape), n=n)
     else:
-        n = values[a.shape_of].shape[-1]
-        if t.shape != (n,):
-            _refuse("shape_row_of", impl=impl, name=name, of=a.shape_of, got=_shape(t), n=n)
-    if a.stride == "row" and t.numel() > 0 and t.stride(-1) != 1:
+        want = values[shape_of].shape
+        if shape != want:
+            _refuse(
+                "shape_of", impl=impl, name=name, of=shape_of, got=tuple(shape), want=tuple(want)
+            )
+    if stride == "row" and t.stride(-1) != 1 and t.numel() > 0:
         _refuse("stride_row", impl=impl, name=name, got=t.stride(-1))
-    if a.stride == "dense" and not t.is_contiguous():
+    if stride == "dense" and not t.is_contiguous():
         _refuse("stride_dense", impl=impl, name=name)
 
 
@@ -177,24 +206,23 @@ def _check_op(
     Triton interpreter), or meta (shape inference: the ops give meta outputs and launch
     nothing)). device_hint: why another device is refused, where the default would
     mislead."""
-    spec = _spec.OPS[op]
-    rows = spec.rows
-    for a in spec.check_order:
-        _check_tensor(a, values, impl)
-    x = values[rows.name]
-    for a in spec.check_order[1:]:
-        t = values[a.name]
-        if t is not None and t.device != x.device:
-            _refuse("device_of", impl=impl, name=a.name, of=rows.name, got=t.device, want=x.device)
-    for a in spec.args:
-        if a.kind == "float":
-            _check_scalar(a, values[a.name], impl)
-    if x.device.type not in ("cuda", "meta") and not (allow_cpu and x.device.type == "cpu"):
+    tensors, scalars = _PLANS[op]
+    for rules in tensors:
+        _check_tensor(rules, values, impl)
+    rows = tensors[0][0]
+    device = values[rows].device
+    for rules in tensors[1:]:
+        t = values[rules[0]]
+        if t is not None and t.device != device:
+            _refuse("device_of", impl=impl, name=rules[0], of=rows, got=t.device, want=device)
+    for a in scalars:
+        _check_scalar(a, values[a.name], impl)
+    if device.type not in ("cuda", "meta") and not (allow_cpu and device.type == "cpu"):
         hint = device_hint
         if hint is None:
             hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
             hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
-        _refuse("device", impl=impl, name=rows.name, got=x.device, hint=hint)
+        _refuse("device", impl=impl, name=rows, got=device, hint=hint)
 
 
 def _type_name(v: object) -> str:
@@ -234,7 +262,7 @@ def check_width(n: object, element_size: object, where: str) -> tuple[int, int]:
 
 def check_x(x: torch.Tensor, *, impl: str = "rms_norm") -> None:
     """The rules of an op's rows (spec.OPS' x), which the modules check before their own."""
-    _check_tensor(_spec.OPS["rms_norm"].rows, {"x": x}, impl)
+    _check_tensor(_PLANS["rms_norm"][0][0], {"x": x}, impl)
 
 
 def check_backward_inputs(
@@ -316,7 +344,7 @@ def check_out(
 ) -> None:
     """Checks for the out= form: a contiguous tensor of x's shape, dtype and device, apart
     from x and weight in memory (or x itself), and no autograd (run after check_inputs)."""
-    _check_tensor(_OUT, {"out": out, "x": x}, impl)
+    _check_tensor(_OUT_RULES, {"out": out, "x": x}, impl)
     if out.device != x.device:
         _refuse("device_of", impl=impl, name="out", of="x", got=out.device, want=x.device)
     _refuse_grad("out=", impl, x=x, weight=weight, out=out)

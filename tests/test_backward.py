@@ -392,8 +392,8 @@ def test_backward_errors_name_the_argument(name):
     w = torch.randn(64, device=DEVICE)
     dy = torch.randn(4, 64, device=DEVICE)
     bad = [
-        ((dy[:, :32], x, w, 1e-6), ValueError, r"dy has shape \(4, 32\) but x has shape \(4, 64\)"),
-        ((dy.half(), x, w, 1e-6), TypeError, r"dy has dtype torch.float16 but x has dtype"),
+        ((dy[:, :32], x, w, 1e-6), ValueError, r"x has shape \(4, 64\) but dy has shape \(4, 32\)"),
+        ((dy.half(), x, w, 1e-6), TypeError, r"x has dtype torch.float32 but dy has dtype"),
         ((dy.int(), x, w, 1e-6), TypeError, r"dy has dtype torch.int32"),
         ((dy, x, w[:32], 1e-6), ValueError, r"weight has shape \(32,\)"),
         ((dy, x, w, 0.0), ValueError, r"eps is 0.0"),
