@@ -1,14 +1,15 @@
 """The ops as data: each op's arguments (tensors and scalars: their types, which may be
 None, which the op writes, their defaults, a tensor's dtype, shape and stride rules, a
-scalar's range) and what it returns, written once.
+scalar's range) and what it returns, and the checks' wording, written once.
 
 Both backends register these ops (cuda_impl's schema strings in C++, triton_impl's
 inferred by torch.library from its Python signatures); tests/test_spec.py holds each
-registered schema, and the contract's checks to the rules (which refuse every input a rule
-forbids, naming the argument). The contract's other consumers (the checks themselves, the
-fakes, the autograd, the harness's ops) are to read it next, and a variant (a weight
-offset, a per-head weight, an fp8 output) to be a change of this description and of the
-kernels' epilogue: docs/notebook/17-the-op-as-data.md, v60.
+registered schema to the description. The checks read it: the contract's
+(rmsnorm_api._check_op) and the C++ op's (rms_norm.cpp's check_op, through spec_rules.h,
+which header() writes), in the one wording of MESSAGES. The fakes, the autograd and the
+harness's ops are to read it next, and a variant (a weight offset, a per-head weight, an
+fp8 output) to be a change of this description and of the kernels' epilogue:
+docs/notebook/17-the-op-as-data.md.
 """
 
 from __future__ import annotations
