@@ -296,16 +296,45 @@ def check_backward_inputs(
         _check_op("rms_norm_backward", impl, allow_cpu, dy=dy, x=saved, weight=weight, eps=eps)
 
 
+def _empty(o: _spec.Out, values: dict, device: torch.device) -> torch.Tensor:
+    """A returned tensor (spec.Out), uninitialised: its dtype and shape arguments', or an
+    empty (0,) tensor where the argument it depends on is absent (None or False)."""
+    if o.unless and (values[o.unless] is None or values[o.unless] is False):
+        return torch.empty(0, dtype=values[o.empty_dtype].dtype, device=device)
+    return torch.empty(values[o.shape].shape, dtype=values[o.dtype].dtype, device=device)
+
+
+def empty_outputs(op: str, **values: object) -> tuple[torch.Tensor, ...]:
+    """An op's returned tensors as its description says (spec.OPS[op].returns), on the
+    rows' device, uninitialised: what its fake returns."""
+    spec = _spec.OPS[op]
+    device = values[spec.rows.name].device
+    return tuple(_empty(o, values, device) for o in spec.returns)
+
+
 def fused_backward_outputs(
     dy: torch.Tensor, residual_out: torch.Tensor, dresidual: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused add's backward outputs, for a kernel to write: dx in dy's dtype and
     dresidual in residual_out's, stored apart (two outputs never alias), or, where dresidual
     is False (autograd's call, where dx serves as both), an empty (0,) tensor in its place."""
-    s = residual_out
-    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
-    return dx, dres
+    dx, dres, _ = _spec.OPS["fused_add_rms_norm_backward"].returns
+    values = {"dy": dy, "residual_out": residual_out, "dresidual": dresidual}
+    return _empty(dx, values, residual_out.device), _empty(dres, values, residual_out.device)
+
+
+def check_call(op: str, impl: str, values: dict, *, allow_cpu: bool = False) -> None:
+    """The checks a call of op runs (values: its arguments by name, defaults included): its
+    arguments' rules, and the written forms' memory (check_out, check_in_place)."""
+    rules = {k: v for k, v in values.items() if k != "out"}
+    if op == "rms_norm_out":
+        _check_op("rms_norm", impl, allow_cpu, **rules)
+        check_out(values["out"], values["x"], values["weight"], impl=impl)
+    elif op == "fused_add_rms_norm_":
+        _check_op("fused_add_rms_norm", impl, allow_cpu, **rules)
+        check_in_place(values["x"], values["residual"], values["weight"], impl=impl)
+    else:
+        _check_op(op, impl, allow_cpu, **rules)
 
 
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:

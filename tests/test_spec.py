@@ -49,37 +49,15 @@ def test_schema_text():
 
 
 def _contract_checks():
-    """Each op's argument checks in the contract (rmsnorm_api), keyed by op: what both
-    backends run before their kernels (CPU tensors allowed: the rules are not the device)."""
+    """Each op's argument checks in the contract (rmsnorm_api.check_call), keyed by op: what
+    both backends run before their kernels (CPU tensors allowed: the rules are not the
+    device)."""
     import rmsnorm_api as api
 
-    def fwd(a):
-        api.check_inputs(a["x"], a["weight"], a["eps"], allow_cpu=True)
+    def checks(op):
+        return lambda a: api.check_call(op, op, a, allow_cpu=True)
 
-    def fused(a):
-        api.check_fused_inputs(a["x"], a["residual"], a["weight"], a["eps"], allow_cpu=True)
-
-    return {
-        "rms_norm": fwd,
-        "rms_norm_out": lambda a: (fwd(a), api.check_out(a["out"], a["x"], a["weight"])),
-        "fused_add_rms_norm": fused,
-        "fused_add_rms_norm_": lambda a: (
-            fused(a),
-            api.check_in_place(a["x"], a["residual"], a["weight"]),
-        ),
-        "rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"], a["x"], a["weight"], a["eps"], allow_cpu=True
-        ),
-        "fused_add_rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"],
-            a["residual_out"],
-            a["weight"],
-            a["eps"],
-            a["d_residual_out"],
-            fused=True,
-            allow_cpu=True,
-        ),
-    }
+    return {op: checks(op) for op in OPS}
 
 
 def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:

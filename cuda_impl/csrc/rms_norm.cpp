@@ -497,19 +497,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_check
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
-  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
-  // The fused residual add: (y, residual_out), and in place (y into x, residual_out into
-  // residual).
-  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> "
-        "(Tensor, Tensor)");
-  m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
-  // The backward ops (autograd: cuda_impl/ops.py): (dx, dweight) and (dx, dresidual,
-  // dweight); dweight is empty without a weight. dresidual=False: dresidual is not stored
-  // and comes back empty (autograd's call where it would equal dx: dx serves as both).
-  m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)");
-  m.def("fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, "
-        "Tensor? weight, float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)");
+  // The described ops (rmsnorm_api/spec.py, through spec_rules.h): rms_norm and its out=
+  // form; the fused residual add, (y, residual_out), and in place (y into x, residual_out
+  // into residual); the backward ops (autograd: cuda_impl/ops.py), (dx, dweight) and (dx,
+  // dresidual, dweight): dweight is empty without a weight, and dresidual=False does not
+  // store dresidual (autograd's call where it would equal dx: dx serves as both).
+  for (const char* schema : {spec::kRmsNormSchema, spec::kRmsNormOutSchema,
+                             spec::kFusedAddRmsNormSchema, spec::kFusedAddRmsNormInPlaceSchema,
+                             spec::kRmsNormBackwardSchema, spec::kFusedAddRmsNormBackwardSchema}) {
+    m.def(schema);
+  }
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "
