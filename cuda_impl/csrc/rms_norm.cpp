@@ -270,9 +270,10 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
   }
   if (t->is_nested()) refuse(spec::kNested, impl, r.name);
   if (t->layout() != at::kStrided) refuse(spec::kLayout, impl, r.name, {{"got", layout_str(t->layout())}});
-  const std::string got = dtype_str(t->scalar_type());
   if (r.dtype == spec::Dtype::kFloat) {
-    if (!supported(t->scalar_type())) refuse(spec::kDtypeFloat, impl, r.name, {{"got", got}});
+    if (!supported(t->scalar_type())) {
+      refuse(spec::kDtypeFloat, impl, r.name, {{"got", dtype_str(t->scalar_type())}});
+    }
   } else {
     const at::ScalarType of = args[r.dtype_of]->scalar_type();
     const bool fp32_too = r.dtype == spec::Dtype::kOfOrFloat32;
@@ -281,7 +282,9 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
                                : of == at::kFloat ? spec::kDtypeOfFp32
                                                   : spec::kDtypeOfOrFp32;
       refuse(m, impl, r.name,
-             {{"of", name_at(op, r.dtype_of)}, {"got", got}, {"want", dtype_str(of)}});
+             {{"of", name_at(op, r.dtype_of)},
+              {"got", dtype_str(t->scalar_type())},
+              {"want", dtype_str(of)}});
     }
   }
   if (r.shape == spec::Shape::kRows) {
