@@ -170,3 +170,17 @@ def test_the_cpp_checks_read_the_same_rules():
         " \"from rmsnorm_api.spec import header; print(header(), end='')\" >"
         " cuda_impl/csrc/spec_rules.h"
     )
+
+
+def test_rules_name_required_tensors():
+    """A rule judges an argument against another that is always there: both engines read
+    the named argument's dtype or shape without asking whether it was given."""
+    for op in OPS.values():
+        by_name = {a.name: a for a in op.args}
+        for a in op.args:
+            for of in (a.dtype_of, a.shape_of):
+                if of:
+                    assert by_name[of].kind == "Tensor" and not by_name[of].optional, (
+                        op.name,
+                        a.name,
+                    )
