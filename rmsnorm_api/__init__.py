@@ -111,10 +111,6 @@ def _refuse(rule: str, **fields: object) -> None:
     raise error(_spec.MESSAGES[rule].format(**fields))
 
 
-def _shape(t: torch.Tensor) -> tuple:
-    return tuple(t.shape)
-
-
 def _rules(a: _spec.Arg) -> tuple:
     """A tensor argument's rules as _check_tensor reads them: its name, whether it may be
     None, the argument its dtype follows ("" for "float") and whether float32 is allowed
@@ -346,10 +342,12 @@ def _check_scalar(a: _spec.Arg, v: object, impl: str) -> None:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         _refuse("real", impl=impl, name=a.name, got=_type_name(v))
     try:
-        value, shown = float(v), repr(float(v))
+        value, overflow = float(v), False
     except OverflowError:  # an int past float's range, shown shortened
-        value, shown = math.inf, reprlib.repr(v)
-    if not (math.isfinite(value) and a.lo <= value <= a.hi):
+        value, overflow = math.inf, True
+    if not a.lo <= value <= a.hi:  # the range is finite: NaN and inf fall outside it
+        # shown only when refused: a traced eps (a SymFloat under dynamic shapes) has no repr
+        shown = reprlib.repr(v) if overflow else repr(value)
         _refuse("range", impl=impl, name=a.name, got=shown, want=f"{a.lo:.7g}, {a.hi:.7g}")
 
 

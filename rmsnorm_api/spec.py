@@ -285,6 +285,8 @@ def header() -> str:
         "};",
         "",
         f"constexpr int64_t kMaxN = {MAX_N};",
+        f"constexpr double kEpsMin = {EPS_MIN!r};",
+        f"constexpr double kEpsMax = {EPS_MAX!r};",
         "",
     ]
     for op in OPS.values():

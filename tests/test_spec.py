@@ -87,6 +87,8 @@ def _violations(spec, a) -> list:
     base = _valid(spec)[a.name]
     if a.dtype == "float":
         out.append(("an int dtype", base.to(torch.int32)))
+        # names C++ must print as Python does (c10's own spelling differs)
+        out += [("fp8", base.to(torch.float8_e4m3fn)), ("uint16", base.to(torch.uint16))]
     elif "|" in a.dtype:
         out.append(("fp16 beside bf16", base.to(torch.float16)))
     else:
@@ -184,3 +186,19 @@ def test_rules_name_required_tensors():
                         op.name,
                         a.name,
                     )
+
+
+def test_the_checks_trace_with_a_dynamic_eps():
+    """The contract's checks inside a compiled graph where eps is traced (dynamic shapes,
+    or a second eps): they build no message unless they refuse, so nothing breaks the
+    graph."""
+    import rmsnorm_api as api
+
+    def f(x, w, eps):
+        api.check_inputs(x, w, eps, allow_cpu=True)
+        return x * 2
+
+    g = torch.compile(f, fullgraph=True, dynamic=True, backend="eager")
+    x, w = torch.randn(4, 8), torch.randn(8)
+    for eps in (1e-6, 1e-5):
+        torch.testing.assert_close(g(x, w, eps), x * 2)

@@ -32,6 +32,8 @@ struct Message {
 };
 
 constexpr int64_t kMaxN = 262144;
+constexpr double kEpsMin = 1.1754943508222875e-38;
+constexpr double kEpsMax = 3.4028234663852886e+38;
 
 constexpr Tensor kRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
