@@ -308,15 +308,19 @@ def empty_outputs(op: str, **values: object) -> tuple[torch.Tensor, ...]:
     return tuple(_empty(o, values, device) for o in spec.returns)
 
 
+#: The fused backward's dx and dresidual (spec.Out), which its kernels' callers allocate.
+_FUSED_BWD_DX, _FUSED_BWD_DRES, _ = _spec.OPS["fused_add_rms_norm_backward"].returns
+
+
 def fused_backward_outputs(
     dy: torch.Tensor, residual_out: torch.Tensor, dresidual: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused add's backward outputs, for a kernel to write: dx in dy's dtype and
     dresidual in residual_out's, stored apart (two outputs never alias), or, where dresidual
     is False (autograd's call, where dx serves as both), an empty (0,) tensor in its place."""
-    dx, dres, _ = _spec.OPS["fused_add_rms_norm_backward"].returns
     values = {"dy": dy, "residual_out": residual_out, "dresidual": dresidual}
-    return _empty(dx, values, residual_out.device), _empty(dres, values, residual_out.device)
+    device = residual_out.device
+    return _empty(_FUSED_BWD_DX, values, device), _empty(_FUSED_BWD_DRES, values, device)
 
 
 def check_call(op: str, impl: str, values: dict, *, allow_cpu: bool = False) -> None:
