@@ -3,8 +3,8 @@
 
 The library is whichever build rmsnorm_api.host finds: ``$CUDA_IMPL_LIBRARY`` if set (e.g.
 the CMake build's), else ``cuda_impl/_C*.so`` from ``python setup.py build_ext --inplace``.
-Same semantics, checks and error messages as triton_impl (rmsnorm_api); the C++ side repeats
-the checks for direct torch.ops callers.
+Same semantics, checks and error messages as triton_impl (rmsnorm_api); the C++ side applies
+the same rules (rmsnorm_api.spec) for direct torch.ops callers.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from rmsnorm_api import (
     backward_functions,
     bypass_ok,
     call_op,
-    check_backward_inputs,
+    check_call,
     check_forced_config_grad,
     check_fused_inputs,
     check_in_place,
     check_inputs,
-    check_out,
-    fused_backward_outputs,
+    empty_outputs,
     host,
     register_autograd,
 )
+from rmsnorm_api.spec import OPS as DESCRIBED
+from rmsnorm_api.spec import REQUIRED
 
 _IMPL = "cuda_impl.rms_norm"
 _FUSED = "cuda_impl.fused_add_rms_norm"
@@ -42,62 +43,36 @@ _OP = torch.ops.cuda_impl.rms_norm.default
 _FAST = host.entry()
 
 
-# The fakes (tracing, meta tensors) run the checks the CUDA kernel runs, so torch.compile
-# never traces a call the kernel would refuse.
-@torch.library.register_fake("cuda_impl::rms_norm")
-def _rms_norm_fake(x, weight, eps):
-    check_inputs(x, weight, eps, impl=_IMPL)
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-@torch.library.register_fake("cuda_impl::rms_norm_out")
-def _rms_norm_out_fake(out, x, weight, eps):
-    check_inputs(x, weight, eps, impl=_IMPL)
-    check_out(out, x, weight, impl=_IMPL)
-    return None
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm")
-def _fused_add_fake(x, residual, weight, eps):
-    check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return y, torch.empty(x.shape, dtype=residual.dtype, device=x.device)
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm_")
-def _fused_add_in_place_fake(x, residual, weight, eps):
-    check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
-    check_in_place(x, residual, weight, impl=_FUSED_)
-    return None
-
-
 _BWD = "cuda_impl.rms_norm_backward"
 _FUSED_BWD = "cuda_impl.fused_add_rms_norm_backward"
 
 
-def _dweight_fake(weight, like):
-    """dweight as the backward ops return it: weight's shape and dtype, empty without one."""
-    if weight is None:
-        return torch.empty(0, dtype=like.dtype, device=like.device)
-    return torch.empty(weight.shape, dtype=weight.dtype, device=like.device)
+def _register_fake(op: str, impl: str) -> None:
+    """The op's fake (tracing, meta tensors), from its description: the checks the CUDA
+    kernel runs, so torch.compile never traces a call the kernel would refuse, then its
+    returned tensors as the description gives them."""
+    spec = DESCRIBED[op]
+    names = tuple(a.name for a in spec.args)
+    defaults = {a.name: a.default for a in spec.args if a.default is not REQUIRED}
+
+    def fake(*args, **kwargs):
+        values = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+        check_call(op, impl, values)
+        outs = empty_outputs(op, **values)
+        return outs[0] if len(outs) == 1 else (outs or None)
+
+    torch.library.register_fake(f"cuda_impl::{op}")(fake)
 
 
-@torch.library.register_fake("cuda_impl::rms_norm_backward")
-def _rms_norm_backward_fake(dy, x, weight, eps):
-    check_backward_inputs(dy, x, weight, eps, impl=_BWD)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return dx, _dweight_fake(weight, x)
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm_backward")
-def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps, dresidual=True):
-    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                          impl=_FUSED_BWD)  # fmt: skip
-    return (
-        *fused_backward_outputs(dy, residual_out, dresidual),
-        _dweight_fake(weight, residual_out),
-    )
-
+for _op, _impl in (
+    ("rms_norm", _IMPL),
+    ("rms_norm_out", _IMPL),
+    ("fused_add_rms_norm", _FUSED),
+    ("fused_add_rms_norm_", _FUSED_),
+    ("rms_norm_backward", _BWD),
+    ("fused_add_rms_norm_backward", _FUSED_BWD),
+):
+    _register_fake(_op, _impl)
 
 register_autograd("cuda_impl")
 

@@ -92,7 +92,7 @@ class Op:
     # tensor torch allocates starting as NaN), checked like the first
     second_form: Optional[Callable[..., Any]] = None
     # the names of the outputs, in order, for error messages (the op's description's)
-    outputs: tuple[str, ...] = DESCRIBED["rms_norm"].returns
+    outputs: tuple[str, ...] = DESCRIBED["rms_norm"].return_names
     # (output, reference output, its name): raise AssertionError where they differ
     compare: Callable[[torch.Tensor, torch.Tensor, str], None] = forward_close
     # (dtypes, quick=, shapes=) -> the planned shapes (harness.plan)
@@ -347,7 +347,7 @@ FUSED_ADD_RMS_NORM = Op(
     bytes_text="read x + residual + weight, write y + residual_out",
     registry=impls.fused_add_registry,
     second_form=_fused_add_in_place_form,
-    outputs=DESCRIBED["fused_add_rms_norm"].returns,
+    outputs=DESCRIBED["fused_add_rms_norm"].return_names,
     cases=fused_add_cases,
 )
 
@@ -366,7 +366,7 @@ _GRADS = dict(
 _RMS_NORM_GRADS = dict(
     make_inputs=rms_norm_grad_inputs,
     reference=rms_norm_grads_ref,
-    outputs=DESCRIBED["rms_norm_backward"].returns,
+    outputs=DESCRIBED["rms_norm_backward"].return_names,
     **_GRADS,
 )
 
@@ -398,7 +398,7 @@ FUSED_ADD_RMS_NORM_FWD_BWD = Op(
     "+ d_residual_out + weight, write dx + dresidual + dweight (9 M N e + 3 N w)",
     registry=impls.fused_add_fwd_bwd_registry,
     reference=fused_add_rms_norm_grads_ref,
-    outputs=DESCRIBED["fused_add_rms_norm_backward"].returns,
+    outputs=DESCRIBED["fused_add_rms_norm_backward"].return_names,
     **{**_GRADS, "cases": fused_add_grad_cases},
 )
 

@@ -111,10 +111,6 @@ def _refuse(rule: str, **fields: object) -> None:
     raise error(_spec.MESSAGES[rule].format(**fields))
 
 
-def _shape(t: torch.Tensor) -> tuple:
-    return tuple(t.shape)
-
-
 def _rules(a: _spec.Arg) -> tuple:
     """A tensor argument's rules as _check_tensor reads them: its name, whether it may be
     None, the argument its dtype follows ("" for "float") and whether float32 is allowed
@@ -296,16 +292,49 @@ def check_backward_inputs(
         _check_op("rms_norm_backward", impl, allow_cpu, dy=dy, x=saved, weight=weight, eps=eps)
 
 
+def _empty(o: _spec.Out, values: dict, device: torch.device) -> torch.Tensor:
+    """A returned tensor (spec.Out), uninitialised: its dtype and shape arguments', or an
+    empty (0,) tensor where the argument it depends on is absent (None or False)."""
+    if o.unless and (values[o.unless] is None or values[o.unless] is False):
+        return torch.empty(0, dtype=values[o.empty_dtype].dtype, device=device)
+    return torch.empty(values[o.shape].shape, dtype=values[o.dtype].dtype, device=device)
+
+
+def empty_outputs(op: str, **values: object) -> tuple[torch.Tensor, ...]:
+    """An op's returned tensors as its description says (spec.OPS[op].returns), on the
+    rows' device, uninitialised: what its fake returns."""
+    spec = _spec.OPS[op]
+    device = values[spec.rows.name].device
+    return tuple(_empty(o, values, device) for o in spec.returns)
+
+
+#: The fused backward's dx and dresidual (spec.Out), which its kernels' callers allocate.
+_FUSED_BWD_DX, _FUSED_BWD_DRES, _ = _spec.OPS["fused_add_rms_norm_backward"].returns
+
+
 def fused_backward_outputs(
     dy: torch.Tensor, residual_out: torch.Tensor, dresidual: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused add's backward outputs, for a kernel to write: dx in dy's dtype and
     dresidual in residual_out's, stored apart (two outputs never alias), or, where dresidual
     is False (autograd's call, where dx serves as both), an empty (0,) tensor in its place."""
-    s = residual_out
-    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
-    return dx, dres
+    values = {"dy": dy, "residual_out": residual_out, "dresidual": dresidual}
+    device = residual_out.device
+    return _empty(_FUSED_BWD_DX, values, device), _empty(_FUSED_BWD_DRES, values, device)
+
+
+def check_call(op: str, impl: str, values: dict, *, allow_cpu: bool = False) -> None:
+    """The checks a call of op runs (values: its arguments by name, defaults included): its
+    arguments' rules, and the written forms' memory (check_out, check_in_place)."""
+    rules = {k: v for k, v in values.items() if k != "out"}
+    if op == "rms_norm_out":
+        _check_op("rms_norm", impl, allow_cpu, **rules)
+        check_out(values["out"], values["x"], values["weight"], impl=impl)
+    elif op == "fused_add_rms_norm_":
+        _check_op("fused_add_rms_norm", impl, allow_cpu, **rules)
+        check_in_place(values["x"], values["residual"], values["weight"], impl=impl)
+    else:
+        _check_op(op, impl, allow_cpu, **rules)
 
 
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
@@ -317,10 +346,12 @@ def _check_scalar(a: _spec.Arg, v: object, impl: str) -> None:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         _refuse("real", impl=impl, name=a.name, got=_type_name(v))
     try:
-        value, shown = float(v), repr(float(v))
+        value, overflow = float(v), False
     except OverflowError:  # an int past float's range, shown shortened
-        value, shown = math.inf, reprlib.repr(v)
-    if not (math.isfinite(value) and a.lo <= value <= a.hi):
+        value, overflow = math.inf, True
+    if not a.lo <= value <= a.hi:  # the range is finite: NaN and inf fall outside it
+        # shown only when refused: a traced eps (a SymFloat under dynamic shapes) has no repr
+        shown = reprlib.repr(v) if overflow else repr(value)
         _refuse("range", impl=impl, name=a.name, got=shown, want=f"{a.lo:.7g}, {a.hi:.7g}")
 
 

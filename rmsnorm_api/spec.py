@@ -67,13 +67,30 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Out:
+    """A returned tensor: its name, the arguments whose dtype and shape it takes (on the
+    rows' device), and, for one that may come back empty (a (0,) tensor), the argument whose
+    absence (None, or False) empties it and the argument whose dtype it then takes."""
+
+    name: str
+    dtype: str
+    shape: str
+    unless: str = ""
+    empty_dtype: str = ""
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """An op: its name, its arguments in order, and the tensors it returns (none for a form
     that writes its arguments)."""
 
     name: str
     args: tuple[Arg, ...]
-    returns: tuple[str, ...] = ()
+    returns: tuple[Out, ...] = ()
+
+    @property
+    def return_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.returns)
 
     @property
     def rows(self) -> Arg:
@@ -93,8 +110,9 @@ class OpSpec:
             out.append(a)
         return tuple(out)
 
-    def schema(self, ns: str) -> str:
-        """The torch schema string of the op in namespace ns."""
+    def schema(self, ns: str = "") -> str:
+        """The torch schema string of the op in namespace ns (none: as TORCH_LIBRARY's def
+        takes it inside the namespace's block)."""
         letters = iter("abcdefgh")
         args = ", ".join(a.text(next(letters) if a.written else "") for a in self.args)
         if not self.returns:
@@ -103,7 +121,7 @@ class OpSpec:
             out = "Tensor"
         else:
             out = "(" + ", ".join("Tensor" for _ in self.returns) + ")"
-        return f"{ns}::{self.name}({args}) -> {out}"
+        return f"{ns}::" * bool(ns) + f"{self.name}({args}) -> {out}"
 
 
 #: The checks' wording, one template a rule, in the fields {impl} (the function refusing),
@@ -157,17 +175,23 @@ def _like(name: str, of: str, dtype: str, stride: str, **kw) -> Arg:
     return Arg(name, dtype=dtype, shape=of, stride=stride, **kw)
 
 
+def _dweight(empty_dtype: str) -> Out:
+    """The weight's gradient: the weight's dtype and shape, empty without a weight."""
+    return Out("dweight", "weight", "weight", "weight", empty_dtype)
+
+
 _X, _WEIGHT, _EPS = _rows("x"), _weight("x"), _eps()
+_Y = Out("y", "x", "x")
 
 OPS = {
     op.name: op
     for op in (
-        OpSpec("rms_norm", (_X, _WEIGHT, _EPS), ("y",)),
+        OpSpec("rms_norm", (_X, _WEIGHT, _EPS), (_Y,)),
         OpSpec("rms_norm_out", (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS)),
         OpSpec(
             "fused_add_rms_norm",
             (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS),
-            ("y", "residual_out"),
+            (_Y, Out("residual_out", "residual", "x")),
         ),
         OpSpec(
             "fused_add_rms_norm_",
@@ -186,7 +210,7 @@ OPS = {
                 _weight("dy"),
                 _EPS,
             ),
-            ("dx", "dweight"),
+            (Out("dx", "x", "x"), _dweight("x")),
         ),
         OpSpec(
             "fused_add_rms_norm_backward",
@@ -198,7 +222,11 @@ OPS = {
                 _EPS,
                 Arg("dresidual", "bool", default=True),
             ),
-            ("dx", "dresidual", "dweight"),
+            (
+                Out("dx", "dy", "residual_out"),
+                Out("dresidual", "residual_out", "residual_out", "dresidual", "residual_out"),
+                _dweight("residual_out"),
+            ),
         ),
     )
 }
@@ -224,9 +252,9 @@ def header() -> str:
 
     out = [
         "// Written from rmsnorm_api/spec.py by its header() (tests/test_spec.py holds this file",
-        "// to it, and says how to rewrite it): each op's tensor rules in the order the checks",
-        "// run, and the checks' wording, which the C++ op's checks (rms_norm.cpp) apply as",
-        "// rmsnorm_api does.",
+        "// to it, and says how to rewrite it): each op's schema and tensor rules, in the order",
+        "// the checks run, and the checks' wording, which the C++ op's registration and checks",
+        "// (rms_norm.cpp) apply as rmsnorm_api does.",
         "#pragma once",
         "",
         "#include <cstdint>",
@@ -257,6 +285,8 @@ def header() -> str:
         "};",
         "",
         f"constexpr int64_t kMaxN = {MAX_N};",
+        f"constexpr double kEpsMin = {EPS_MIN!r};",
+        f"constexpr double kEpsMax = {EPS_MAX!r};",
         "",
     ]
     for op in OPS.values():
@@ -271,6 +301,7 @@ def header() -> str:
                 f" Stride::{_ENUMS['stride'][a.stride]}}},"
             )
         out.append("};")
+        out.append(f"constexpr const char* k{_camel(op.name)}Schema = {_c_string(op.schema())};")
     out.append("")
     for key, text in MESSAGES.items():
         error = str(key in MESSAGE_TYPE_ERRORS).lower()

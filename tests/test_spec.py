@@ -49,37 +49,15 @@ def test_schema_text():
 
 
 def _contract_checks():
-    """Each op's argument checks in the contract (rmsnorm_api), keyed by op: what both
-    backends run before their kernels (CPU tensors allowed: the rules are not the device)."""
+    """Each op's argument checks in the contract (rmsnorm_api.check_call), keyed by op: what
+    both backends run before their kernels (CPU tensors allowed: the rules are not the
+    device)."""
     import rmsnorm_api as api
 
-    def fwd(a):
-        api.check_inputs(a["x"], a["weight"], a["eps"], allow_cpu=True)
+    def checks(op):
+        return lambda a: api.check_call(op, op, a, allow_cpu=True)
 
-    def fused(a):
-        api.check_fused_inputs(a["x"], a["residual"], a["weight"], a["eps"], allow_cpu=True)
-
-    return {
-        "rms_norm": fwd,
-        "rms_norm_out": lambda a: (fwd(a), api.check_out(a["out"], a["x"], a["weight"])),
-        "fused_add_rms_norm": fused,
-        "fused_add_rms_norm_": lambda a: (
-            fused(a),
-            api.check_in_place(a["x"], a["residual"], a["weight"]),
-        ),
-        "rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"], a["x"], a["weight"], a["eps"], allow_cpu=True
-        ),
-        "fused_add_rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"],
-            a["residual_out"],
-            a["weight"],
-            a["eps"],
-            a["d_residual_out"],
-            fused=True,
-            allow_cpu=True,
-        ),
-    }
+    return {op: checks(op) for op in OPS}
 
 
 def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
@@ -109,6 +87,8 @@ def _violations(spec, a) -> list:
     base = _valid(spec)[a.name]
     if a.dtype == "float":
         out.append(("an int dtype", base.to(torch.int32)))
+        # names C++ must print as Python does (c10's own spelling differs)
+        out += [("fp8", base.to(torch.float8_e4m3fn)), ("uint16", base.to(torch.uint16))]
     elif "|" in a.dtype:
         out.append(("fp16 beside bf16", base.to(torch.float16)))
     else:
@@ -206,3 +186,19 @@ def test_rules_name_required_tensors():
                         op.name,
                         a.name,
                     )
+
+
+def test_the_checks_trace_with_a_dynamic_eps():
+    """The contract's checks inside a compiled graph where eps is traced (dynamic shapes,
+    or a second eps): they build no message unless they refuse, so nothing breaks the
+    graph."""
+    import rmsnorm_api as api
+
+    def f(x, w, eps):
+        api.check_inputs(x, w, eps, allow_cpu=True)
+        return x * 2
+
+    g = torch.compile(f, fullgraph=True, dynamic=True, backend="eager")
+    x, w = torch.randn(4, 8), torch.randn(8)
+    for eps in (1e-6, 1e-5):
+        torch.testing.assert_close(g(x, w, eps), x * 2)

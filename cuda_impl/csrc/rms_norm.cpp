@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -51,6 +51,16 @@ std::string dtype_str(at::ScalarType t) {
     case at::kComplexHalf: return "torch.complex32";
     case at::kComplexFloat: return "torch.complex64";
     case at::kComplexDouble: return "torch.complex128";
+    case at::kUInt16: return "torch.uint16";
+    case at::kUInt32: return "torch.uint32";
+    case at::kUInt64: return "torch.uint64";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "torch.float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "torch.float8_e5m2fnuz";
+    case at::kQUInt8: return "torch.quint8";
+    case at::kQInt8: return "torch.qint8";
+    case at::kQInt32: return "torch.qint32";
     default: return std::string("torch.") + c10::toString(t);
   }
 }
@@ -241,9 +251,7 @@ std::string py_float(double v) {
 void check_eps(double eps, const char* impl) {
   if (eps_ok(eps)) return;
   char range[64];
-  std::snprintf(range, sizeof(range), "%.7g, %.7g",
-                static_cast<double>(std::numeric_limits<float>::min()),
-                static_cast<double>(std::numeric_limits<float>::max()));
+  std::snprintf(range, sizeof(range), "%.7g, %.7g", spec::kEpsMin, spec::kEpsMax);
   refuse(spec::kRange, impl, "eps", {{"got", py_float(eps)}, {"want", range}});
 }
 
@@ -258,21 +266,31 @@ const char* name_at(const spec::Tensor (&op)[K], int arg) {
   return "?";
 }
 
+// An op's rules for the argument of that name (its rules' table lists every tensor).
+template <size_t K>
+const spec::Tensor& rule_of(const spec::Tensor (&op)[K], std::string_view name) {
+  for (const auto& r : op) {
+    if (name == r.name) return r;
+  }
+  TORCH_CHECK(false, "no rule for ", std::string(name));
+}
+
 // One tensor argument against its rules (rmsnorm_api's _check_tensor): args holds the op's
 // arguments by index, nullptr for a scalar or None.
 template <size_t K>
 void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
                   const at::Tensor* const* args, const char* impl) {
+  // an optional argument not given is a null pointer; an undefined tensor (a C++ caller's
+  // None where a tensor was promised) is refused, given or not
   const at::Tensor* t = args[r.arg];
-  if (t == nullptr || !t->defined()) {
-    if (r.optional) return;
-    refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
-  }
+  if (t == nullptr && r.optional) return;
+  if (t == nullptr || !t->defined()) refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
   if (t->is_nested()) refuse(spec::kNested, impl, r.name);
   if (t->layout() != at::kStrided) refuse(spec::kLayout, impl, r.name, {{"got", layout_str(t->layout())}});
-  const std::string got = dtype_str(t->scalar_type());
   if (r.dtype == spec::Dtype::kFloat) {
-    if (!supported(t->scalar_type())) refuse(spec::kDtypeFloat, impl, r.name, {{"got", got}});
+    if (!supported(t->scalar_type())) {
+      refuse(spec::kDtypeFloat, impl, r.name, {{"got", dtype_str(t->scalar_type())}});
+    }
   } else {
     const at::ScalarType of = args[r.dtype_of]->scalar_type();
     const bool fp32_too = r.dtype == spec::Dtype::kOfOrFloat32;
@@ -281,7 +299,9 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
                                : of == at::kFloat ? spec::kDtypeOfFp32
                                                   : spec::kDtypeOfOrFp32;
       refuse(m, impl, r.name,
-             {{"of", name_at(op, r.dtype_of)}, {"got", got}, {"want", dtype_str(of)}});
+             {{"of", name_at(op, r.dtype_of)},
+              {"got", dtype_str(t->scalar_type())},
+              {"want", dtype_str(of)}});
     }
   }
   if (r.shape == spec::Shape::kRows) {
@@ -378,7 +398,7 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight) {
   const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr};
-  check_tensor(spec::kRmsNormOut, spec::kRmsNormOut[1], args, kImpl);
+  check_tensor(spec::kRmsNormOut, rule_of(spec::kRmsNormOut, "out"), args, kImpl);
   if (out.device() != x.device()) {
     refuse(spec::kDeviceOf, kImpl, "out",
            {{"of", "x"}, {"got", out.device().str()}, {"want", x.device().str()}});
@@ -497,19 +517,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_check
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
-  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
-  // The fused residual add: (y, residual_out), and in place (y into x, residual_out into
-  // residual).
-  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> "
-        "(Tensor, Tensor)");
-  m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
-  // The backward ops (autograd: cuda_impl/ops.py): (dx, dweight) and (dx, dresidual,
-  // dweight); dweight is empty without a weight. dresidual=False: dresidual is not stored
-  // and comes back empty (autograd's call where it would equal dx: dx serves as both).
-  m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)");
-  m.def("fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, "
-        "Tensor? weight, float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)");
+  // The described ops (rmsnorm_api/spec.py, through spec_rules.h): rms_norm and its out=
+  // form; the fused residual add, (y, residual_out), and in place (y into x, residual_out
+  // into residual); the backward ops (autograd: cuda_impl/ops.py), (dx, dweight) and (dx,
+  // dresidual, dweight): dweight is empty without a weight, and dresidual=False does not
+  // store dresidual (autograd's call where it would equal dx: dx serves as both).
+  for (const char* schema : {spec::kRmsNormSchema, spec::kRmsNormOutSchema,
+                             spec::kFusedAddRmsNormSchema, spec::kFusedAddRmsNormInPlaceSchema,
+                             spec::kRmsNormBackwardSchema, spec::kFusedAddRmsNormBackwardSchema}) {
+    m.def(schema);
+  }
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "

@@ -40,11 +40,9 @@ constexpr const char* kFusedBwdImpl = "cuda_impl.fused_add_rms_norm_backward";
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                   const char* impl = kImpl);
 void check_eps(double eps, const char* impl = kImpl);
-// eps is added to an fp32 mean: outside float32's normal range (NaN and inf included) it is
-// 0, subnormal or inf
-constexpr bool eps_ok(double eps) {
-  return eps >= std::numeric_limits<float>::min() && eps <= std::numeric_limits<float>::max();
-}
+// eps in its range (spec_rules.h: float32's normal range, where an fp32 mean plus eps is
+// neither 0, subnormal nor inf; NaN and inf outside it)
+constexpr bool eps_ok(double eps) { return eps >= spec::kEpsMin && eps <= spec::kEpsMax; }
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
