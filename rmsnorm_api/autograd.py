@@ -6,7 +6,8 @@
   no copies: the kernels recompute rstd from them.
 - Forward mode (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad``): the
   tangent by formula, in fp32 torch ops on upcast inputs (the forward's precision policy),
-  cast once to the output's dtype. For y = s * rstd * w, rstd = (mean(s^2) + eps)^-1/2:
+  cast once to the output's dtype. For y = s * rstd * w, rstd = (mean(s^2) + eps)^-1/2, w
+  the weight plus its offset (in fp32; the offset is a constant, so dw is the weight's):
 
       dy = (rstd * (ds - s * rstd^2 * mean(s * ds))) * w + s * rstd * dw
 
@@ -57,14 +58,16 @@ def _needs_autograd(args) -> bool:
     return _C.is_grad_enabled() and _C._any_requires_grad(*args)
 
 
-def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.Tensor]:
-    """The tangent of y = s * rstd * weight for tangents ds of s and dweight of the weight
-    (either None: zero), in fp32, cast to dtype."""
+def _norm_tangent(
+    s, ds, weight, dweight, eps: float, dtype, offset: float = 0.0
+) -> Optional[torch.Tensor]:
+    """The tangent of y = s * rstd * (weight + offset) for tangents ds of s and dweight of
+    the weight (either None: zero), in fp32, cast to dtype."""
     if ds is None and dweight is None:
         return None
     s = s.float()
     rstd = torch.rsqrt(s.square().mean(-1, keepdim=True) + eps)
-    w = None if weight is None else weight.float()
+    w = None if weight is None else weight.float() + offset
     dy = torch.zeros_like(s)
     if ds is not None:
         ds = ds.float()
@@ -88,36 +91,36 @@ def _functions(ns: str) -> dict:
 
     class RMSNorm(_Function):
         @staticmethod
-        def forward(x, weight, eps):
-            return ops.rms_norm(x, weight, eps)
+        def forward(x, weight, eps, offset=0.0):
+            return ops.rms_norm(x, weight, eps, offset)
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            x, weight, eps = inputs
-            ctx.eps = eps
+            x, weight, eps, *offset = inputs
+            ctx.eps, ctx.offset = eps, offset[0] if offset else 0.0
             ctx.save_for_backward(x, weight)
             ctx.save_for_forward(x, weight)
 
         @staticmethod
         def backward(ctx, dy):
             x, weight = ctx.saved_tensors
-            dx, dw = ops.rms_norm_backward(dy, x, weight, ctx.eps)
-            return dx, dw if weight is not None else None, None
+            dx, dw = ops.rms_norm_backward(dy, x, weight, ctx.eps, ctx.offset)
+            return dx, dw if weight is not None else None, None, None
 
         @staticmethod
-        def jvp(ctx, dx, dweight, _deps):
+        def jvp(ctx, dx, dweight, _deps, _doffset=None):
             x, weight = ctx.saved_tensors
-            return _norm_tangent(x, dx, weight, dweight, ctx.eps, x.dtype)
+            return _norm_tangent(x, dx, weight, dweight, ctx.eps, x.dtype, ctx.offset)
 
     class FusedAddRMSNorm(_Function):
         @staticmethod
-        def forward(x, residual, weight, eps):
-            return ops.fused_add_rms_norm(x, residual, weight, eps)
+        def forward(x, residual, weight, eps, offset=0.0):
+            return ops.fused_add_rms_norm(x, residual, weight, eps, offset)
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            x, _residual, weight, eps = inputs
-            ctx.eps, ctx.x_dtype = eps, x.dtype
+            x, _residual, weight, eps, *offset = inputs
+            ctx.eps, ctx.offset, ctx.x_dtype = eps, offset[0] if offset else 0.0, x.dtype
             ctx.save_for_backward(output[1], weight)  # residual_out: what y normalised
             ctx.save_for_forward(output[1], weight)
 
@@ -135,18 +138,18 @@ def _functions(ns: str) -> dict:
             residual_out, weight = ctx.saved_tensors
             share = dy.dtype == residual_out.dtype
             dx, dres, dw = ops.fused_add_rms_norm_backward(
-                dy, d_residual_out, residual_out, weight, ctx.eps, not share
+                dy, d_residual_out, residual_out, weight, ctx.eps, not share, ctx.offset
             )
-            return dx, dx if share else dres, dw if weight is not None else None, None
+            return dx, dx if share else dres, dw if weight is not None else None, None, None
 
         @staticmethod
-        def jvp(ctx, dx, dresidual, dweight, _deps):
+        def jvp(ctx, dx, dresidual, dweight, _deps, _doffset=None):
             residual_out, weight = ctx.saved_tensors
             ds = None
             for t in (dx, dresidual):
                 if t is not None:
                     ds = t.float() if ds is None else ds + t.float()
-            dy = _norm_tangent(residual_out, ds, weight, dweight, ctx.eps, ctx.x_dtype)
+            dy = _norm_tangent(residual_out, ds, weight, dweight, ctx.eps, ctx.x_dtype, ctx.offset)
             if ds is None:
                 return dy, None
             return dy, ds.to(residual_out.dtype)

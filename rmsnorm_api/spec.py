@@ -34,7 +34,9 @@ class Arg:
     - stride: "any", "row" (stride 1 in the last dimension, rows any stride) or "dense"
       (contiguous).
 
-    A scalar's: its range [lo, hi] (eps: float32's normal range)."""
+    A scalar's: its range [lo, hi] (eps: float32's normal range; the weight offset: float32's
+    finite range), the wording of a value outside it (MESSAGES' key), and the argument a
+    value other than the default needs (the weight offset: a weight)."""
 
     name: str
     kind: str = "Tensor"
@@ -46,6 +48,8 @@ class Arg:
     stride: str = ""
     lo: float = 0.0
     hi: float = 0.0
+    range_rule: str = "range"
+    needs: str = ""
 
     @property
     def dtype_of(self) -> str:
@@ -152,6 +156,8 @@ MESSAGES = {
     "device": "{impl}: {name} is on device '{got}'; expected a CUDA tensor{hint}",
     "real": "{impl}: {name} must be a real number, got {got}",
     "range": "{impl}: {name} is {got}; expected a number in float32's normal range [{want}]",
+    "range_finite": "{impl}: {name} is {got}; expected a finite number in float32's range",
+    "needs": "{impl}: {name} is {got} but {of} is None; {name} applies to a {of}",
 }
 MESSAGE_TYPE_ERRORS = frozenset(
     ("tensor", "tensor_or_none", "nested", "layout", "dtype_float", "dtype_of")
@@ -161,6 +167,19 @@ MESSAGE_TYPE_ERRORS = frozenset(
 
 def _eps() -> Arg:
     return Arg("eps", "float", lo=EPS_MIN, hi=EPS_MAX)
+
+
+#: y = x * rstd * (weight + weight_offset), the offset added to each weight element in fp32
+#: (Gemma's (1 + w) is weight_offset=1.0): last, so every positional call stays as it was
+_OFFSET = Arg(
+    "weight_offset",
+    "float",
+    default=0.0,
+    lo=-EPS_MAX,
+    hi=EPS_MAX,
+    range_rule="range_finite",
+    needs="weight",
+)
 
 
 def _rows(name: str, **kw) -> Arg:
@@ -186,11 +205,14 @@ _Y = Out("y", "x", "x")
 OPS = {
     op.name: op
     for op in (
-        OpSpec("rms_norm", (_X, _WEIGHT, _EPS), (_Y,)),
-        OpSpec("rms_norm_out", (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS)),
+        OpSpec("rms_norm", (_X, _WEIGHT, _EPS, _OFFSET), (_Y,)),
+        OpSpec(
+            "rms_norm_out",
+            (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS, _OFFSET),
+        ),
         OpSpec(
             "fused_add_rms_norm",
-            (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS),
+            (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS, _OFFSET),
             (_Y, Out("residual_out", "residual", "x")),
         ),
         OpSpec(
@@ -200,6 +222,7 @@ OPS = {
                 _like("residual", "x", "x|float32", "row", written=True),
                 _WEIGHT,
                 _EPS,
+                _OFFSET,
             ),
         ),
         OpSpec(
@@ -209,6 +232,7 @@ OPS = {
                 _like("x", "dy", "dy", "row"),
                 _weight("dy"),
                 _EPS,
+                _OFFSET,
             ),
             (Out("dx", "x", "x"), _dweight("x")),
         ),
@@ -221,6 +245,7 @@ OPS = {
                 _weight("dy"),
                 _EPS,
                 Arg("dresidual", "bool", default=True),
+                _OFFSET,
             ),
             (
                 Out("dx", "dy", "residual_out"),

@@ -39,12 +39,15 @@ def test_each_backend_registers_the_described_ops(name):
 
 def test_schema_text():
     assert OPS["fused_add_rms_norm_"].schema("x") == (
-        "x::fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()"
+        "x::fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps,"
+        " float weight_offset=0.0) -> ()"
     )
     assert (
         OPS["fused_add_rms_norm_backward"]
         .schema("x")
-        .endswith("float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)")
+        .endswith(
+            "float eps, bool dresidual=True, float weight_offset=0.0) -> (Tensor, Tensor, Tensor)"
+        )
     )
 
 
@@ -144,12 +147,22 @@ def test_the_checks_keep_the_rules(op):
         check(_valid(spec, dtype, rows=(2, 3, 5)))
     for a in spec.args:
         if a.kind == "float":
-            for bad in (a.lo / 2, a.hi * 2, float("nan")):
+            # past each end of the range by half its size (eps: a subnormal, 1.5 x FLT_MAX;
+            # the weight offset: past float32's range both ways), and NaN
+            for bad in (a.lo - abs(a.lo) / 2, a.hi + abs(a.hi) / 2, float("nan")):
                 args = _valid(spec)
                 args[a.name] = bad
                 with pytest.raises(ValueError, match=rf"\b{a.name}\b") as e:
                     check(args)
                 same_words(args, e)
+        if a.needs:  # a value other than the default without the argument it needs
+            args = _valid(spec)
+            args[a.needs], args[a.name] = None, 1.0
+            with pytest.raises(ValueError, match=rf"\b{a.name}\b.*\b{a.needs}\b") as e:
+                check(args)
+            same_words(args, e)
+            args[a.name] = a.default
+            check(args)
         if a.kind != "Tensor":
             continue
         for what, value in _violations(spec, a):

@@ -331,11 +331,12 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
 }
 
 // An op's arguments against its rules (rmsnorm_api's _check_op, in its order): every
-// tensor's, the others' devices beside the rows', eps, and last the rows' device, so every
-// other check also runs on a machine without a GPU.
+// tensor's, the others' devices beside the rows', eps, the weight offset (finite, and other
+// than 0 only with a weight), and last the rows' device, so every other check also runs on
+// a machine without a GPU.
 template <size_t K>
 void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double eps,
-              const char* impl) {
+              double weight_offset, const char* impl) {
   for (const auto& r : op) check_tensor(op, r, args, impl);
   const at::Tensor& rows = *args[op[0].arg];
   for (size_t i = 1; i < K; ++i) {
@@ -346,6 +347,13 @@ void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double
     }
   }
   check_eps(eps, impl);
+  if (!offset_ok(weight_offset)) {
+    refuse(spec::kRangeFinite, impl, "weight_offset", {{"got", py_float(weight_offset)}});
+  }
+  if (weight_offset != 0.0 && args[rule_of(op, "weight").arg] == nullptr) {
+    refuse(spec::kNeeds, impl, "weight_offset",
+           {{"of", "weight"}, {"got", py_float(weight_offset)}});
+  }
   if (!rows.is_cuda()) refuse(spec::kDevice, impl, op[0].name, {{"got", rows.device().str()}});
 }
 
@@ -354,27 +362,30 @@ const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : n
 }  // namespace
 
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-                  const char* impl) {
-  const at::Tensor* args[] = {&x, maybe(weight), nullptr};
-  check_op(spec::kRmsNorm, args, eps, impl);
+                  double weight_offset, const char* impl) {
+  const at::Tensor* args[] = {&x, maybe(weight), nullptr, nullptr};
+  check_op(spec::kRmsNorm, args, eps, weight_offset, impl);
 }
 
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
-                        const std::optional<at::Tensor>& weight, double eps, const char* impl) {
-  const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr};
-  check_op(spec::kFusedAddRmsNorm, args, eps, impl);
+                        const std::optional<at::Tensor>& weight, double eps, double weight_offset,
+                        const char* impl) {
+  const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr, nullptr};
+  check_op(spec::kFusedAddRmsNorm, args, eps, weight_offset, impl);
 }
 
 // The backward ops' arguments: saved is x, or the fused add's residual_out.
 void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
                            const std::optional<at::Tensor>& weight, double eps,
+                           double weight_offset,
                            const std::optional<at::Tensor>& d_residual_out, bool fused) {
   if (fused) {
-    const at::Tensor* args[] = {&dy, maybe(d_residual_out), &saved, maybe(weight), nullptr};
-    check_op(spec::kFusedAddRmsNormBackward, args, eps, kFusedBwdImpl);
+    const at::Tensor* args[] = {&dy,    maybe(d_residual_out), &saved, maybe(weight),
+                                nullptr, nullptr,              nullptr};
+    check_op(spec::kFusedAddRmsNormBackward, args, eps, weight_offset, kFusedBwdImpl);
   } else {
-    const at::Tensor* args[] = {&dy, &saved, maybe(weight), nullptr};
-    check_op(spec::kRmsNormBackward, args, eps, kBwdImpl);
+    const at::Tensor* args[] = {&dy, &saved, maybe(weight), nullptr, nullptr};
+    check_op(spec::kRmsNormBackward, args, eps, weight_offset, kBwdImpl);
   }
 }
 
@@ -397,7 +408,7 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
 
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight) {
-  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr};
+  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr, nullptr};
   check_tensor(spec::kRmsNormOut, rule_of(spec::kRmsNormOut, "out"), args, kImpl);
   if (out.device() != x.device()) {
     refuse(spec::kDeviceOf, kImpl, "out",
@@ -424,22 +435,24 @@ namespace {
 }
 
 at::Tensor rms_norm_checked(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                            double eps) {
-  check_inputs(x, weight, eps);
+                            double eps, double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   unreachable();
 }
 
 void rms_norm_out_checked(at::Tensor& out, const at::Tensor& x,
-                          const std::optional<at::Tensor>& weight, double eps) {
-  check_inputs(x, weight, eps);
+                          const std::optional<at::Tensor>& weight, double eps,
+                          double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   check_out(out, x, weight);
   unreachable();
 }
 
 at::Tensor rms_norm_with_config_checked(const at::Tensor& x,
                                         const std::optional<at::Tensor>& weight, double eps,
-                                        int64_t, int64_t, int64_t, int64_t) {
-  check_inputs(x, weight, eps);
+                                        int64_t, int64_t, int64_t, int64_t,
+                                        double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   unreachable();
 }
 
@@ -451,21 +464,22 @@ std::vector<int64_t> rms_norm_kernel_info_checked(const at::Tensor& x,
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_checked(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+    double eps, double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   unreachable();
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with_config_checked(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, int64_t, int64_t, int64_t, int64_t) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+    double eps, int64_t, int64_t, int64_t, int64_t, double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   unreachable();
 }
 
 void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
-                                 const std::optional<at::Tensor>& weight, double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
+                                 const std::optional<at::Tensor>& weight, double eps,
+                                 double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImplInPlace);
   check_in_place(x, residual, weight, kFusedImplInPlace);
   unreachable();
 }
@@ -473,27 +487,29 @@ void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
 // The ops that write their arguments bump those tensors' versions (the ADInplaceOrView key),
 // so autograd notices when a tensor it saved was overwritten instead of using stale values.
 void rms_norm_out_versioned(at::Tensor& out, const at::Tensor& x,
-                            const std::optional<at::Tensor>& weight, double eps) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cuda_impl::rms_norm_out", "")
-          .typed<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+                            const std::optional<at::Tensor>& weight, double eps,
+                            double weight_offset) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cuda_impl::rms_norm_out", "")
+                             .typed<void(at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, double, double)>();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(out, x, weight, eps);
+    op.call(out, x, weight, eps, weight_offset);
   }
   torch::autograd::impl::bump_version(out);
 }
 
 void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
-                                   const std::optional<at::Tensor>& weight, double eps) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_", "")
-          .typed<void(at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, double)>();
+                                   const std::optional<at::Tensor>& weight, double eps,
+                                   double weight_offset) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_", "")
+                             .typed<void(at::Tensor&, at::Tensor&,
+                                         const std::optional<at::Tensor>&, double, double)>();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(x, residual, weight, eps);
+    op.call(x, residual, weight, eps, weight_offset);
   }
   torch::autograd::impl::bump_version(x);
   torch::autograd::impl::bump_version(residual);
@@ -501,16 +517,16 @@ void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_checked(
     const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    double eps) {
-  check_backward_inputs(dy, x, weight, eps, std::nullopt, false);
+    double eps, double weight_offset) {
+  check_backward_inputs(dy, x, weight, eps, weight_offset, std::nullopt, false);
   unreachable();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_checked(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
     const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
-    bool /*dresidual*/) {
-  check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
+    bool /*dresidual*/, double weight_offset) {
+  check_backward_inputs(dy, residual_out, weight, eps, weight_offset, d_residual_out, true);
   unreachable();
 }
 
@@ -530,10 +546,11 @@ TORCH_LIBRARY(cuda_impl, m) {
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "
-        "int row_threads, int vpt, int cluster, int variant=0) -> (Tensor, Tensor)");
+        "int row_threads, int vpt, int cluster, int variant=0, float weight_offset=0.0) -> "
+        "(Tensor, Tensor)");
   // For sweeps: force one of the compiled launch configs; and list them.
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
-        "int cluster, int variant=0) -> Tensor");
+        "int cluster, int variant=0, float weight_offset=0.0) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
   // The forward's variant bits by name, bit i at index i ("" where unused).
   m.def("forward_variants() -> str[]", &forward_variants);

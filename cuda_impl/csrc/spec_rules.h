@@ -39,38 +39,38 @@ constexpr Tensor kRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
-constexpr const char* kRmsNormSchema = "rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor";
+constexpr const char* kRmsNormSchema = "rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor";
 constexpr Tensor kRmsNormOut[] = {
     {1, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {0, "out", false, Dtype::kOf, 1, Shape::kOf, 1, Stride::kDense},
     {2, "weight", true, Dtype::kOfOrFloat32, 1, Shape::kRowOf, 1, Stride::kAny},
 };
-constexpr const char* kRmsNormOutSchema = "rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()";
+constexpr const char* kRmsNormOutSchema = "rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> ()";
 constexpr Tensor kFusedAddRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "residual", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
-constexpr const char* kFusedAddRmsNormSchema = "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)";
+constexpr const char* kFusedAddRmsNormSchema = "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)";
 constexpr Tensor kFusedAddRmsNormInPlace[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "residual", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
-constexpr const char* kFusedAddRmsNormInPlaceSchema = "fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()";
+constexpr const char* kFusedAddRmsNormInPlaceSchema = "fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, float weight_offset=0.0) -> ()";
 constexpr Tensor kRmsNormBackward[] = {
     {0, "dy", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kAny},
     {1, "x", false, Dtype::kOf, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
-constexpr const char* kRmsNormBackwardSchema = "rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)";
+constexpr const char* kRmsNormBackwardSchema = "rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)";
 constexpr Tensor kFusedAddRmsNormBackward[] = {
     {0, "dy", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kAny},
     {2, "residual_out", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {1, "d_residual_out", true, Dtype::kOf, 2, Shape::kOf, 0, Stride::kAny},
     {3, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
-constexpr const char* kFusedAddRmsNormBackwardSchema = "fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, Tensor? weight, float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)";
+constexpr const char* kFusedAddRmsNormBackwardSchema = "fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, Tensor? weight, float eps, bool dresidual=True, float weight_offset=0.0) -> (Tensor, Tensor, Tensor)";
 
 constexpr Message kTensor = {"{impl}: {name} must be a torch.Tensor, got {got}", true};
 constexpr Message kTensorOrNone = {"{impl}: {name} must be a torch.Tensor or None, got {got}", true};
@@ -91,5 +91,7 @@ constexpr Message kDeviceOf = {"{impl}: {name} is on device '{got}' but {of} is 
 constexpr Message kDevice = {"{impl}: {name} is on device '{got}'; expected a CUDA tensor{hint}", false};
 constexpr Message kReal = {"{impl}: {name} must be a real number, got {got}", true};
 constexpr Message kRange = {"{impl}: {name} is {got}; expected a number in float32's normal range [{want}]", false};
+constexpr Message kRangeFinite = {"{impl}: {name} is {got}; expected a finite number in float32's range", false};
+constexpr Message kNeeds = {"{impl}: {name} is {got} but {of} is None; {name} applies to a {of}", false};
 
 }  // namespace cuda_impl::spec
