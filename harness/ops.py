@@ -45,6 +45,7 @@ writing both.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -402,9 +403,30 @@ FUSED_ADD_RMS_NORM_FWD_BWD = Op(
     **{**_GRADS, "cases": fused_add_grad_cases},
 )
 
+#: Gemma's norms: both forward ops with weight_offset=1.0 (y = x * rstd * (1 + weight), the 1
+#: added in fp32), every implementation adding it (harness.impls' offset; native has none).
+#: The same inputs, bytes model and grid as the ops without it.
+GEMMA_OFFSET = 1.0
+GEMMA_RMS_NORM = dataclasses.replace(
+    RMS_NORM,
+    name="gemma_rms_norm",
+    title="Gemma RMSNorm forward (1 + weight)",
+    reference=functools.partial(rms_norm_ref, weight_offset=GEMMA_OFFSET),
+    registry=functools.partial(impls.registry, offset=GEMMA_OFFSET),
+)
+GEMMA_FUSED_ADD_RMS_NORM = dataclasses.replace(
+    FUSED_ADD_RMS_NORM,
+    name="gemma_fused_add_rms_norm",
+    title="Gemma fused residual add + RMSNorm forward (1 + weight)",
+    reference=functools.partial(fused_add_rms_norm_ref, weight_offset=GEMMA_OFFSET),
+    registry=functools.partial(impls.fused_add_registry, offset=GEMMA_OFFSET),
+)
+
 #: The forward ops: what a bench run measures when --ops names none.
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
+#: The variants' ops, measured when asked for (harness.bench --ops).
+VARIANT_OPS = {op.name: op for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM)}
 #: The gradient ops, measured when asked for (harness.bench --ops).
 GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}
 #: Every op, by the name its records carry, in the order reports list them.
-OPS = {**FORWARD_OPS, **GRAD_OPS}
+OPS = {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS}

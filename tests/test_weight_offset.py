@@ -369,3 +369,29 @@ def test_compiled(name):
     got.sum().backward()
     want = rms_norm_grads_ref(x * 2.0, w, EPS, torch.ones_like(x), 1.0)[1]
     grad_close(w.grad, want, "dweight")
+
+
+@pytest.mark.parametrize("op_name", ["gemma_rms_norm", "gemma_fused_add_rms_norm"])
+def test_harness_gemma_ops(op_name):
+    """The harness's Gemma ops: our kernels with the offset against the op's reference
+    (which adds it), and the second form too; the baselines' registry adds it or says why
+    not (native has none)."""
+    from harness.cases import Case
+    from harness.ops import OPS
+
+    op = OPS[op_name]
+    impl = impl_or_skip("triton", impls=op.registry())
+    case = Case("gemma", (5, 1000), torch.bfloat16)
+    inputs = op.make_inputs(case, DEVICE, 0)
+    ref = op.reference(*inputs)
+
+    def outputs(t):
+        return t if isinstance(t, tuple) else (t,)
+
+    for got in (impl.fn(*inputs), op.second_form(impl, inputs, ref)):
+        for g, want, name in zip(outputs(got), outputs(ref), op.outputs, strict=True):
+            op.compare(g, want, name)
+    # the offset is really added: the plain op's y differs
+    plain = outputs(OPS[op_name.removeprefix("gemma_")].reference(*inputs))[0]
+    assert not torch.allclose(plain.float(), outputs(ref)[0].float())
+    assert "no weight offset" in op.registry(baselines=True)["native"].unavailable
