@@ -473,12 +473,13 @@ _FLASHINFER_NOTES = {
 }
 
 
-def _flashinfer_fn(norm, offset: float, plain: str, gemma: str) -> Optional[Callable]:
-    """FlashInfer's function for the op: the plain one, or with offset 1.0 its Gemma one
-    (weight + 1); None for another offset, which it has no function for."""
+def _flashinfer_fn(offset: float, plain: str, gemma: str) -> Optional[str]:
+    """The name of FlashInfer's function for the op (looked up at each call): the plain one,
+    or with offset 1.0 its Gemma one (weight + 1); None for another offset, which it has no
+    function for."""
     if not offset:
-        return getattr(norm, plain)
-    return getattr(norm, gemma) if offset == 1.0 else None
+        return plain
+    return gemma if offset == 1.0 else None
 
 
 def _flashinfer(cuda_path: bool, offset: float = 0.0) -> Impl:
@@ -486,14 +487,14 @@ def _flashinfer(cuda_path: bool, offset: float = 0.0) -> Impl:
     norm, why = _flashinfer_norm(cuda_path)
     if why:
         return Impl(name, None, unavailable=why)
-    fn = _flashinfer_fn(norm, offset, "rmsnorm", "gemma_rmsnorm")
+    fn = _flashinfer_fn(offset, "rmsnorm", "gemma_rmsnorm")
     if fn is None:
         return Impl(name, None, unavailable=f"no weight offset {offset} (gemma_rmsnorm: 1.0)")
 
     def flashinfer_rms_norm(x, weight=None, eps=1e-6):
         rows = x.reshape(-1, x.shape[-1])  # 2-D: a 3-D input would take its per-head kernel
         w = _flashinfer_weight(name, weight, x)
-        return _flashinfer_call(norm, cuda_path, fn, rows, w, eps).view(x.shape)
+        return _flashinfer_call(norm, cuda_path, getattr(norm, fn), rows, w, eps).view(x.shape)
 
     return Impl(
         name,
@@ -507,7 +508,7 @@ def _flashinfer_fused_add(cuda_path: bool, offset: float = 0.0) -> Impl:
     norm, why = _flashinfer_norm(cuda_path)
     if why:
         return Impl(name, None, unavailable=why)
-    fn = _flashinfer_fn(norm, offset, "fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
+    fn = _flashinfer_fn(offset, "fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
     if fn is None:
         why = f"no weight offset {offset} (gemma_fused_add_rmsnorm: 1.0)"
         return Impl(name, None, unavailable=why)
@@ -527,7 +528,7 @@ def _flashinfer_fused_add(cuda_path: bool, offset: float = 0.0) -> Impl:
         return x.reshape(-1, n).clone(), residual.reshape(-1, n).clone(), w
 
     def in_place(rows, res, w, eps):
-        _flashinfer_call(norm, cuda_path, fn, rows, res, w, eps)
+        _flashinfer_call(norm, cuda_path, getattr(norm, fn), rows, res, w, eps)
 
     def fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
         y, out, w = copies(x, residual, weight)
