@@ -208,7 +208,7 @@ Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>&
 }
 
 template <typename T, typename W>
-void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps, float wo,
+void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps,
             const std::optional<Plan>& forced) {
   constexpr const char* kImpl = "cuda_impl.rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
@@ -220,13 +220,12 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
                 kernel_at<T, W, void>(plan.config),
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
-                nullptr, nullptr, int64_t{0}, int64_t{0}, M, wo);
+                nullptr, nullptr, int64_t{0}, int64_t{0}, M);
 }
 
 template <typename T, typename W, typename R>
 void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& weight,
-                  at::Tensor& y2, at::Tensor& ro2, float eps, float wo,
-                  const std::optional<Plan>& forced) {
+                  at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& forced) {
   constexpr const char* kImpl = "cuda_impl.fused_add_rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
@@ -248,7 +247,7 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
                 reinterpret_cast<const R*>(r2.const_data_ptr()),
-                reinterpret_cast<R*>(ro2.mutable_data_ptr()), r2.stride(0), ro2.stride(0), M, wo);
+                reinterpret_cast<R*>(ro2.mutable_data_ptr()), r2.stride(0), ro2.stride(0), M);
 }
 
 // The things done per (x dtype, weight dtype[, residual dtype]): launching either op, and
@@ -256,19 +255,18 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
 struct Launch {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, float eps,
-                    float wo, const std::optional<Plan>& plan) {
-    launch<T, W>(x2, w, y2, eps, wo, plan);
+                    const std::optional<Plan>& plan) {
+    launch<T, W>(x2, w, y2, eps, plan);
   }
 };
 
 struct LaunchFused {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& w,
-                    at::Tensor& y2, at::Tensor& ro2, float eps, float wo,
-                    const std::optional<Plan>& plan) {
+                    at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& plan) {
     if (r2.scalar_type() == at::kFloat)
-      return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps, wo, plan);
-    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps, wo, plan);
+      return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps, plan);
+    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps, plan);
   }
 };
 
@@ -318,9 +316,8 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor y2 = y.view({-1, x.size(-1)});
-  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
-  dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps),
-                   kernel_offset(weight_offset), plan);
+  const at::Tensor w = weight_as_read(weight, weight_offset);
+  dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan);
 }
 
 // The fused add into y and residual_out (x and residual themselves for the in-place form,
@@ -334,9 +331,8 @@ void run_fused(const at::Tensor& x, const at::Tensor& residual,
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n}), r2 = residual.reshape({-1, n});
   at::Tensor y2 = y.view({-1, n}), ro2 = residual_out.view({-1, n});
-  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
-  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps),
-                        kernel_offset(weight_offset), plan);
+  const at::Tensor w = weight_as_read(weight, weight_offset);
+  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps), plan);
 }
 
 }  // namespace

@@ -1,6 +1,4 @@
-// Fused RMSNorm forward in CUDA C++: y = x / sqrt(mean(x^2) + eps) * (weight + offset), the
-// offset (0 by default; Gemma's 1) a kernel argument added to each weight element in fp32,
-// and the fused
+// Fused RMSNorm forward in CUDA C++: y = x / sqrt(mean(x^2) + eps) * weight, and the fused
 // residual add: residual_out = x + residual (rounded once to residual's dtype), y = RMSNorm
 // of residual_out; one kernel serves both (R = void for the plain op), x and residual read once.
 //
@@ -117,19 +115,10 @@ __device__ __forceinline__ uint4 load_hinted(const uint4* p) {
   return v;
 }
 
-// A weight element as the scale uses it: in fp32, plus the weight offset (wo), added in
-// fp32 (Gemma's 1 + w). Without an offset the launcher passes -0.0, which x + -0.0 leaves
-// unchanged for every x (+0.0 would turn a -0.0 weight into +0.0).
-template <typename W>
-__device__ __forceinline__ float weight_value(W v, float wo) {
-  return to_float(v) + wo;
-}
-
-// VEC weights as floats starting at w (element offset already applied), plus the offset wo;
-// vector loads when the address is 16-byte aligned (fp32 weights beside 16-bit x take two
-// vectors).
+// VEC weights as floats starting at w (element offset already applied); vector loads when
+// the address is 16-byte aligned (fp32 weights beside 16-bit x take two vectors).
 template <typename W, int VEC>
-__device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok, float wo,
+__device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok,
                                             float (&out)[VEC]) {
   if (vec_ok) {
     constexpr int kPer = 16 / sizeof(W);
@@ -138,11 +127,11 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
       Pack<W> p;
       p.raw = __ldg(reinterpret_cast<const uint4*>(w) + v);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = weight_value(p.e[i], wo);
+      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = to_float(p.e[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = weight_value(__ldg(w + i), wo);
+    for (int i = 0; i < VEC; ++i) out[i] = to_float(__ldg(w + i));
   }
 }
 
@@ -251,7 +240,7 @@ __device__ __forceinline__ void load_slice_weight(const W* __restrict__ w, const
 
 // The weight's floats for vector j (the k-th of this thread's) of a staged slice.
 template <typename T, typename W, int VPT>
-__device__ __forceinline__ void slice_weight(const W* __restrict__ w, float wo,
+__device__ __forceinline__ void slice_weight(const W* __restrict__ w,
                                              const SliceWeight<T, W, VPT>& wv, int k, int j,
                                              float (&wf)[kVec<T>]) {
   constexpr int VEC = kVec<T>;
@@ -260,9 +249,9 @@ __device__ __forceinline__ void slice_weight(const W* __restrict__ w, float wo,
     for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
   } else if constexpr (kWeightBeside<T, W>) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) wf[i] = weight_value(wv[k].e[i], wo);
+    for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
   } else {
-    load_weight<W, VEC>(w + j * VEC, true, wo, wf);
+    load_weight<W, VEC>(w + j * VEC, true, wf);
   }
 }
 
@@ -280,8 +269,8 @@ __device__ __forceinline__ void slice_weight(const W* __restrict__ w, float wo,
 template <typename T, typename W, typename R, int BLOCK, int VPT>
 __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* __restrict__ rr,
                                              R* __restrict__ ro, const W* __restrict__ w,
-                                             float wo, T* __restrict__ yr, int N, float eps,
-                                             int rank, int ranks, float* parts, uint64_t* bar) {
+                                             T* __restrict__ yr, int N, float eps, int rank,
+                                             int ranks, float* parts, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr bool kFused = !std::is_void_v<R>;
   using H = std::conditional_t<kFused, R, T>;  // what the sum and the scale read
@@ -337,7 +326,7 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
     const int j = sl.lo + k * BLOCK;
     if (j >= sl.hi) break;
     float wf[VEC];
-    slice_weight<T, W, VPT>(w, wo, wv, k, j, wf);
+    slice_weight<T, W, VPT>(w, wv, k, j, wf);
     Lanes<T, H> h;
 #pragma unroll
     for (int q = 0; q < NH; ++q) lane_raw<T>(h, q) = sh[(k * NH + q) * BLOCK + t];
@@ -384,7 +373,7 @@ __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const
 template <typename T, typename W, typename L, int VPT>
 __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float xt,
                                             const RowSplit& sp, int g, int G, float rstd,
-                                            const W* __restrict__ w, float wo, T* yr,
+                                            const W* __restrict__ w, T* yr,
                                             const Pack<W> (&wv)[VPT], bool w_early) {
   constexpr int VEC = kVec<T>;
   const bool y_vec = aligned16(yr + sp.head);
@@ -398,10 +387,10 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
     if (w_early) {
       if constexpr (sizeof(W) == sizeof(T)) {  // always so when w_early is set
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) wf[i] = weight_value(wv[k].e[i], wo);
+        for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
       }
     } else if (w != nullptr) {
-      load_weight<W, VEC>(w + e0, w_vec, wo, wf);
+      load_weight<W, VEC>(w + e0, w_vec, wf);
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
@@ -417,11 +406,11 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
     }
   }
   if (g < sp.head) {
-    const float wh = w != nullptr ? weight_value(__ldg(w + g), wo) : 1.f;
+    const float wh = w != nullptr ? to_float(__ldg(w + g)) : 1.f;
     yr[g] = from_float<T>(xh * rstd * wh);
   }
   if (g < sp.tail) {
-    const float wt = w != nullptr ? weight_value(__ldg(w + sp.tail0 + g), wo) : 1.f;
+    const float wt = w != nullptr ? to_float(__ldg(w + sp.tail0 + g)) : 1.f;
     yr[sp.tail0 + g] = from_float<T>(xt * rstd * wt);
   }
 }
@@ -455,7 +444,7 @@ __device__ __forceinline__ void load_chunk(Pack<T> (&u)[VPT], const uint4* xp, i
 template <typename T, typename W, int ROW_THREADS, int VPT, bool HOLD>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,
-                                           int64_t stride_y, int N, float eps, float wo,
+                                           int64_t stride_y, int N, float eps,
                                            float* warp_sums) {
   constexpr int VEC = kVec<T>;
   constexpr int CHUNK = ROW_THREADS * VPT;           // vectors a sweep of the CTA covers
@@ -475,7 +464,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     }
     const float rstd = approx_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
     for (int e = t; e < N; e += ROW_THREADS) {
-      const float wf = w != nullptr ? weight_value(__ldg(w + e), wo) : 1.f;
+      const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
       yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
     }
     return;
@@ -531,7 +520,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
         p.raw = wr[k][q];
 #pragma unroll
         for (int i = 0; i < kVec<W>; ++i)
-          wf[q * kVec<W> + i] = w != nullptr ? weight_value(p.e[i], wo) : 1.f;
+          wf[q * kVec<W> + i] = w != nullptr ? to_float(p.e[i]) : 1.f;
       }
       Pack<T> o;
 #pragma unroll
@@ -548,7 +537,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       if (j >= nvec) break;
       float wf[VEC];
       if (w != nullptr) {
-        load_weight<W, VEC>(w + j * VEC, true, wo, wf);
+        load_weight<W, VEC>(w + j * VEC, true, wf);
       } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
@@ -640,10 +629,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
                     const R* __restrict__ res, R* __restrict__ res_out,
                     int64_t stride_r,   // ... of residual (fused add)
                     int64_t stride_ro,  // ... of residual_out (fused add)
-                    int64_t M,
-                    // added to each weight element in fp32 (weight_value); read only with a
-                    // weight, so outside the first line
-                    float w_offset) {
+                    int64_t M) {
   constexpr bool kFused = !std::is_void_v<R>;
   using H = std::conditional_t<kFused, R, T>;  // what a thread holds a row's values as
   constexpr int VEC = kVec<T>;
@@ -660,7 +646,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   if constexpr ((VARIANT & kRowChunks) != 0) {
     static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
     row_chunks<T, W, ROW_THREADS, VPT, (VARIANT & kReread) == 0>(x, w, y, stride_x, stride_y, N,
-                                                                 eps, w_offset, warp_sums);
+                                                                 eps, warp_sums);
     return;
   }
 
@@ -713,8 +699,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
     }
     if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w)) &&
         (!kFused || (aligned16(rr) && aligned16(ro)))) {
-      staged_slice<T, W, R, BLOCK, VPT>(xr, rr, ro, w, w_offset, yr, N, eps, rank, ranks,
-                                        cluster_parts, &cluster_bar);
+      staged_slice<T, W, R, BLOCK, VPT>(xr, rr, ro, w, yr, N, eps, rank, ranks, cluster_parts,
+                                        &cluster_bar);
       return;
     }
   }
@@ -776,7 +762,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
         asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
       }
   }
-  if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, w_offset, yr, wv, w_early);
+  if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
 // Config I's kernel for this dtype combination: rms_norm compiles every config of its table

@@ -262,7 +262,7 @@ static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold 
 // ---- dispatch: one table of kernels a dtype combination, indexed like the op's configs ----
 template <typename T, typename W, typename R>
 using KernelFn = void (*)(const T*, const W*, T*, int64_t, int64_t, int, float, const R*, R*,
-                          int64_t, int64_t, int64_t, float);
+                          int64_t, int64_t, int64_t);
 
 template <typename R>
 using TableOf = std::conditional_t<std::is_void_v<R>, PlainTable, FusedTable>;

@@ -361,6 +361,13 @@ const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : n
 
 }  // namespace
 
+at::Tensor weight_as_read(const std::optional<at::Tensor>& weight, double weight_offset) {
+  if (!weight.has_value()) return at::Tensor();
+  if (weight_offset == 0.0) return weight->contiguous();
+  // never in place: to() returns an fp32 weight itself
+  return at::add(weight->to(at::kFloat), static_cast<float>(weight_offset)).contiguous();
+}
+
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                   double weight_offset, const char* impl) {
   const at::Tensor* args[] = {&x, maybe(weight), nullptr, nullptr};

@@ -47,11 +47,11 @@ constexpr bool eps_ok(double eps) { return eps >= spec::kEpsMin && eps <= spec::
 constexpr bool offset_ok(double offset) {
   return offset >= -spec::kEpsMax && offset <= spec::kEpsMax;
 }
-// The weight offset as the kernels add it to each weight element: in fp32, and -0.0 for
-// none, which leaves every value as it was (+0.0 would turn a -0.0 weight into +0.0).
-inline float kernel_offset(double offset) {
-  return offset == 0.0 ? -0.f : static_cast<float>(offset);
-}
+// The weight as both directions' kernels read it: contiguous, or, with a weight offset, a
+// new fp32 tensor of weight + offset, the add in fp32 as the contract defines it (the
+// kernels then run their fp32-weight form: a register more in the tight ones, for an add
+// in the kernel, spilled; docs/notebook/17-the-op-as-data.md). Undefined without a weight.
+at::Tensor weight_as_read(const std::optional<at::Tensor>& weight, double weight_offset);
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,

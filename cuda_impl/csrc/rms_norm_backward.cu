@@ -184,7 +184,6 @@ struct BwdArgs {
   float eps;
   int cap;          // the staged kernel's groups a stage holds
   const void* w_t;  // the staged kernel's weight in T (WT), or null
-  float w_offset;   // added to w_t's elements in fp32 (-0.0: none); w has it added already
 };
 
 // The phase of s's row `row`: its elements before the 16-byte boundary at or before its
@@ -602,8 +601,6 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
       for (int i = 0; i < VEC; ++i) wv[i] = wr[k * VEC + i];
     } else if (w_t) {
       load_group<T, VEC>(wt_sm + l * VEC, wv);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) wv[i] += a.w_offset;
     } else {
       load_group<float, VEC>(w_sm + l * VEC, wv);
     }
@@ -1164,8 +1161,10 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
 
   const int device = s.get_device();
   const auto dt = dy.scalar_type();
-  // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory
-  const bool w16 = has_w && weight->scalar_type() == dt && dy.element_size() == 2;
+  // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory; with
+  // a weight offset the kernels read weight + offset in fp32 (weight_as_read)
+  const bool w16 =
+      has_w && weight_offset == 0.0 && weight->scalar_type() == dt && dy.element_size() == 2;
   const Rows r{N,
                staged,
                vec_ok,
@@ -1182,14 +1181,12 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   } else {
     l = s32 ? pick<__nv_bfloat16, float>(r) : pick<__nv_bfloat16, __nv_bfloat16>(r);
   }
-  // the weight as the kernel reads it: in its dtype (the staged kernel's WT, which adds the
-  // offset as it reads), else fp32 with the offset added here, in fp32 as the kernels add it
+  // the weight as the kernel reads it: in its dtype (the staged kernel's WT), else fp32,
+  // the offset added there (weight_as_read)
   const bool wt = l.wt;
   const at::Tensor w = !has_w ? at::Tensor()
                        : wt   ? weight->contiguous()
-                       : weight_offset != 0.0
-                           ? at::add(weight->to(at::kFloat), kernel_offset(weight_offset))
-                           : weight->to(at::kFloat).contiguous();
+                              : weight_as_read(weight, weight_offset).to(at::kFloat).contiguous();
   int walkers = persistent_walkers(l, M, device);
   // the staged and register kernels' CTAs each keep one phase: a whole number of periods
   // of walkers (the chunked kernel, which takes rows of differing phases, does not mind)
@@ -1214,8 +1211,7 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               N,
               static_cast<float>(eps),
               l.cap,
-              wt ? w.data_ptr() : nullptr,
-              kernel_offset(weight_offset)};
+              wt ? w.data_ptr() : nullptr};
     if (l.ranks > 1) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(l, walkers, stream, &attr);
