@@ -205,15 +205,7 @@ def fused_add_rms_norm_with_config(
     )
     _check_cfg(cfg, "fused_add_rms_norm_with_config")
     return torch.ops.cuda_impl.fused_add_rms_norm_with_config(
-        x,
-        residual,
-        weight,
-        float(eps),
-        cfg.row_threads,
-        cfg.vpt,
-        cfg.cluster,
-        cfg.variant,
-        float(weight_offset),
+        x, residual, weight, float(eps), *_cfg_fields(cfg), float(weight_offset)
     )
 
 
@@ -235,6 +227,11 @@ def _check_cfg(cfg, fn: str) -> None:
         raise ValueError(f"{fn}: cfg must be a cuda_impl.configs.Config, got {type(cfg).__name__}")
 
 
+def _cfg_fields(cfg: Config) -> tuple[int, int, int, int]:
+    """A forced config as the *_with_config ops take it: row_threads, vpt, cluster, variant."""
+    return cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
+
+
 def rms_norm_with_config(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -249,14 +246,7 @@ def rms_norm_with_config(
     check_forced_config_grad("cuda_impl.rms_norm_with_config", x=x, weight=weight)
     _check_cfg(cfg, "rms_norm_with_config")
     return torch.ops.cuda_impl.rms_norm_with_config(
-        x,
-        weight,
-        float(eps),
-        cfg.row_threads,
-        cfg.vpt,
-        cfg.cluster,
-        cfg.variant,
-        float(weight_offset),
+        x, weight, float(eps), *_cfg_fields(cfg), float(weight_offset)
     )
 
 

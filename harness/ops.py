@@ -407,20 +407,21 @@ FUSED_ADD_RMS_NORM_FWD_BWD = Op(
 #: added in fp32), every implementation adding it (harness.impls' offset; native has none).
 #: The same inputs, bytes model and grid as the ops without it.
 GEMMA_OFFSET = 1.0
-GEMMA_RMS_NORM = dataclasses.replace(
-    RMS_NORM,
-    name="gemma_rms_norm",
-    title="Gemma RMSNorm forward (1 + weight)",
-    reference=functools.partial(rms_norm_ref, weight_offset=GEMMA_OFFSET),
-    registry=functools.partial(impls.registry, offset=GEMMA_OFFSET),
-)
-GEMMA_FUSED_ADD_RMS_NORM = dataclasses.replace(
-    FUSED_ADD_RMS_NORM,
-    name="gemma_fused_add_rms_norm",
-    title="Gemma fused residual add + RMSNorm forward (1 + weight)",
-    reference=functools.partial(fused_add_rms_norm_ref, weight_offset=GEMMA_OFFSET),
-    registry=functools.partial(impls.fused_add_registry, offset=GEMMA_OFFSET),
-)
+
+
+def _gemma(op: Op, registry: Callable[..., dict[str, impls.Impl]]) -> Op:
+    """op with the weight offset GEMMA_OFFSET in its reference and every implementation."""
+    return dataclasses.replace(
+        op,
+        name=f"gemma_{op.name}",
+        title=f"Gemma {op.title} (1 + weight)",
+        reference=functools.partial(op.reference, weight_offset=GEMMA_OFFSET),
+        registry=functools.partial(registry, offset=GEMMA_OFFSET),
+    )
+
+
+GEMMA_RMS_NORM = _gemma(RMS_NORM, impls.registry)
+GEMMA_FUSED_ADD_RMS_NORM = _gemma(FUSED_ADD_RMS_NORM, impls.fused_add_registry)
 
 #: The forward ops: what a bench run measures when --ops names none.
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
