@@ -6,9 +6,10 @@ Both backends register these ops (cuda_impl's schema strings in C++, triton_impl
 inferred by torch.library from its Python signatures); tests/test_spec.py holds each
 registered schema to the description. The checks read it: the contract's
 (rmsnorm_api._check_op) and the C++ op's (rms_norm.cpp's check_op, through spec_rules.h,
-which header() writes), in the one wording of MESSAGES. The fakes, the autograd and the
-harness's ops are to read it next, and a variant (a weight offset, a per-head weight, an
-fp8 output) to be a change of this description and of the kernels' epilogue:
+which header() writes), in the one wording of MESSAGES; so do the C++ schemas, the CUDA
+fakes and the autograd (the vmap row arguments, the scalars passed to the backward op).
+The harness's ops are to read it next, and a variant (the weight offset, a per-head weight,
+an fp8 output) to be a change of this description and of the kernels' epilogue:
 docs/notebook/17-the-op-as-data.md.
 """
 
