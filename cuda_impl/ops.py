@@ -3,8 +3,8 @@
 
 The library is whichever build rmsnorm_api.host finds: ``$CUDA_IMPL_LIBRARY`` if set (e.g.
 the CMake build's), else ``cuda_impl/_C*.so`` from ``python setup.py build_ext --inplace``.
-Same semantics, checks and error messages as triton_impl (rmsnorm_api); the C++ side repeats
-the checks for direct torch.ops callers.
+Same semantics, checks and error messages as triton_impl (rmsnorm_api); the C++ side applies
+the same rules (rmsnorm_api.spec) for direct torch.ops callers.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from rmsnorm_api import (
     backward_functions,
     bypass_ok,
     call_op,
-    check_backward_inputs,
+    check_call,
     check_forced_config_grad,
     check_fused_inputs,
     check_in_place,
     check_inputs,
-    check_out,
-    fused_backward_outputs,
+    empty_outputs,
     host,
     register_autograd,
 )
+from rmsnorm_api.spec import OPS as DESCRIBED
+from rmsnorm_api.spec import REQUIRED
 
 _IMPL = "cuda_impl.rms_norm"
 _FUSED = "cuda_impl.fused_add_rms_norm"
@@ -42,62 +43,36 @@ _OP = torch.ops.cuda_impl.rms_norm.default
 _FAST = host.entry()
 
 
-# The fakes (tracing, meta tensors) run the checks the CUDA kernel runs, so torch.compile
-# never traces a call the kernel would refuse.
-@torch.library.register_fake("cuda_impl::rms_norm")
-def _rms_norm_fake(x, weight, eps):
-    check_inputs(x, weight, eps, impl=_IMPL)
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-@torch.library.register_fake("cuda_impl::rms_norm_out")
-def _rms_norm_out_fake(out, x, weight, eps):
-    check_inputs(x, weight, eps, impl=_IMPL)
-    check_out(out, x, weight, impl=_IMPL)
-    return None
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm")
-def _fused_add_fake(x, residual, weight, eps):
-    check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return y, torch.empty(x.shape, dtype=residual.dtype, device=x.device)
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm_")
-def _fused_add_in_place_fake(x, residual, weight, eps):
-    check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
-    check_in_place(x, residual, weight, impl=_FUSED_)
-    return None
-
-
 _BWD = "cuda_impl.rms_norm_backward"
 _FUSED_BWD = "cuda_impl.fused_add_rms_norm_backward"
 
 
-def _dweight_fake(weight, like):
-    """dweight as the backward ops return it: weight's shape and dtype, empty without one."""
-    if weight is None:
-        return torch.empty(0, dtype=like.dtype, device=like.device)
-    return torch.empty(weight.shape, dtype=weight.dtype, device=like.device)
+def _register_fake(op: str, impl: str) -> None:
+    """The op's fake (tracing, meta tensors), from its description: the checks the CUDA
+    kernel runs, so torch.compile never traces a call the kernel would refuse, then its
+    returned tensors as the description gives them."""
+    spec = DESCRIBED[op]
+    names = tuple(a.name for a in spec.args)
+    defaults = {a.name: a.default for a in spec.args if a.default is not REQUIRED}
+
+    def fake(*args, **kwargs):
+        values = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+        check_call(op, impl, values)
+        outs = empty_outputs(op, **values)
+        return outs[0] if len(outs) == 1 else (outs or None)
+
+    torch.library.register_fake(f"cuda_impl::{op}")(fake)
 
 
-@torch.library.register_fake("cuda_impl::rms_norm_backward")
-def _rms_norm_backward_fake(dy, x, weight, eps):
-    check_backward_inputs(dy, x, weight, eps, impl=_BWD)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return dx, _dweight_fake(weight, x)
-
-
-@torch.library.register_fake("cuda_impl::fused_add_rms_norm_backward")
-def _fused_add_backward_fake(dy, d_residual_out, residual_out, weight, eps, dresidual=True):
-    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                          impl=_FUSED_BWD)  # fmt: skip
-    return (
-        *fused_backward_outputs(dy, residual_out, dresidual),
-        _dweight_fake(weight, residual_out),
-    )
-
+for _op, _impl in (
+    ("rms_norm", _IMPL),
+    ("rms_norm_out", _IMPL),
+    ("fused_add_rms_norm", _FUSED),
+    ("fused_add_rms_norm_", _FUSED_),
+    ("rms_norm_backward", _BWD),
+    ("fused_add_rms_norm_backward", _FUSED_BWD),
+):
+    _register_fake(_op, _impl)
 
 register_autograd("cuda_impl")
 
@@ -135,26 +110,29 @@ def rms_norm(
     eps: float = DEFAULT_EPS,
     *,
     out: Optional[torch.Tensor] = None,
+    weight_offset: float = 0.0,
 ) -> torch.Tensor:
     """RMSNorm over x's last dim with the CUDA C++ kernel; semantics as in rmsnorm_api.
 
     Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` and
-    returns it. Raises TypeError/ValueError naming the argument for unsupported input.
+    returns it. weight_offset: added to the weight in fp32 (Gemma's 1 + w: 1.0). Raises
+    TypeError/ValueError naming the argument for unsupported input.
     """
-    if out is None and type(eps) is float:
+    if out is None and type(eps) is float and type(weight_offset) is float:
         # the eager fast path: the entry point tests bypass_ok's conditions itself (None:
         # not a plain eager call); dynamo folds is_compiling and never traces the entry
         if _FAST is not None:
             if not torch.compiler.is_compiling():
-                y = _FAST.rms_norm(x, weight, eps)
+                y = _FAST.rms_norm(x, weight, eps, weight_offset)
                 if y is not None:
                     return y
         elif bypass_ok(x, weight):
-            return _OP.redispatch(_CUDA_KEYS, x, weight, eps)
+            return _OP.redispatch(_CUDA_KEYS, x, weight, eps, weight_offset)
         if _on_gpu(x, weight):
-            return _OP(x, weight, eps)
+            return _OP(x, weight, eps, weight_offset)
     ops = torch.ops.cuda_impl
-    return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL)
+    return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, weight_offset,
+                   impl=_IMPL)  # fmt: skip
 
 
 def fused_add_rms_norm(
@@ -162,23 +140,26 @@ def fused_add_rms_norm(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = DEFAULT_EPS,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out): residual_out = x + residual (an fp32 add rounded once to
     residual's dtype), y = RMSNorm(residual_out) in x's dtype, in one pass; residual in x's
     dtype or float32. Raises TypeError/ValueError naming the argument for unsupported input."""
     # residual=None is refused by the op's checks (bypass_ok takes None for an absent tensor,
     # the entry point refuses it as not a tensor)
-    if type(eps) is float and residual is not None:
+    floats = type(eps) is float and type(weight_offset) is float
+    if floats and residual is not None:
         if _FAST is not None:
             if not torch.compiler.is_compiling():
-                outs = _FAST.fused_add_rms_norm(x, residual, weight, eps)
+                outs = _FAST.fused_add_rms_norm(x, residual, weight, eps, weight_offset)
                 if outs is not None:
                     return outs
         elif bypass_ok(x, residual, weight):
-            return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps)
-    if type(eps) is not float or not _on_gpu(x, residual, weight):
-        check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
-    return _FUSED_OP(x, residual, weight, float(eps))
+            return _FUSED_OP.redispatch(_CUDA_KEYS, x, residual, weight, eps, weight_offset)
+    if not floats or not _on_gpu(x, residual, weight):
+        check_fused_inputs(x, residual, weight, eps, weight_offset, impl=_FUSED)
+    return _FUSED_OP(x, residual, weight, float(eps), float(weight_offset))
 
 
 def fused_add_rms_norm_(
@@ -186,18 +167,21 @@ def fused_add_rms_norm_(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = DEFAULT_EPS,
+    *,
+    weight_offset: float = 0.0,
 ) -> None:
     """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op; captures in
     CUDA graphs with no allocation. Raises TypeError/ValueError naming the argument (x and
     residual must view as rows in place and not overlap)."""
-    fast = type(eps) is float and _FAST is not None and residual is not None
+    floats = type(eps) is float and type(weight_offset) is float
+    fast = floats and _FAST is not None and residual is not None
     if fast and not torch.compiler.is_compiling():
-        if _FAST.fused_add_rms_norm_(x, residual, weight, eps):
+        if _FAST.fused_add_rms_norm_(x, residual, weight, eps, weight_offset):
             return
-    if type(eps) is not float or not _on_gpu(x, residual, weight):
-        check_fused_inputs(x, residual, weight, eps, impl=_FUSED_)
+    if not floats or not _on_gpu(x, residual, weight):
+        check_fused_inputs(x, residual, weight, eps, weight_offset, impl=_FUSED_)
         check_in_place(x, residual, weight, impl=_FUSED_)
-    _FUSED_OP_(x, residual, weight, float(eps))
+    _FUSED_OP_(x, residual, weight, float(eps), float(weight_offset))
 
 
 rms_norm_backward, fused_add_rms_norm_backward = backward_functions("cuda_impl")
@@ -209,17 +193,19 @@ def fused_add_rms_norm_with_config(
     weight: Optional[torch.Tensor],
     eps: float,
     cfg: Config,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm with a forced launch config, for sweeps and profiles; same result.
     cfg: one of cuda_impl.compiled_configs('fused_add_rms_norm'), its cluster the CTAs
     sharing a row."""
-    check_fused_inputs(x, residual, weight, eps, impl=_FUSED)
+    check_fused_inputs(x, residual, weight, eps, weight_offset, impl=_FUSED)
     check_forced_config_grad(
         "cuda_impl.fused_add_rms_norm_with_config", x=x, residual=residual, weight=weight
     )
     _check_cfg(cfg, "fused_add_rms_norm_with_config")
     return torch.ops.cuda_impl.fused_add_rms_norm_with_config(
-        x, residual, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
+        x, residual, weight, float(eps), *_cfg_fields(cfg), float(weight_offset)
     )
 
 
@@ -241,16 +227,26 @@ def _check_cfg(cfg, fn: str) -> None:
         raise ValueError(f"{fn}: cfg must be a cuda_impl.configs.Config, got {type(cfg).__name__}")
 
 
+def _cfg_fields(cfg: Config) -> tuple[int, int, int, int]:
+    """A forced config as the *_with_config ops take it: row_threads, vpt, cluster, variant."""
+    return cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
+
+
 def rms_norm_with_config(
-    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Config
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    cfg: Config,
+    *,
+    weight_offset: float = 0.0,
 ) -> torch.Tensor:
     """rms_norm with a forced launch config, for sweeps; same result. cfg: a compiled one
     (cuda_impl.compiled_configs()), its cluster the CTAs sharing a row."""
-    check_inputs(x, weight, eps, impl=_IMPL)
+    check_inputs(x, weight, eps, weight_offset, impl=_IMPL)
     check_forced_config_grad("cuda_impl.rms_norm_with_config", x=x, weight=weight)
     _check_cfg(cfg, "rms_norm_with_config")
     return torch.ops.cuda_impl.rms_norm_with_config(
-        x, weight, float(eps), cfg.row_threads, cfg.vpt, cfg.cluster, cfg.variant
+        x, weight, float(eps), *_cfg_fields(cfg), float(weight_offset)
     )
 
 

@@ -288,9 +288,10 @@ def _ones_if_none(weight: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tens
     return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
 
 
-def _liger(in_place: bool = True, notes: Optional[list] = None) -> Impl:
+def _liger(in_place: bool = True, notes: Optional[list] = None, offset: float = 0.0) -> Impl:
     """Liger's RMSNorm; in_place=False for the gradient ops (True writes dX over dY, the
-    output gradient every implementation is checked and timed on)."""
+    output gradient every implementation is checked and timed on); offset: its weight
+    offset (added in fp32 under casting_mode='gemma')."""
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except Exception as e:  # ImportError, or a broken install failing at import
@@ -299,7 +300,7 @@ def _liger(in_place: bool = True, notes: Optional[list] = None) -> Impl:
     def liger_rms_norm(x, weight=None, eps=1e-6):
         # (X, W, eps, offset, casting_mode, in_place): gemma = fp32 math, one final cast
         w = _ones_if_none(weight, x)
-        return LigerRMSNormFunction.apply(x, w, eps, 0.0, "gemma", in_place)
+        return LigerRMSNormFunction.apply(x, w, eps, offset, "gemma", in_place)
 
     return Impl(
         "liger",
@@ -312,7 +313,7 @@ def _liger(in_place: bool = True, notes: Optional[list] = None) -> Impl:
     )
 
 
-def _liger_fused_add() -> Impl:
+def _liger_fused_add(offset: float = 0.0) -> Impl:
     try:
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
     except Exception as e:
@@ -329,7 +330,7 @@ def _liger_fused_add() -> Impl:
         # (X, R, W, eps, offset, casting_mode, in_place): the forward allocates y and
         # residual_out and leaves X and R as they are; in_place only concerns the backward
         return LigerFusedAddRMSNormFunction.apply(
-            x, residual, _ones_if_none(weight, x), eps, 0.0, "gemma", False
+            x, residual, _ones_if_none(weight, x), eps, offset, "gemma", False
         )
 
     return Impl(
@@ -352,14 +353,20 @@ def _quack_fwd() -> tuple[Optional[Callable], Optional[str]]:
     return rmsnorm_fwd, None
 
 
-def _quack() -> Impl:
+def _quack_offset(offset: float) -> dict:
+    """QuACK's weight_offset argument (a constant of its compile), passed only where one is
+    asked for: versions without it still run the plain ops."""
+    return {"weight_offset": offset} if offset else {}
+
+
+def _quack(offset: float = 0.0) -> Impl:
     rmsnorm_fwd, why = _quack_fwd()
     if why:
         return Impl("quack", None, unavailable=why)
 
     def quack_rms_norm(x, weight=None, eps=1e-6):
         rows = x.reshape(-1, x.shape[-1])  # rmsnorm_fwd takes 2-D (M, N)
-        out = rmsnorm_fwd(rows, weight, eps=eps)
+        out = rmsnorm_fwd(rows, weight, eps=eps, **_quack_offset(offset))
         if isinstance(out, tuple):  # newer versions return (out, residual_out, rstd)
             out = out[0]
         return out.view(x.shape)
@@ -371,7 +378,7 @@ def _quack() -> Impl:
     )
 
 
-def _quack_fused_add() -> Impl:
+def _quack_fused_add(offset: float = 0.0) -> Impl:
     rmsnorm_fwd, why = _quack_fwd()
     if why:
         return Impl("quack", None, unavailable=why)
@@ -380,7 +387,8 @@ def _quack_fused_add() -> Impl:
         n = x.shape[-1]
         # 2-D (M, N) rows; with residual= it writes residual_out in residual's dtype (its
         # residual_dtype default) and y in x's, and returns (y, residual_out, rstd or None)
-        out = rmsnorm_fwd(x.reshape(-1, n), weight, residual=residual.reshape(-1, n), eps=eps)
+        out = rmsnorm_fwd(x.reshape(-1, n), weight, residual=residual.reshape(-1, n), eps=eps,
+                          **_quack_offset(offset))  # fmt: skip
         if not isinstance(out, tuple) or len(out) < 2:
             raise TypeError(
                 "quack: rmsnorm_fwd(residual=...) returned no residual_out; this QuACK "
@@ -395,7 +403,7 @@ def _quack_fused_add() -> Impl:
             "compiled per (N, dtypes) on first call; y from the fp32 sum, not the stored "
             "residual_out (checked against that definition, within the same tolerance)",
         ],
-        reference=fused_add_rms_norm_ref_of_fp32_sum,
+        reference=_offset_ref(fused_add_rms_norm_ref_of_fp32_sum, offset),
     )
 
 
@@ -465,16 +473,28 @@ _FLASHINFER_NOTES = {
 }
 
 
-def _flashinfer(cuda_path: bool) -> Impl:
+def _flashinfer_fn(offset: float, plain: str, gemma: str) -> Optional[str]:
+    """The name of FlashInfer's function for the op (looked up at each call): the plain one,
+    or with offset 1.0 its Gemma one (weight + 1); None for another offset, which it has no
+    function for."""
+    if not offset:
+        return plain
+    return gemma if offset == 1.0 else None
+
+
+def _flashinfer(cuda_path: bool, offset: float = 0.0) -> Impl:
     name = "flashinfer_cuda" if cuda_path else "flashinfer"
     norm, why = _flashinfer_norm(cuda_path)
     if why:
         return Impl(name, None, unavailable=why)
+    fn = _flashinfer_fn(offset, "rmsnorm", "gemma_rmsnorm")
+    if fn is None:
+        return Impl(name, None, unavailable=f"no weight offset {offset} (gemma_rmsnorm: 1.0)")
 
     def flashinfer_rms_norm(x, weight=None, eps=1e-6):
         rows = x.reshape(-1, x.shape[-1])  # 2-D: a 3-D input would take its per-head kernel
         w = _flashinfer_weight(name, weight, x)
-        return _flashinfer_call(norm, cuda_path, norm.rmsnorm, rows, w, eps).view(x.shape)
+        return _flashinfer_call(norm, cuda_path, getattr(norm, fn), rows, w, eps).view(x.shape)
 
     return Impl(
         name,
@@ -483,10 +503,14 @@ def _flashinfer(cuda_path: bool) -> Impl:
     )
 
 
-def _flashinfer_fused_add(cuda_path: bool) -> Impl:
+def _flashinfer_fused_add(cuda_path: bool, offset: float = 0.0) -> Impl:
     name = "flashinfer_cuda" if cuda_path else "flashinfer"
     norm, why = _flashinfer_norm(cuda_path)
     if why:
+        return Impl(name, None, unavailable=why)
+    fn = _flashinfer_fn(offset, "fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
+    if fn is None:
+        why = f"no weight offset {offset} (gemma_fused_add_rmsnorm: 1.0)"
         return Impl(name, None, unavailable=why)
 
     def copies(x, residual, weight):
@@ -504,7 +528,7 @@ def _flashinfer_fused_add(cuda_path: bool) -> Impl:
         return x.reshape(-1, n).clone(), residual.reshape(-1, n).clone(), w
 
     def in_place(rows, res, w, eps):
-        _flashinfer_call(norm, cuda_path, norm.fused_add_rmsnorm, rows, res, w, eps)
+        _flashinfer_call(norm, cuda_path, getattr(norm, fn), rows, res, w, eps)
 
     def fused_add_rms_norm(x, residual, weight=None, eps=1e-6):
         y, out, w = copies(x, residual, weight)
@@ -539,7 +563,7 @@ def _flashinfer_fused_add(cuda_path: bool) -> Impl:
             "residual_out (checked against that definition, within the same tolerance); "
             "PDL on",
         ],
-        reference=fused_add_rms_norm_ref_of_fp32_sum,
+        reference=_offset_ref(fused_add_rms_norm_ref_of_fp32_sum, offset),
     )
 
 
@@ -816,40 +840,79 @@ def fused_add_fwd_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
     return _grad_registry(True, "fwd_bwd", baselines)
 
 
-def fused_add_registry(baselines: bool = False) -> dict[str, Impl]:
+def _offset_ours(impl: Impl, offset: float) -> Impl:
+    """One of our kernels with the weight offset passed to its function and in-place form."""
+    if offset and not impl.unavailable:
+        impl.fn = functools.partial(impl.fn, weight_offset=offset)
+        if impl.in_place is not None:
+            impl.in_place = functools.partial(impl.in_place, weight_offset=offset)
+    return impl
+
+
+def _offset_ref(ref: Callable[..., object], offset: float) -> Callable[..., object]:
+    """An op's reference with the weight offset (the eager baseline, and what compile
+    compiles: a plain function, which dynamo traces as it traces the reference)."""
+    if not offset:
+        return ref
+
+    def with_offset(*inputs):
+        return ref(*inputs, weight_offset=offset)
+
+    with_offset.__name__ = f"{ref.__name__}_offset"
+    return with_offset
+
+
+def _no_offset_native(offset: float, native: Callable[[], Impl]) -> Impl:
+    if offset:
+        why = (
+            "torch.nn.functional.rms_norm has no weight offset (a Gemma model runs eager's formula)"
+        )
+        return Impl("native", None, unavailable=why)
+    return native()
+
+
+def fused_add_registry(baselines: bool = False, offset: float = 0.0) -> dict[str, Impl]:
     """The fused add's implementations, available or not, keyed by name:
     fn(x, residual, weight, eps) -> (y, residual_out), and for ours also the in-place
-    in_place(x, residual, weight, eps).
+    in_place(x, residual, weight, eps); offset: the weight offset every one of them adds
+    (Gemma's 1.0; native, which has none, is then unavailable).
 
     Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger,
     quack, flashinfer and flashinfer_cuda (the benchmark's comparison; CUDA only)."""
     impls = [
-        _ours(name, "fused_add_rms_norm", "fused_add_rms_norm_", "fused_add_kernel_info")
+        _offset_ours(
+            _ours(name, "fused_add_rms_norm", "fused_add_rms_norm_", "fused_add_kernel_info"),
+            offset,
+        )
         for name in OURS
     ]
     if baselines:
+        ref = _offset_ref(fused_add_rms_norm_ref, offset)
         impls += [
-            _eager(fused_add_rms_norm_ref),
-            _compile(fused_add_rms_norm_ref),
-            _native_fused_add(),
-            _liger_fused_add(),
-            _quack_fused_add(),
-            _flashinfer_fused_add(cuda_path=False),
-            _flashinfer_fused_add(cuda_path=True),
+            _eager(ref),
+            _compile(ref),
+            _no_offset_native(offset, _native_fused_add),
+            _liger_fused_add(offset),
+            _quack_fused_add(offset),
+            _flashinfer_fused_add(cuda_path=False, offset=offset),
+            _flashinfer_fused_add(cuda_path=True, offset=offset),
         ]
     return {i.name: i for i in impls}
 
 
-def registry(baselines: bool = False) -> dict[str, Impl]:
-    """rms_norm's implementations, available or not, keyed by name.
+def registry(baselines: bool = False, offset: float = 0.0) -> dict[str, Impl]:
+    """rms_norm's implementations, available or not, keyed by name; offset as
+    fused_add_registry's.
 
     Our kernels only by default; ``baselines=True`` adds eager, compile, native, liger,
     quack, flashinfer and flashinfer_cuda (the benchmark's comparison; CUDA only).
     """
-    impls = [_ours(name, "rms_norm") for name in OURS]
+    impls = [_offset_ours(_ours(name, "rms_norm"), offset) for name in OURS]
     if baselines:
-        impls += [_eager(rms_norm_ref), _compile(rms_norm_ref), _native(), _liger(), _quack()]
-        impls += [_flashinfer(cuda_path=False), _flashinfer(cuda_path=True)]
+        ref = _offset_ref(rms_norm_ref, offset)
+        impls += [_eager(ref), _compile(ref), _no_offset_native(offset, _native)]
+        impls += [_liger(offset=offset), _quack(offset)]
+        impls += [_flashinfer(False, offset), _flashinfer(True, offset)]
     return {i.name: i for i in impls}
 
 

@@ -45,6 +45,7 @@ writing both.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -92,7 +93,7 @@ class Op:
     # tensor torch allocates starting as NaN), checked like the first
     second_form: Optional[Callable[..., Any]] = None
     # the names of the outputs, in order, for error messages (the op's description's)
-    outputs: tuple[str, ...] = DESCRIBED["rms_norm"].returns
+    outputs: tuple[str, ...] = DESCRIBED["rms_norm"].return_names
     # (output, reference output, its name): raise AssertionError where they differ
     compare: Callable[[torch.Tensor, torch.Tensor, str], None] = forward_close
     # (dtypes, quick=, shapes=) -> the planned shapes (harness.plan)
@@ -347,7 +348,7 @@ FUSED_ADD_RMS_NORM = Op(
     bytes_text="read x + residual + weight, write y + residual_out",
     registry=impls.fused_add_registry,
     second_form=_fused_add_in_place_form,
-    outputs=DESCRIBED["fused_add_rms_norm"].returns,
+    outputs=DESCRIBED["fused_add_rms_norm"].return_names,
     cases=fused_add_cases,
 )
 
@@ -366,7 +367,7 @@ _GRADS = dict(
 _RMS_NORM_GRADS = dict(
     make_inputs=rms_norm_grad_inputs,
     reference=rms_norm_grads_ref,
-    outputs=DESCRIBED["rms_norm_backward"].returns,
+    outputs=DESCRIBED["rms_norm_backward"].return_names,
     **_GRADS,
 )
 
@@ -398,13 +399,35 @@ FUSED_ADD_RMS_NORM_FWD_BWD = Op(
     "+ d_residual_out + weight, write dx + dresidual + dweight (9 M N e + 3 N w)",
     registry=impls.fused_add_fwd_bwd_registry,
     reference=fused_add_rms_norm_grads_ref,
-    outputs=DESCRIBED["fused_add_rms_norm_backward"].returns,
+    outputs=DESCRIBED["fused_add_rms_norm_backward"].return_names,
     **{**_GRADS, "cases": fused_add_grad_cases},
 )
 
+#: Gemma's norms: both forward ops with weight_offset=1.0 (y = x * rstd * (1 + weight), the 1
+#: added in fp32), every implementation adding it (harness.impls' offset; native has none).
+#: The same inputs, bytes model and grid as the ops without it.
+GEMMA_OFFSET = 1.0
+
+
+def _gemma(op: Op, registry: Callable[..., dict[str, impls.Impl]]) -> Op:
+    """op with the weight offset GEMMA_OFFSET in its reference and every implementation."""
+    return dataclasses.replace(
+        op,
+        name=f"gemma_{op.name}",
+        title=f"Gemma {op.title} (1 + weight)",
+        reference=functools.partial(op.reference, weight_offset=GEMMA_OFFSET),
+        registry=functools.partial(registry, offset=GEMMA_OFFSET),
+    )
+
+
+GEMMA_RMS_NORM = _gemma(RMS_NORM, impls.registry)
+GEMMA_FUSED_ADD_RMS_NORM = _gemma(FUSED_ADD_RMS_NORM, impls.fused_add_registry)
+
 #: The forward ops: what a bench run measures when --ops names none.
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
+#: The variants' ops, measured when asked for (harness.bench --ops).
+VARIANT_OPS = {op.name: op for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM)}
 #: The gradient ops, measured when asked for (harness.bench --ops).
 GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}
 #: Every op, by the name its records carry, in the order reports list them.
-OPS = {**FORWARD_OPS, **GRAD_OPS}
+OPS = {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS}

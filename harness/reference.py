@@ -2,7 +2,8 @@
 of both ops' gradients.
 
 fp32 math on upcast inputs, one cast at the end:
-    y = (x.float() * rsqrt(mean(x.float()**2, -1) + eps)) * weight.float()  ->  x.dtype
+    y = (x.float() * rsqrt(mean(x.float()**2, -1) + eps)) * w  ->  x.dtype
+w the weight in fp32 plus weight_offset (added in fp32, as Gemma's 1 + w).
 Gradients: the forward's autograd in float64 (rms_norm_grads_ref,
 fused_add_rms_norm_grads_ref), each cast once to its input's dtype.
 Tests, the validation suite and the benchmark all import this; nothing re-implements it.
@@ -17,13 +18,23 @@ from typing import Optional
 import torch
 
 
+def _weight(weight: torch.Tensor, offset: float) -> torch.Tensor:
+    """The weight as the forward scales by it: fp32, the offset added there (none added for
+    0.0, which would turn a -0.0 weight into +0.0)."""
+    w = weight.float()
+    return w + offset if offset else w
+
+
 def rms_norm_ref(
-    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
 ) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * _weight(weight, weight_offset)
     return y.to(x.dtype)
 
 
@@ -32,13 +43,15 @@ def fused_add_rms_norm_ref(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out): residual_out = x + residual, an fp32 add rounded once to
     residual's dtype; y, in x's dtype, is RMSNorm of residual_out (fp32 math, one cast), so
     the fused op equals the unfused ``r = x + r; y = rms_norm(r)``."""
     residual_out = (x.float() + residual.float()).to(residual.dtype)
     # rms_norm_ref rounds to residual_out's dtype, which is x's or fp32 (exact): one rounding
-    return rms_norm_ref(residual_out, weight, eps).to(x.dtype), residual_out
+    y = rms_norm_ref(residual_out, weight, eps, weight_offset)
+    return y.to(x.dtype), residual_out
 
 
 def fused_add_rms_norm_ref_of_fp32_sum(
@@ -46,6 +59,7 @@ def fused_add_rms_norm_ref_of_fp32_sum(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = 1e-6,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out) as kernels that normalise the sum before rounding it compute them
     (QuACK's and FlashInfer's fused add): residual_out as fused_add_rms_norm_ref's, y the
@@ -53,25 +67,31 @@ def fused_add_rms_norm_ref_of_fp32_sum(
     rounding, up to an ulp of it besides y's own, past TOL where rows are many: such a peer
     is checked against its own definition, within the same TOL."""
     s = x.float() + residual.float()
-    return rms_norm_ref(s, weight, eps).to(x.dtype), s.to(residual.dtype)
+    return rms_norm_ref(s, weight, eps, weight_offset).to(x.dtype), s.to(residual.dtype)
 
 
-def norm64(s: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def norm64(
+    s: torch.Tensor, weight: Optional[torch.Tensor], eps: float, weight_offset: float = 0.0
+) -> torch.Tensor:
     """The forward in the inputs' own dtype (float64 for the gradient references and
     gradcheck): no casts, so autograd differentiates exactly the formula."""
     y = s * torch.rsqrt(s.square().mean(dim=-1, keepdim=True) + eps)
-    return y if weight is None else y * weight
+    return y if weight is None else y * (weight + weight_offset)
 
 
 def rms_norm_grads_ref(
-    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, dy: torch.Tensor
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    dy: torch.Tensor,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(dx, dweight) of rms_norm at (x, weight) for the output gradient dy: autograd of the
     forward in float64, dx cast to x's dtype, dweight to weight's (None without a weight)."""
     x64 = x.detach().double().requires_grad_()
     w64 = None if weight is None else weight.detach().double().requires_grad_()
     wrt = (x64,) if w64 is None else (x64, w64)
-    grads = torch.autograd.grad(norm64(x64, w64, eps), wrt, dy.double())
+    grads = torch.autograd.grad(norm64(x64, w64, eps, weight_offset), wrt, dy.double())
     dw = None if weight is None else grads[1].to(weight.dtype)
     return grads[0].to(x.dtype), dw
 
@@ -83,6 +103,7 @@ def fused_add_rms_norm_grads_ref(
     eps: float,
     dy: torch.Tensor,
     d_residual_out: Optional[torch.Tensor] = None,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(dx, dresidual, dweight) of the fused add for the gradients of y (dy) and of
     residual_out (None: zero). y is RMSNorm of the stored residual_out, so the gradient
@@ -93,7 +114,7 @@ def fused_add_rms_norm_grads_ref(
     s64 = s.detach().double().requires_grad_()
     w64 = None if weight is None else weight.detach().double().requires_grad_()
     wrt = (s64,) if w64 is None else (s64, w64)
-    grads = torch.autograd.grad(norm64(s64, w64, eps), wrt, dy.double())
+    grads = torch.autograd.grad(norm64(s64, w64, eps, weight_offset), wrt, dy.double())
     g = grads[0] if d_residual_out is None else grads[0] + d_residual_out.double()
     dw = None if weight is None else grads[1].to(weight.dtype)
     return g.to(x.dtype), g.to(residual.dtype), dw

@@ -3,7 +3,7 @@
 Semantics, for every implementation in this repo (the precision policy of native
 ``F.rms_norm``'s fused CUDA path):
 
-    y = x / sqrt(mean(x**2 over the last dim) + eps) * weight
+    y = x / sqrt(mean(x**2 over the last dim) + eps) * (weight + weight_offset)
 
 Squares accumulate in fp32, normalisation and the weight multiply are fp32, and the result
 is cast once to x's dtype at the end.
@@ -15,6 +15,9 @@ Accepted input:
 - weight: None, or shape (N,) with x's dtype or float32, on x's device.
 - eps: a real number in float32's normal range [EPS_MIN, EPS_MAX] (the kernels add it in
   fp32: a smaller one is 0 or subnormal there, a larger one overflows).
+- weight_offset: a finite real number in float32's range, 0.0 by default, added to each
+  weight element in fp32 (Gemma's y = x * rstd * (1 + w) is weight_offset=1.0: the 1 added
+  in fp32, never in the weight's dtype); other than 0.0 only with a weight.
 - out (the out= form): a contiguous tensor of x's shape, dtype and device that does not
   partially overlap x or weight in memory (out=x itself normalises in place); not with
   inputs that require grad (as torch's own out= functions).
@@ -80,6 +83,7 @@ def check_inputs(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     eps: float,
+    weight_offset: float = 0.0,
     *,
     allow_cpu: bool = False,
     impl: str = "rms_norm",
@@ -88,7 +92,8 @@ def check_inputs(
     """Raise TypeError/ValueError naming the offending argument; return None if valid.
     device_hint: the reason given with a refused device, where the default would mislead
     (kernel_info, which reads a compiled GPU kernel)."""
-    _check_op("rms_norm", impl, allow_cpu, device_hint, x=x, weight=weight, eps=eps)
+    _check_op("rms_norm", impl, allow_cpu, device_hint, x=x, weight=weight, eps=eps,
+              weight_offset=weight_offset)  # fmt: skip
 
 
 def check_fused_inputs(
@@ -96,6 +101,7 @@ def check_fused_inputs(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor],
     eps: float,
+    weight_offset: float = 0.0,
     *,
     allow_cpu: bool = False,
     impl: str = "fused_add_rms_norm",
@@ -103,16 +109,13 @@ def check_fused_inputs(
     """check_inputs for the fused add, with residual's checks (x's shape and device, x's
     dtype or float32, stride 1 in the last dimension). Raise TypeError/ValueError naming
     the offending argument."""
-    _check_op("fused_add_rms_norm", impl, allow_cpu, x=x, residual=residual, weight=weight, eps=eps)
+    _check_op("fused_add_rms_norm", impl, allow_cpu, x=x, residual=residual, weight=weight, eps=eps,
+              weight_offset=weight_offset)  # fmt: skip
 
 
 def _refuse(rule: str, **fields: object) -> None:
     error = TypeError if rule in _spec.MESSAGE_TYPE_ERRORS else ValueError
     raise error(_spec.MESSAGES[rule].format(**fields))
-
-
-def _shape(t: torch.Tensor) -> tuple:
-    return tuple(t.shape)
 
 
 def _rules(a: _spec.Arg) -> tuple:
@@ -138,6 +141,8 @@ _PLANS = {
     for name, op in _spec.OPS.items()
 }
 
+
+_EPS_ARG, _OFFSET_ARG = (a for a in _spec.OPS["rms_norm"].args if a.kind == "float")
 
 #: out='s rules (rms_norm_out's out), which check_out applies beside x's
 _OUT_RULES = next(r for r in _PLANS["rms_norm_out"][0] if r[0] == "out")
@@ -217,6 +222,8 @@ def _check_op(
             _refuse("device_of", impl=impl, name=rules[0], of=rows, got=t.device, want=device)
     for a in scalars:
         _check_scalar(a, values[a.name], impl)
+        if a.needs and values[a.needs] is None and values[a.name] != a.default:
+            _refuse("needs", impl=impl, name=a.name, of=a.needs, got=repr(float(values[a.name])))
     if device.type not in ("cuda", "meta") and not (allow_cpu and device.type == "cpu"):
         hint = device_hint
         if hint is None:
@@ -271,6 +278,7 @@ def check_backward_inputs(
     weight: Optional[torch.Tensor],
     eps: float,
     d_residual_out: Optional[torch.Tensor] = None,
+    weight_offset: float = 0.0,
     *,
     fused: bool = False,
     allow_cpu: bool = False,
@@ -291,9 +299,31 @@ def check_backward_inputs(
             d_residual_out=d_residual_out,
             weight=weight,
             eps=eps,
+            weight_offset=weight_offset,
         )
     else:
-        _check_op("rms_norm_backward", impl, allow_cpu, dy=dy, x=saved, weight=weight, eps=eps)
+        _check_op("rms_norm_backward", impl, allow_cpu, dy=dy, x=saved, weight=weight, eps=eps,
+                  weight_offset=weight_offset)  # fmt: skip
+
+
+def _empty(o: _spec.Out, values: dict, device: torch.device) -> torch.Tensor:
+    """A returned tensor (spec.Out), uninitialised: its dtype and shape arguments', or an
+    empty (0,) tensor where the argument it depends on is absent (None or False)."""
+    if o.unless and (values[o.unless] is None or values[o.unless] is False):
+        return torch.empty(0, dtype=values[o.empty_dtype].dtype, device=device)
+    return torch.empty(values[o.shape].shape, dtype=values[o.dtype].dtype, device=device)
+
+
+def empty_outputs(op: str, **values: object) -> tuple[torch.Tensor, ...]:
+    """An op's returned tensors as its description says (spec.OPS[op].returns), on the
+    rows' device, uninitialised: what its fake returns."""
+    spec = _spec.OPS[op]
+    device = values[spec.rows.name].device
+    return tuple(_empty(o, values, device) for o in spec.returns)
+
+
+#: The fused backward's dx and dresidual (spec.Out), which its kernels' callers allocate.
+_FUSED_BWD_DX, _FUSED_BWD_DRES, _ = _spec.OPS["fused_add_rms_norm_backward"].returns
 
 
 def fused_backward_outputs(
@@ -302,26 +332,41 @@ def fused_backward_outputs(
     """The fused add's backward outputs, for a kernel to write: dx in dy's dtype and
     dresidual in residual_out's, stored apart (two outputs never alias), or, where dresidual
     is False (autograd's call, where dx serves as both), an empty (0,) tensor in its place."""
-    s = residual_out
-    dx = torch.empty(s.shape, dtype=dy.dtype, device=s.device)
-    dres = torch.empty(s.shape if dresidual else (0,), dtype=s.dtype, device=s.device)
-    return dx, dres
+    values = {"dy": dy, "residual_out": residual_out, "dresidual": dresidual}
+    device = residual_out.device
+    return _empty(_FUSED_BWD_DX, values, device), _empty(_FUSED_BWD_DRES, values, device)
+
+
+def check_call(op: str, impl: str, values: dict, *, allow_cpu: bool = False) -> None:
+    """The checks a call of op runs (values: its arguments by name, defaults included): its
+    arguments' rules, and the written forms' memory (check_out, check_in_place)."""
+    rules = {k: v for k, v in values.items() if k != "out"}
+    if op == "rms_norm_out":
+        _check_op("rms_norm", impl, allow_cpu, **rules)
+        check_out(values["out"], values["x"], values["weight"], impl=impl)
+    elif op == "fused_add_rms_norm_":
+        _check_op("fused_add_rms_norm", impl, allow_cpu, **rules)
+        check_in_place(values["x"], values["residual"], values["weight"], impl=impl)
+    else:
+        _check_op(op, impl, allow_cpu, **rules)
 
 
 def check_eps(eps: float, *, impl: str = "rms_norm") -> None:
-    _check_scalar(_spec.OPS["rms_norm"].args[-1], eps, impl)
+    _check_scalar(_EPS_ARG, eps, impl)
 
 
 def _check_scalar(a: _spec.Arg, v: object, impl: str) -> None:
-    """A float argument (eps) against its range [a.lo, a.hi]."""
+    """A float argument (eps, weight_offset) against its range [a.lo, a.hi]."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         _refuse("real", impl=impl, name=a.name, got=_type_name(v))
     try:
-        value, shown = float(v), repr(float(v))
+        value, overflow = float(v), False
     except OverflowError:  # an int past float's range, shown shortened
-        value, shown = math.inf, reprlib.repr(v)
-    if not (math.isfinite(value) and a.lo <= value <= a.hi):
-        _refuse("range", impl=impl, name=a.name, got=shown, want=f"{a.lo:.7g}, {a.hi:.7g}")
+        value, overflow = math.inf, True
+    if not a.lo <= value <= a.hi:  # the range is finite: NaN and inf fall outside it
+        # shown only when refused: a traced eps (a SymFloat under dynamic shapes) has no repr
+        shown = reprlib.repr(v) if overflow else repr(value)
+        _refuse(a.range_rule, impl=impl, name=a.name, got=shown, want=f"{a.lo:.7g}, {a.hi:.7g}")
 
 
 def _memory_checked_later() -> bool:
@@ -517,12 +562,16 @@ def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, C
         x: torch.Tensor,
         weight: Optional[torch.Tensor] = None,
         eps: float = DEFAULT_EPS,
+        *,
+        weight_offset: float = 0.0,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(dx, dweight) of rms_norm(x, weight, eps) for the output gradient dy (any
-        strides); dweight in weight's dtype, None without a weight. Deterministic. Raises
-        TypeError/ValueError naming the argument for unsupported input."""
-        check_backward_inputs(dy, x, weight, eps, allow_cpu=allow_cpu, impl=bwd_impl)
-        dx, dw = ops.rms_norm_backward(dy, x, weight, float(eps))
+        """(dx, dweight) of rms_norm(x, weight, eps, weight_offset=weight_offset) for the
+        output gradient dy (any strides); dweight in weight's dtype, None without a weight.
+        Deterministic. Raises TypeError/ValueError naming the argument for unsupported
+        input."""
+        check_backward_inputs(dy, x, weight, eps, None, weight_offset, allow_cpu=allow_cpu,
+                              impl=bwd_impl)  # fmt: skip
+        dx, dw = ops.rms_norm_backward(dy, x, weight, float(eps), float(weight_offset))
         return dx, dw if weight is not None else None
 
     def fused_add_rms_norm_backward(
@@ -531,15 +580,17 @@ def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, C
         residual_out: torch.Tensor,
         weight: Optional[torch.Tensor] = None,
         eps: float = DEFAULT_EPS,
+        *,
+        weight_offset: float = 0.0,
     ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(dx, dresidual, dweight) of the fused add from the gradients of y (dy, x's dtype)
         and of residual_out (None: zero), given the forward's residual_out; dweight as
         rms_norm_backward's. Deterministic. Raises TypeError/ValueError naming the argument
         for unsupported input."""
-        check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                              allow_cpu=allow_cpu, impl=fused_impl)  # fmt: skip
+        check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, weight_offset,
+                              fused=True, allow_cpu=allow_cpu, impl=fused_impl)  # fmt: skip
         grads = ops.fused_add_rms_norm_backward(dy, d_residual_out, residual_out, weight,
-                                                float(eps))  # fmt: skip
+                                                float(eps), True, float(weight_offset))  # fmt: skip
         return grads[0], grads[1], grads[2] if weight is not None else None
 
     for fn in (rms_norm_backward, fused_add_rms_norm_backward):
@@ -554,17 +605,18 @@ def call_op(
     weight: Optional[torch.Tensor],
     eps: float,
     out: Optional[torch.Tensor],
+    weight_offset: float = 0.0,
     *,
     impl: str,
     allow_cpu: bool = False,
 ) -> torch.Tensor:
     """The body of both public rms_norm functions: check the arguments, then run the
     functional op, or the out= op into ``out`` and return it."""
-    check_inputs(x, weight, eps, allow_cpu=allow_cpu, impl=impl)
+    check_inputs(x, weight, eps, weight_offset, allow_cpu=allow_cpu, impl=impl)
     if out is None:
-        return op(x, weight, float(eps))
+        return op(x, weight, float(eps), float(weight_offset))
     check_out(out, x, weight, impl=impl)
-    op_out(out, x, weight, float(eps))
+    op_out(out, x, weight, float(eps), float(weight_offset))
     return out
 
 
@@ -630,6 +682,9 @@ class RMSNormModule(torch.nn.Module):
 
     Same constructor and defaults as torch.nn.RMSNorm: eps=None means
     ``torch.finfo(x.dtype).eps`` at call time; elementwise_affine creates a weight of ones.
+    weight_offset (keyword, 0.0 by default) scales by weight + weight_offset, added in fp32
+    (Gemma's norms: weight_offset=1.0), and starts the weight at 1 - weight_offset, so that
+    a new module scales by one as torch.nn.RMSNorm's does (Gemma's weight starts at zeros).
     Trains: both ops have a backward (the weight gets its gradient).
     """
 
@@ -643,6 +698,8 @@ class RMSNormModule(torch.nn.Module):
         elementwise_affine: bool = True,
         device=None,
         dtype=None,
+        *,
+        weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
         impl = self._impl_name()
@@ -675,8 +732,13 @@ class RMSNormModule(torch.nn.Module):
             )
         if eps is not None:
             check_eps(eps, impl=impl)
+        _check_scalar(_OFFSET_ARG, weight_offset, impl)
+        if not elementwise_affine and weight_offset != 0.0:
+            _refuse("needs", impl=impl, name="weight_offset", of="weight",
+                    got=repr(float(weight_offset)))  # fmt: skip
         self.normalized_shape = normalized_shape
         self.eps = eps
+        self.weight_offset = float(weight_offset)
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
@@ -688,7 +750,7 @@ class RMSNormModule(torch.nn.Module):
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
-            torch.nn.init.ones_(self.weight)
+            torch.nn.init.constant_(self.weight, 1.0 - self.weight_offset)
 
     @classmethod
     def _impl_name(cls) -> str:
@@ -705,13 +767,18 @@ class RMSNormModule(torch.nn.Module):
                 f" {self.normalized_shape}"
             )
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        # the default offset not passed, so that a module without one calls exactly what
+        # it did before the offset existed
+        kw = {"weight_offset": self.weight_offset} if self.weight_offset else {}
         if residual is None:
-            return type(self)._fn(x, self.weight, eps)
-        return type(self)._fused_fn(x, residual, self.weight, eps)
+            return type(self)._fn(x, self.weight, eps, **kw)
+        return type(self)._fused_fn(x, residual, self.weight, eps, **kw)
 
     def extra_repr(self) -> str:
+        offset = f", weight_offset={self.weight_offset}" * bool(self.weight_offset)
         return (
             f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+            + offset
         )
 
 

@@ -6,7 +6,8 @@
   no copies: the kernels recompute rstd from them.
 - Forward mode (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad``): the
   tangent by formula, in fp32 torch ops on upcast inputs (the forward's precision policy),
-  cast once to the output's dtype. For y = s * rstd * w, rstd = (mean(s^2) + eps)^-1/2:
+  cast once to the output's dtype. For y = s * rstd * w, rstd = (mean(s^2) + eps)^-1/2, w
+  the weight plus its offset (in fp32; the offset is a constant, so dw is the weight's):
 
       dy = (rstd * (ds - s * rstd^2 * mean(s * ds))) * w + s * rstd * dw
 
@@ -35,6 +36,8 @@ import torch
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd import forward_ad
 
+from rmsnorm_api import spec as _spec
+
 _C = torch._C
 #: The backend autograd keys our ops' tensors dispatch to (a CPU tensor under the Triton
 #: interpreter, a CUDA tensor, a meta tensor); nested tensors have a kernel of their own.
@@ -57,14 +60,16 @@ def _needs_autograd(args) -> bool:
     return _C.is_grad_enabled() and _C._any_requires_grad(*args)
 
 
-def _norm_tangent(s, ds, weight, dweight, eps: float, dtype) -> Optional[torch.Tensor]:
-    """The tangent of y = s * rstd * weight for tangents ds of s and dweight of the weight
-    (either None: zero), in fp32, cast to dtype."""
+def _norm_tangent(
+    s, ds, weight, dweight, dtype, eps: float, weight_offset: float = 0.0
+) -> Optional[torch.Tensor]:
+    """The tangent of y = s * rstd * (weight + weight_offset) for tangents ds of s and
+    dweight of the weight (either None: zero), in fp32, cast to dtype."""
     if ds is None and dweight is None:
         return None
     s = s.float()
     rstd = torch.rsqrt(s.square().mean(-1, keepdim=True) + eps)
-    w = None if weight is None else weight.float()
+    w = None if weight is None else weight.float() + weight_offset
     dy = torch.zeros_like(s)
     if ds is not None:
         ds = ds.float()
@@ -82,42 +87,74 @@ def _second_derivative_error(op: str) -> RuntimeError:
     )
 
 
+def _scalars(forward: str, backward: str) -> tuple[tuple[str, object], ...]:
+    """The forward op's scalar arguments its backward op also takes, by name, with their
+    defaults (spec.OPS): what a Function keeps for its backward and its tangent, so that a
+    new scalar of both ops (the weight offset) reaches the backward with no line here."""
+    takes = {a.name for a in _spec.OPS[backward].args}
+    return tuple(
+        (a.name, a.default)
+        for a in _spec.OPS[forward].args
+        if a.kind != "Tensor" and a.name in takes
+    )
+
+
+def _keep(ctx, forward: str, inputs: tuple, scalars: tuple) -> None:
+    """The call's scalars (scalars: _scalars' answer) by name on ctx, an argument the
+    dispatcher left out at its default (a trailing one) as its default, and how many
+    inputs there were (backward returns a gradient or None for each)."""
+    given = dict(zip((a.name for a in _spec.OPS[forward].args), inputs, strict=False))
+    ctx.scalars = {name: given.get(name, default) for name, default in scalars}
+    ctx.inputs = len(inputs)
+
+
+def _call(op, name: str, **values):
+    """op (the backend's op `name`) called with its arguments by name, in its order, an
+    argument not given at its default (spec.OPS)."""
+    return op(*(values.get(a.name, a.default) for a in _spec.OPS[name].args))
+
+
 def _functions(ns: str) -> dict:
-    """The autograd.Function of each op of a backend."""
+    """The autograd.Function of each op of a backend: the two forward ops, whose backward
+    calls the backend's backward op with the forward's scalars by name (_scalars)."""
     ops = getattr(torch.ops, ns)
+    plain = _scalars("rms_norm", "rms_norm_backward")
+    fused = _scalars("fused_add_rms_norm", "fused_add_rms_norm_backward")
 
     class RMSNorm(_Function):
         @staticmethod
-        def forward(x, weight, eps):
-            return ops.rms_norm(x, weight, eps)
+        def forward(*args):
+            return ops.rms_norm(*args)
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            x, weight, eps = inputs
-            ctx.eps = eps
+            x, weight = inputs[:2]
+            _keep(ctx, "rms_norm", inputs, plain)
             ctx.save_for_backward(x, weight)
             ctx.save_for_forward(x, weight)
 
         @staticmethod
         def backward(ctx, dy):
             x, weight = ctx.saved_tensors
-            dx, dw = ops.rms_norm_backward(dy, x, weight, ctx.eps)
-            return dx, dw if weight is not None else None, None
+            dx, dw = _call(ops.rms_norm_backward, "rms_norm_backward", dy=dy, x=x, weight=weight,
+                           **ctx.scalars)  # fmt: skip
+            return dx, dw if weight is not None else None, *(None,) * (ctx.inputs - 2)
 
         @staticmethod
-        def jvp(ctx, dx, dweight, _deps):
+        def jvp(ctx, dx, dweight, *_scalar_tangents):
             x, weight = ctx.saved_tensors
-            return _norm_tangent(x, dx, weight, dweight, ctx.eps, x.dtype)
+            return _norm_tangent(x, dx, weight, dweight, x.dtype, **ctx.scalars)
 
     class FusedAddRMSNorm(_Function):
         @staticmethod
-        def forward(x, residual, weight, eps):
-            return ops.fused_add_rms_norm(x, residual, weight, eps)
+        def forward(*args):
+            return ops.fused_add_rms_norm(*args)
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            x, _residual, weight, eps = inputs
-            ctx.eps, ctx.x_dtype = eps, x.dtype
+            x, _residual, weight = inputs[:3]
+            _keep(ctx, "fused_add_rms_norm", inputs, fused)
+            ctx.x_dtype = x.dtype
             ctx.save_for_backward(output[1], weight)  # residual_out: what y normalised
             ctx.save_for_forward(output[1], weight)
 
@@ -134,19 +171,27 @@ def _functions(ns: str) -> dict:
         def backward(ctx, dy, d_residual_out):
             residual_out, weight = ctx.saved_tensors
             share = dy.dtype == residual_out.dtype
-            dx, dres, dw = ops.fused_add_rms_norm_backward(
-                dy, d_residual_out, residual_out, weight, ctx.eps, not share
+            dx, dres, dw = _call(
+                ops.fused_add_rms_norm_backward,
+                "fused_add_rms_norm_backward",
+                dy=dy,
+                d_residual_out=d_residual_out,
+                residual_out=residual_out,
+                weight=weight,
+                dresidual=not share,
+                **ctx.scalars,
             )
-            return dx, dx if share else dres, dw if weight is not None else None, None
+            grads = (dx, dx if share else dres, dw if weight is not None else None)
+            return *grads, *(None,) * (ctx.inputs - 3)
 
         @staticmethod
-        def jvp(ctx, dx, dresidual, dweight, _deps):
+        def jvp(ctx, dx, dresidual, dweight, *_scalar_tangents):
             residual_out, weight = ctx.saved_tensors
             ds = None
             for t in (dx, dresidual):
                 if t is not None:
                     ds = t.float() if ds is None else ds + t.float()
-            dy = _norm_tangent(residual_out, ds, weight, dweight, ctx.eps, ctx.x_dtype)
+            dy = _norm_tangent(residual_out, ds, weight, dweight, ctx.x_dtype, **ctx.scalars)
             if ds is None:
                 return dy, None
             return dy, ds.to(residual_out.dtype)
@@ -193,14 +238,14 @@ def _autograd_kernel(op, fn):
     return kernel
 
 
-#: Where each op's rows are among its arguments (batched together over a leading dim) and
-#: whether it reduces over rows into an output (dweight), which a batch cannot share.
-_ROW_ARGS = {
-    "rms_norm": ((0,), False),
-    "fused_add_rms_norm": ((0, 1), False),
-    "rms_norm_backward": ((0, 1), True),
-    "fused_add_rms_norm_backward": ((0, 1, 2), True),
-}
+def _row_args(name: str) -> tuple[tuple[int, ...], bool]:
+    """Where op `name`'s rows are among its arguments (spec.OPS: its rows and the tensors
+    shaped as them, batched together over a leading dimension) and whether it reduces over
+    rows into an output (a returned dweight), which a batch cannot share."""
+    spec = _spec.OPS[name]
+    rows = spec.rows.name
+    at = tuple(i for i, a in enumerate(spec.args) if a.name == rows or a.shape == rows)
+    return at, "dweight" in spec.return_names
 
 
 def _as_rows_arg(t: torch.Tensor) -> torch.Tensor:
@@ -247,4 +292,4 @@ def register_autograd(ns: str) -> None:
         op = getattr(ops, name).default
         for key in AUTOGRAD_KEYS:
             lib.impl(name, _autograd_kernel(op, fn), key, with_keyset=True)
-        torch.library.register_vmap(f"{ns}::{name}", _vmap_rule(op, *_ROW_ARGS[name]), lib=lib)
+        torch.library.register_vmap(f"{ns}::{name}", _vmap_rule(op, *_row_args(name)), lib=lib)

@@ -27,9 +27,10 @@ epsilon, is left as it is).
 The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
 module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
 call no Inductor fusion reaches. The pre-grad pass rewrites ``h = x + residual`` and the
-backend's ``rms_norm(h, weight, eps)`` into its fused op too, in every graph (inference and
-training), with or without a weight, under the same rules (x and residual of one dtype, the
-fused op's own checks).
+backend's ``rms_norm(h, weight, eps[, weight_offset])`` into its fused op too, the weight
+offset kept (a swapped Gemma norm's 1.0), in every graph (inference and training), with or
+without a weight, under the same rules (x and residual of one dtype, the fused op's own
+checks).
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def _backend_op(backend: str) -> tuple[object, tuple[str, ...]]:
     return getattr(torch.ops, ns).fused_add_rms_norm.default, devices
 
 
-def _sum_before_norm(add, weight, eps, order: dict, devices: tuple[str, ...]):
+def _sum_before_norm(add, weight, eps, order: dict, devices: tuple[str, ...], offset=0.0):
     """(x, residual, and the example values of x, residual and weight) where ``add`` is a
     residual add of two tensors of one dtype, each contiguous (the fused op's sum is; the
     add's keeps a permuted layout), and it, the weight (a node made before the add, or
@@ -214,15 +215,16 @@ def _sum_before_norm(add, weight, eps, order: dict, devices: tuple[str, ...]):
     if not (xv.is_contiguous() and rv.is_contiguous()):
         return None
     try:
-        check_fused_inputs(xv, rv, wv, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
+        check_fused_inputs(xv, rv, wv, eps, offset, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
         return None
     return x, r, xv, rv, wv
 
 
 def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
-    """(add, x, residual, weight, eps) where norm is torch.rms_norm of a residual add in a
-    graph that trains and the fused op takes them, else None (see the module docstring)."""
+    """(add, x, residual, weight, eps, 0.0: no weight offset) where norm is torch.rms_norm
+    of a residual add in a graph that trains and the fused op takes them, else None (see the
+    module docstring)."""
     if norm.op != "call_function" or norm.target is not torch.rms_norm:
         return None
     args = dict(zip(("input", "normalized_shape", "weight", "eps"), norm.args, strict=False))
@@ -236,21 +238,24 @@ def _training_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...]):
         return None  # inference graphs: the post-grad pass's
     if wv.dtype != xv.dtype or list(args["normalized_shape"]) != [xv.shape[-1]]:
         return None
-    return add, x, r, weight, float(eps)
+    return add, x, r, weight, float(eps), 0.0
 
 
 def _own_norm_match(norm: torch.fx.Node, order: dict, devices: tuple[str, ...], plain):
-    """(add, x, residual, weight, eps) where norm is the backend's own rms_norm op (as its
-    public function and module call it: x, weight or None, eps) of a residual add, in any
-    graph, and the fused op takes them; else None (see the module docstring). plain: the
-    backend's rms_norm op."""
+    """(add, x, residual, weight, eps, weight_offset) where norm is the backend's own
+    rms_norm op (as its public function and module call it: x, weight or None, eps, and
+    the weight offset, a number) of a residual add, in any graph, and the fused op takes
+    them; else None (see the module docstring). plain: the backend's rms_norm op."""
     if norm.op != "call_function" or norm.target not in (plain, plain.default):
         return None
-    if len(norm.args) != 3 or norm.kwargs:
+    if len(norm.args) not in (3, 4) or norm.kwargs:
         return None
-    add, weight, eps = norm.args
-    found = _sum_before_norm(add, weight, eps, order, devices)
-    return None if found is None else (add, *found[:2], weight, float(eps))
+    add, weight, eps, *offset = norm.args
+    offset = offset[0] if offset else 0.0
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        return None
+    found = _sum_before_norm(add, weight, eps, order, devices, float(offset))
+    return None if found is None else (add, *found[:2], weight, float(eps), float(offset))
 
 
 # operators a tensor takes in place (dynamo's graph keeps `h += r`, `h[i] = v` as these)
@@ -315,9 +320,11 @@ def _rewrite_pre_grad(graph: torch.fx.Graph, backend: str) -> int:
             found = None
         if found is None:
             continue
-        add, x, r, weight, eps = found
+        add, x, r, weight, eps, offset = found
         with graph.inserting_after(add):
-            call = graph.call_function(fused, (x, r, weight, eps))
+            # the weight offset passed only where there is one: the op's schema default
+            args = (x, r, weight, eps, offset) if offset else (x, r, weight, eps)
+            call = graph.call_function(fused, args)
         with graph.inserting_after(call):
             y = graph.call_function(operator.getitem, (call, 0))
         with graph.inserting_after(y):

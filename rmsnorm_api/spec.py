@@ -6,9 +6,10 @@ Both backends register these ops (cuda_impl's schema strings in C++, triton_impl
 inferred by torch.library from its Python signatures); tests/test_spec.py holds each
 registered schema to the description. The checks read it: the contract's
 (rmsnorm_api._check_op) and the C++ op's (rms_norm.cpp's check_op, through spec_rules.h,
-which header() writes), in the one wording of MESSAGES. The fakes, the autograd and the
-harness's ops are to read it next, and a variant (a weight offset, a per-head weight, an
-fp8 output) to be a change of this description and of the kernels' epilogue:
+which header() writes), in the one wording of MESSAGES; so do the C++ schemas, the CUDA
+fakes and the autograd (the vmap row arguments, the scalars passed to the backward op).
+The harness's ops are to read it next, and a variant (the weight offset, a per-head weight,
+an fp8 output) to be a change of this description and of the kernels' epilogue:
 docs/notebook/17-the-op-as-data.md.
 """
 
@@ -34,7 +35,9 @@ class Arg:
     - stride: "any", "row" (stride 1 in the last dimension, rows any stride) or "dense"
       (contiguous).
 
-    A scalar's: its range [lo, hi] (eps: float32's normal range)."""
+    A scalar's: its range [lo, hi] (eps: float32's normal range; the weight offset: float32's
+    finite range), the wording of a value outside it (MESSAGES' key), and the argument a
+    value other than the default needs (the weight offset: a weight)."""
 
     name: str
     kind: str = "Tensor"
@@ -46,6 +49,8 @@ class Arg:
     stride: str = ""
     lo: float = 0.0
     hi: float = 0.0
+    range_rule: str = "range"
+    needs: str = ""
 
     @property
     def dtype_of(self) -> str:
@@ -67,13 +72,30 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Out:
+    """A returned tensor: its name, the arguments whose dtype and shape it takes (on the
+    rows' device), and, for one that may come back empty (a (0,) tensor), the argument whose
+    absence (None, or False) empties it and the argument whose dtype it then takes."""
+
+    name: str
+    dtype: str
+    shape: str
+    unless: str = ""
+    empty_dtype: str = ""
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """An op: its name, its arguments in order, and the tensors it returns (none for a form
     that writes its arguments)."""
 
     name: str
     args: tuple[Arg, ...]
-    returns: tuple[str, ...] = ()
+    returns: tuple[Out, ...] = ()
+
+    @property
+    def return_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.returns)
 
     @property
     def rows(self) -> Arg:
@@ -93,8 +115,9 @@ class OpSpec:
             out.append(a)
         return tuple(out)
 
-    def schema(self, ns: str) -> str:
-        """The torch schema string of the op in namespace ns."""
+    def schema(self, ns: str = "") -> str:
+        """The torch schema string of the op in namespace ns (none: as TORCH_LIBRARY's def
+        takes it inside the namespace's block)."""
         letters = iter("abcdefgh")
         args = ", ".join(a.text(next(letters) if a.written else "") for a in self.args)
         if not self.returns:
@@ -103,7 +126,7 @@ class OpSpec:
             out = "Tensor"
         else:
             out = "(" + ", ".join("Tensor" for _ in self.returns) + ")"
-        return f"{ns}::{self.name}({args}) -> {out}"
+        return f"{ns}::" * bool(ns) + f"{self.name}({args}) -> {out}"
 
 
 #: The checks' wording, one template a rule, in the fields {impl} (the function refusing),
@@ -134,6 +157,8 @@ MESSAGES = {
     "device": "{impl}: {name} is on device '{got}'; expected a CUDA tensor{hint}",
     "real": "{impl}: {name} must be a real number, got {got}",
     "range": "{impl}: {name} is {got}; expected a number in float32's normal range [{want}]",
+    "range_finite": "{impl}: {name} is {got}; expected a finite number in float32's range",
+    "needs": "{impl}: {name} is {got} but {of} is None; {name} applies to a {of}",
 }
 MESSAGE_TYPE_ERRORS = frozenset(
     ("tensor", "tensor_or_none", "nested", "layout", "dtype_float", "dtype_of")
@@ -143,6 +168,19 @@ MESSAGE_TYPE_ERRORS = frozenset(
 
 def _eps() -> Arg:
     return Arg("eps", "float", lo=EPS_MIN, hi=EPS_MAX)
+
+
+#: y = x * rstd * (weight + weight_offset), the offset added to each weight element in fp32
+#: (Gemma's (1 + w) is weight_offset=1.0): last, so every positional call stays as it was
+_OFFSET = Arg(
+    "weight_offset",
+    "float",
+    default=0.0,
+    lo=-EPS_MAX,
+    hi=EPS_MAX,
+    range_rule="range_finite",
+    needs="weight",
+)
 
 
 def _rows(name: str, **kw) -> Arg:
@@ -157,17 +195,26 @@ def _like(name: str, of: str, dtype: str, stride: str, **kw) -> Arg:
     return Arg(name, dtype=dtype, shape=of, stride=stride, **kw)
 
 
+def _dweight(empty_dtype: str) -> Out:
+    """The weight's gradient: the weight's dtype and shape, empty without a weight."""
+    return Out("dweight", "weight", "weight", "weight", empty_dtype)
+
+
 _X, _WEIGHT, _EPS = _rows("x"), _weight("x"), _eps()
+_Y = Out("y", "x", "x")
 
 OPS = {
     op.name: op
     for op in (
-        OpSpec("rms_norm", (_X, _WEIGHT, _EPS), ("y",)),
-        OpSpec("rms_norm_out", (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS)),
+        OpSpec("rms_norm", (_X, _WEIGHT, _EPS, _OFFSET), (_Y,)),
+        OpSpec(
+            "rms_norm_out",
+            (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS, _OFFSET),
+        ),
         OpSpec(
             "fused_add_rms_norm",
-            (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS),
-            ("y", "residual_out"),
+            (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS, _OFFSET),
+            (_Y, Out("residual_out", "residual", "x")),
         ),
         OpSpec(
             "fused_add_rms_norm_",
@@ -176,6 +223,7 @@ OPS = {
                 _like("residual", "x", "x|float32", "row", written=True),
                 _WEIGHT,
                 _EPS,
+                _OFFSET,
             ),
         ),
         OpSpec(
@@ -185,8 +233,9 @@ OPS = {
                 _like("x", "dy", "dy", "row"),
                 _weight("dy"),
                 _EPS,
+                _OFFSET,
             ),
-            ("dx", "dweight"),
+            (Out("dx", "x", "x"), _dweight("x")),
         ),
         OpSpec(
             "fused_add_rms_norm_backward",
@@ -197,8 +246,13 @@ OPS = {
                 _weight("dy"),
                 _EPS,
                 Arg("dresidual", "bool", default=True),
+                _OFFSET,
             ),
-            ("dx", "dresidual", "dweight"),
+            (
+                Out("dx", "dy", "residual_out"),
+                Out("dresidual", "residual_out", "residual_out", "dresidual", "residual_out"),
+                _dweight("residual_out"),
+            ),
         ),
     )
 }
@@ -224,9 +278,9 @@ def header() -> str:
 
     out = [
         "// Written from rmsnorm_api/spec.py by its header() (tests/test_spec.py holds this file",
-        "// to it, and says how to rewrite it): each op's tensor rules in the order the checks",
-        "// run, and the checks' wording, which the C++ op's checks (rms_norm.cpp) apply as",
-        "// rmsnorm_api does.",
+        "// to it, and says how to rewrite it): each op's schema and tensor rules, in the order",
+        "// the checks run, and the checks' wording, which the C++ op's registration and checks",
+        "// (rms_norm.cpp) apply as rmsnorm_api does.",
         "#pragma once",
         "",
         "#include <cstdint>",
@@ -257,6 +311,8 @@ def header() -> str:
         "};",
         "",
         f"constexpr int64_t kMaxN = {MAX_N};",
+        f"constexpr double kEpsMin = {EPS_MIN!r};",
+        f"constexpr double kEpsMax = {EPS_MAX!r};",
         "",
     ]
     for op in OPS.values():
@@ -271,6 +327,7 @@ def header() -> str:
                 f" Stride::{_ENUMS['stride'][a.stride]}}},"
             )
         out.append("};")
+        out.append(f"constexpr const char* k{_camel(op.name)}Schema = {_c_string(op.schema())};")
     out.append("")
     for key, text in MESSAGES.items():
         error = str(key in MESSAGE_TYPE_ERRORS).lower()

@@ -6,7 +6,9 @@ What is swapped: ``torch.nn.RMSNorm`` with a 1-D normalized_shape, and modules s
 transformers' LlamaRMSNorm: a class name ending in ``RMSNorm``, a 1-D ``weight``
 Parameter and the eps in an attribute ``variance_epsilon`` or ``eps``. The replacement is
 ``module_cls(N, eps, elementwise_affine, device=, dtype=)``, the constructor of
-torch.nn.RMSNorm (and of triton_impl.RMSNorm, cuda_impl.RMSNorm), holding the very weight
+torch.nn.RMSNorm (and of triton_impl.RMSNorm, cuda_impl.RMSNorm), with
+``weight_offset=1.0`` for the norms that scale by 1 + weight (WEIGHT_OFFSETS: transformers'
+Gemma, Gemma 2 and Gemma 3 norms, whose 1 is added in fp32), holding the very weight
 Parameter of the module it replaces (so an optimizer built before the swap, and a weight
 tied elsewhere, still see it), and the training flag kept. Every slot a module fills is
 swapped (a module registered twice, in one parent or two, stays one module).
@@ -51,6 +53,9 @@ VERIFY_RMS_OF_SQRT_EPS = (1 / 8, 1.0, 8.0)
 VERIFY_RMS = (1.0, 256.0)
 
 _EPS_NAMES = ("variance_epsilon", "eps")
+#: The classes (by name) whose forward scales by weight + an offset, and the offset:
+#: transformers' Gemma norms compute x * rstd * (1.0 + weight.float()) in fp32, then cast.
+WEIGHT_OFFSETS = {"GemmaRMSNorm": 1.0, "Gemma2RMSNorm": 1.0, "Gemma3RMSNorm": 1.0}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -102,13 +107,19 @@ def _replacement(module: torch.nn.Module, module_cls: type, where: str) -> torch
     weight = getattr(module, "weight", None)
     n = _width(module)
     kwargs = {} if weight is None else dict(device=weight.device, dtype=weight.dtype)
+    offset = WEIGHT_OFFSETS.get(type(module).__name__)
+    if offset is not None:
+        kwargs["weight_offset"] = offset
     try:
         new = module_cls(n, _eps_of(module), elementwise_affine=weight is not None, **kwargs)
     except (TypeError, ValueError, OverflowError) as e:
+        eps = reprlib.repr(_eps_of(module))
+        shown = f"width {n} or eps {eps}"
+        if offset is not None:
+            shown = f"width {n}, eps {eps} or weight_offset {offset}"
         raise ValueError(
             f"swap_rms_norm: {where} not swapped for {module_cls.__name__}: its constructor"
-            f" refuses the module's width {n} or eps {reprlib.repr(_eps_of(module))}"
-            f" ({type(e).__name__}: {str(e).splitlines()[0]})"
+            f" refuses the module's {shown} ({type(e).__name__}: {str(e).splitlines()[0]})"
         ) from e
     if weight is not None:
         new.weight = weight  # the Parameter itself: optimizers and ties keep seeing it

@@ -203,7 +203,7 @@ def host_parts_main(args) -> int:
             ),
         }
         if _FAST is not None:  # setup.py's build: the entry points, bypass test included
-            fns["cuda_entry"] = lambda x=x, w=w: _FAST.rms_norm(x, w, 1e-6)
+            fns["cuda_entry"] = lambda x=x, w=w: _FAST.rms_norm(x, w, 1e-6, 0.0)
             fns["tri_entry"] = lambda x=x, w=w: _FAST.triton_rms_norm(x, w, 1e-6)
         got = host_interleaved(fns, calls=200, repeats=9)
         if names is None:

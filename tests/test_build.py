@@ -41,7 +41,8 @@ def test_setup_py_build_imports():
 
     assert os.path.basename(cuda_impl.ops.LIBRARY).startswith("_C")
     text = probe({})
-    assert "rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor" in text
+    schema = "rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.) -> Tensor"
+    assert schema in text
     assert "error: cuda_impl.rms_norm: x is on device 'cpu'; expected a CUDA tensor" in text
 
 

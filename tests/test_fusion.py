@@ -346,13 +346,15 @@ def test_rewrites_an_add_before_the_backends_own_norm(fusion, name, grad, weight
     assert fusion.rewrites == 1
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["plain", "gemma"])
 @pytest.mark.parametrize("name", BACKENDS)
-def test_rewrites_an_add_before_the_backends_module(fusion, name):
+def test_rewrites_an_add_before_the_backends_module(fusion, name, offset):
     """The backend's RMSNorm module (eps None: the dtype's epsilon, resolved by the module)
-    after a residual add, as swap_rms_norm leaves a model: rewritten."""
+    after a residual add, as swap_rms_norm leaves a model: rewritten, a Gemma norm's weight
+    offset kept."""
     backend = _backend(name)
     dtype = torch.float32 if not HAS_GPU else torch.bfloat16
-    norm = backend.RMSNorm(64, device=DEVICE, dtype=dtype)
+    norm = backend.RMSNorm(64, device=DEVICE, dtype=dtype, weight_offset=offset)
     torch.nn.init.normal_(norm.weight)
     x, r = rows(6, 64, dtype=dtype), rows(6, 64, dtype=dtype)
     with torch.no_grad():

@@ -24,7 +24,15 @@ from harness.impls import (
     registry,
     runnable,
 )
-from harness.ops import FORWARD_OPS, FUSED_ADD_RMS_NORM, GRAD_OPS, OPS, RMS_NORM, rms_norm_bytes
+from harness.ops import (
+    FORWARD_OPS,
+    FUSED_ADD_RMS_NORM,
+    GRAD_OPS,
+    OPS,
+    RMS_NORM,
+    VARIANT_OPS,
+    rms_norm_bytes,
+)
 from harness.reference import TOL, fused_add_rms_norm_ref, rms_norm_ref
 from harness.validate import check
 
@@ -238,7 +246,7 @@ def test_op_bytes_model_of_its_inputs(case, want):
 
 def test_op_description():
     assert FORWARD_OPS == {"rms_norm": RMS_NORM, "fused_add_rms_norm": FUSED_ADD_RMS_NORM}
-    assert OPS == {**FORWARD_OPS, **GRAD_OPS}  # every op a record may name
+    assert OPS == {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS}  # every op a record may name
     assert RMS_NORM.name == "rms_norm"
     assert RMS_NORM.reference is rms_norm_ref  # the one definition, pointed to
     assert RMS_NORM.order == OURS + BASELINES

@@ -186,8 +186,9 @@ class LlamaRMSNorm(torch.nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
-class GemmaRMSNorm(LlamaRMSNorm):
-    """Shaped like LlamaRMSNorm, but scales by 1 + weight: must not be swapped."""
+class OnePlusRMSNorm(LlamaRMSNorm):
+    """Shaped like LlamaRMSNorm, but scales by 1 + weight under a name swap_rms_norm does not
+    know (as Gemma's norm does under its own): must not be swapped as a Llama norm."""
 
     def forward(self, hidden_states):
         return super().forward(hidden_states) / self.weight * (1.0 + self.weight)
@@ -418,12 +419,12 @@ def test_swap_refuses_what_is_not_a_module():
 
 
 def test_swap_refuses_a_look_alike_that_computes_otherwise():
-    net = torch.nn.Sequential(torch.nn.Linear(8, 8), GemmaRMSNorm(8))
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), OnePlusRMSNorm(8))
     with torch.no_grad():
         net[1].weight.fill_(0.5)
-    with pytest.raises(ValueError, match=r"1 \(GemmaRMSNorm\) not swapped for RMSNorm"):
+    with pytest.raises(ValueError, match=r"1 \(OnePlusRMSNorm\) not swapped for RMSNorm"):
         swap_rms_norm(net, torch.nn.RMSNorm)
-    assert type(net[1]) is GemmaRMSNorm  # nothing swapped
+    assert type(net[1]) is OnePlusRMSNorm  # nothing swapped
     assert swap_rms_norm(net, torch.nn.RMSNorm, verify=False) == 1
 
 

@@ -551,7 +551,7 @@ def test_bypass_only_where_nothing_is_skipped():
     def runs(x, w, eps=1e-6, python=True):
         """Whether the call may skip the dispatcher: bypass_ok's answer (python), and each
         entry point's (they agree with it), their results checked."""
-        got = [] if e is None else [e.rms_norm(x, w, eps)]
+        got = [] if e is None else [e.rms_norm(x, w, eps, 0.0)]
         if eager.HOST is not None:
             got.append(eager.HOST.triton_rms_norm(x, w, eps))
         ran = bool(bypass_ok(x, w)) if python else None
@@ -566,6 +566,7 @@ def test_bypass_only_where_nothing_is_skipped():
     assert runs(x, w) and bypass_ok(x, r, w) and bypass_ok(x, None)
     if e is not None:  # eps not a float: the Python paths convert or refuse it
         assert not runs(x, w, 1, python=False) and not runs(x, w, torch.tensor(1e-6), False)
+        assert e.rms_norm(x, w, 1e-6, 1) is None  # nor a weight offset that is not one
     wg = w.clone().requires_grad_()
     assert not runs(x, wg)
     with torch.no_grad():
@@ -605,13 +606,13 @@ def test_bypass_only_where_nothing_is_skipped():
         return
     # the fused add's entry points: the same test
     r = r.detach()
-    assert e.fused_add_rms_norm(x, r, w, 1e-6) is not None
-    assert e.fused_add_rms_norm(x, r.clone().requires_grad_(), w, 1e-6) is None
+    assert e.fused_add_rms_norm(x, r, w, 1e-6, 0.0) is not None
+    assert e.fused_add_rms_norm(x, r.clone().requires_grad_(), w, 1e-6, 0.0) is None
     with Seen():
-        assert e.fused_add_rms_norm(x, r, w, 1e-6) is None
-        assert not e.fused_add_rms_norm_(x.clone(), r.clone(), w, 1e-6)
+        assert e.fused_add_rms_norm(x, r, w, 1e-6, 0.0) is None
+        assert not e.fused_add_rms_norm_(x.clone(), r.clone(), w, 1e-6, 0.0)
     xi, ri = x.clone(), r.clone()
-    assert e.fused_add_rms_norm_(xi, ri, w, 1e-6)
+    assert e.fused_add_rms_norm_(xi, ri, w, 1e-6, 0.0)
     assert torch.equal(ri, (x.float() + r.float()).to(ri.dtype))
 
 

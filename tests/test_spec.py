@@ -39,47 +39,28 @@ def test_each_backend_registers_the_described_ops(name):
 
 def test_schema_text():
     assert OPS["fused_add_rms_norm_"].schema("x") == (
-        "x::fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()"
+        "x::fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps,"
+        " float weight_offset=0.0) -> ()"
     )
     assert (
         OPS["fused_add_rms_norm_backward"]
         .schema("x")
-        .endswith("float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)")
+        .endswith(
+            "float eps, bool dresidual=True, float weight_offset=0.0) -> (Tensor, Tensor, Tensor)"
+        )
     )
 
 
 def _contract_checks():
-    """Each op's argument checks in the contract (rmsnorm_api), keyed by op: what both
-    backends run before their kernels (CPU tensors allowed: the rules are not the device)."""
+    """Each op's argument checks in the contract (rmsnorm_api.check_call), keyed by op: what
+    both backends run before their kernels (CPU tensors allowed: the rules are not the
+    device)."""
     import rmsnorm_api as api
 
-    def fwd(a):
-        api.check_inputs(a["x"], a["weight"], a["eps"], allow_cpu=True)
+    def checks(op):
+        return lambda a: api.check_call(op, op, a, allow_cpu=True)
 
-    def fused(a):
-        api.check_fused_inputs(a["x"], a["residual"], a["weight"], a["eps"], allow_cpu=True)
-
-    return {
-        "rms_norm": fwd,
-        "rms_norm_out": lambda a: (fwd(a), api.check_out(a["out"], a["x"], a["weight"])),
-        "fused_add_rms_norm": fused,
-        "fused_add_rms_norm_": lambda a: (
-            fused(a),
-            api.check_in_place(a["x"], a["residual"], a["weight"]),
-        ),
-        "rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"], a["x"], a["weight"], a["eps"], allow_cpu=True
-        ),
-        "fused_add_rms_norm_backward": lambda a: api.check_backward_inputs(
-            a["dy"],
-            a["residual_out"],
-            a["weight"],
-            a["eps"],
-            a["d_residual_out"],
-            fused=True,
-            allow_cpu=True,
-        ),
-    }
+    return {op: checks(op) for op in OPS}
 
 
 def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
@@ -109,6 +90,8 @@ def _violations(spec, a) -> list:
     base = _valid(spec)[a.name]
     if a.dtype == "float":
         out.append(("an int dtype", base.to(torch.int32)))
+        # names C++ must print as Python does (c10's own spelling differs)
+        out += [("fp8", base.to(torch.float8_e4m3fn)), ("uint16", base.to(torch.uint16))]
     elif "|" in a.dtype:
         out.append(("fp16 beside bf16", base.to(torch.float16)))
     else:
@@ -164,12 +147,22 @@ def test_the_checks_keep_the_rules(op):
         check(_valid(spec, dtype, rows=(2, 3, 5)))
     for a in spec.args:
         if a.kind == "float":
-            for bad in (a.lo / 2, a.hi * 2, float("nan")):
+            # past each end of the range by half its size (eps: a subnormal, 1.5 x FLT_MAX;
+            # the weight offset: past float32's range both ways), and NaN
+            for bad in (a.lo - abs(a.lo) / 2, a.hi + abs(a.hi) / 2, float("nan")):
                 args = _valid(spec)
                 args[a.name] = bad
                 with pytest.raises(ValueError, match=rf"\b{a.name}\b") as e:
                     check(args)
                 same_words(args, e)
+        if a.needs:  # a value other than the default without the argument it needs
+            args = _valid(spec)
+            args[a.needs], args[a.name] = None, 1.0
+            with pytest.raises(ValueError, match=rf"\b{a.name}\b.*\b{a.needs}\b") as e:
+                check(args)
+            same_words(args, e)
+            args[a.name] = a.default
+            check(args)
         if a.kind != "Tensor":
             continue
         for what, value in _violations(spec, a):
@@ -206,3 +199,19 @@ def test_rules_name_required_tensors():
                         op.name,
                         a.name,
                     )
+
+
+def test_the_checks_trace_with_a_dynamic_eps():
+    """The contract's checks inside a compiled graph where eps is traced (dynamic shapes,
+    or a second eps): they build no message unless they refuse, so nothing breaks the
+    graph."""
+    import rmsnorm_api as api
+
+    def f(x, w, eps):
+        api.check_inputs(x, w, eps, allow_cpu=True)
+        return x * 2
+
+    g = torch.compile(f, fullgraph=True, dynamic=True, backend="eager")
+    x, w = torch.randn(4, 8), torch.randn(8)
+    for eps in (1e-6, 1e-5):
+        torch.testing.assert_close(g(x, w, eps), x * 2)

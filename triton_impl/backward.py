@@ -1,7 +1,8 @@
 """The Triton backward of both ops, and their autograd.
 
 For y = s * rstd * w, rstd = 1 / sqrt(mean(s^2) + eps), with s = x (rms_norm) or
-s = residual_out (the fused add), and the output gradient dy:
+s = residual_out (the fused add), w the weight plus its offset (in fp32), and the output
+gradient dy:
 
     g      = dy * w                                  (dy without a weight)
     ds     = rstd * (g - s * rstd^2 * mean(g * s))
@@ -55,7 +56,7 @@ import triton
 import triton.language as tl
 
 from rmsnorm_api import as_rows, backward_functions, check_backward_inputs, fused_backward_outputs
-from triton_impl.kernels import INTERPRET, _split_at, _split_edges
+from triton_impl.kernels import INTERPRET, _split_at, _split_edges, _weight
 from triton_impl.launch import has_work, op, run, sm_count
 from triton_impl.tuning import (
     BWD_CHUNK,
@@ -126,7 +127,8 @@ def _rms_norm_bwd(
     stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,  # elements between rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, HAS_DRO: tl.constexpr,
+    HAS_DS2: tl.constexpr,
     STAGES: tl.constexpr, W_ROW: tl.constexpr,
 ):
     # fmt: on
@@ -147,13 +149,13 @@ def _rms_norm_bwd(
             e_col, e_ok = _split_edges(head, nbody, N, VEC)
             dwe = tl.zeros([2 * VEC], dtype=tl.float32)
             if HAS_WEIGHT:
-                we = tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+                we = _weight(tl.load(w_ptr + e_col, mask=e_ok, other=0.0), W_OFFSET)
         else:
             head = 0
             nbody = N
         body = cols < nbody
         if HAS_WEIGHT and not W_ROW:
-            wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+            wb = _weight(tl.load(w_ptr + head + cols, mask=body, other=0.0), W_OFFSET)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
         for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
@@ -173,7 +175,7 @@ def _rms_norm_bwd(
                 # W_ROW: the weight loaded (from L1 / L2) for the sum and again for ds, so
                 # it holds no registers across the row's reduction (the second load is
                 # volatile: the compiler would merge the two and keep the weight live)
-                wb = tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
+                wb = _weight(tl.load(w_ptr + head + cols, mask=body, other=0.0), W_OFFSET)
             gb = dyb * wb if HAS_WEIGHT else dyb
             ss, gs = _sum2(sb * sb, gb * sb)
             if SPLIT:
@@ -185,7 +187,7 @@ def _rms_norm_bwd(
             c = gs / N * rstd * rstd
             if HAS_WEIGHT and W_ROW:
                 wb = tl.load(w_ptr + head + cols, mask=body, other=0.0, volatile=True)
-                gb = dyb * wb.to(tl.float32)
+                gb = dyb * _weight(wb, W_OFFSET)
             _store_ds((gb - sb * c) * rstd, cols, body, _body(dro_row, head, SPLIT),
                       _body(ds_row, head, SPLIT), _body(ds2_row, head, SPLIT), HAS_DRO,
                       HAS_DS2)  # fmt: skip
@@ -216,7 +218,7 @@ def _rms_norm_bwd(
                 ok = cc < N
                 s, g = _load_row(s_row, dy_row, cc, ok, "evict_last")
                 if HAS_WEIGHT:
-                    g = g * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
+                    g = g * _weight(tl.load(w_ptr + cc, mask=ok, other=0.0), W_OFFSET)
                 ss += s * s
                 gs += g * s
             ss, gs = _sum2(ss, gs)
@@ -229,7 +231,7 @@ def _rms_norm_bwd(
                 s, dy = _load_row(s_row, dy_row, cc, ok, "evict_first")
                 g = dy
                 if HAS_WEIGHT:
-                    g = dy * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
+                    g = dy * _weight(tl.load(w_ptr + cc, mask=ok, other=0.0), W_OFFSET)
                 _store_ds((g - s * c) * rstd, cc, ok, dro_row, ds_row, ds2_row, HAS_DRO,
                           HAS_DS2)  # fmt: skip
                 if HAS_WEIGHT:
@@ -246,7 +248,8 @@ def _rms_norm_bwd_sharded(
     stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,
     M, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_DRO: tl.constexpr, HAS_DS2: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, HAS_DRO: tl.constexpr,
+    HAS_DS2: tl.constexpr,
 ):
     # fmt: on
     # A group of SHARDS programs walks rows group, group + groups, ...; each holds BLOCK_N
@@ -264,7 +267,7 @@ def _rms_norm_bwd_sharded(
     ok = cols < N
     k = tl.arange(0, SHARDS_P2)
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        w = _weight(tl.load(w_ptr + cols, mask=ok, other=0.0), W_OFFSET)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     first = group.to(tl.int64)
     s, dy = _load_row(s_ptr + first * stride_s, dy_ptr + first * stride_dy, cols, ok & (first < M),
@@ -365,6 +368,7 @@ def bwd_meta(
     has_weight: bool,
     has_dro: bool = False,
     has_ds2: bool = False,
+    weight_offset: float = 0.0,
 ) -> dict:
     """The main kernel's compile-time arguments (constexprs, num_warps, maxnreg) for rows of n
     elements of element_size bytes; vec: split_vec's answer. Shared by the launcher and
@@ -376,9 +380,10 @@ def bwd_meta(
     would spill under that cap, and the whole-row tile stays as ptxas builds it."""
     block_n, chunked, warps = bwd_config(n, vec)
     meta = dict(BLOCK_N=block_n, CHUNKED=chunked, SPLIT=vec > 0, VEC=vec or 16 // element_size,
-                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
-                STAGES=bwd_stages(block_n, chunked, element_size, vec, has_dro or has_ds2),
-                num_warps=warps)  # fmt: skip
+                HAS_WEIGHT=has_weight, W_OFFSET=float(weight_offset), HAS_DRO=has_dro,
+                HAS_DS2=has_ds2, num_warps=warps,
+                STAGES=bwd_stages(block_n, chunked, element_size, vec,
+                                  has_dro or has_ds2))  # fmt: skip
     # a register-resident tile wider than its threads hold: the weight loaded each row
     wide = not chunked and block_n > 32 * warps * BWD_THREAD_ELEMS
     meta["W_ROW"] = bool(BWD_WEIGHT_EACH_ROW) and wide
@@ -415,8 +420,10 @@ def _run_backward(
     d_residual_out: Optional[torch.Tensor],
     ds: torch.Tensor,
     ds2: Optional[torch.Tensor],
+    weight_offset: float = 0.0,
 ) -> Optional[torch.Tensor]:
-    """ds (and ds2) for the rows of s; returns dweight (None without a weight)."""
+    """ds (and ds2) for the rows of s; returns dweight (None without a weight). The weight
+    offset scales ds (g = dy * (w + offset)); dweight = sum(dy * s * rstd) has none."""
     n = int(s.shape[-1])
     s2, dy2, ds_2 = as_rows(s), as_rows(dy), ds.view(-1, n)
     dro = as_rows(d_residual_out) if d_residual_out is not None else None
@@ -436,9 +443,10 @@ def _run_backward(
     sms = sm_count(s.device.index) if s.is_cuda else 0
     sharded = shard_plan(n, s.element_size(), 0 if INTERPRET else sms)
     if sharded is not None:
-        return _run_sharded(sharded, sms, rows, strides, weight, eps, has_dro, has_ds2)
+        return _run_sharded(sharded, sms, rows, strides, weight, eps, has_dro, has_ds2,
+                            weight_offset)  # fmt: skip
     vec = split_vec(n, s2, dy2, ds_2, *present)
-    meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2)
+    meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2, weight_offset)
     if s.is_cuda:
         programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sms))
     else:  # the interpreter: two programs, so the partials reduction still sums several
@@ -480,13 +488,13 @@ def shard_programs_per_sm(warps: int) -> int:
 
 
 def shard_meta(sharded: tuple[int, int, int], has_weight: bool, has_dro: bool = False,
-               has_ds2: bool = False) -> dict:  # fmt: skip
+               has_ds2: bool = False, weight_offset: float = 0.0) -> dict:  # fmt: skip
     """The sharded kernel's compile-time arguments for shard_plan's answer; shared by the
     launcher and scripts/triton_ptx.py, as bwd_meta is."""
     shards, block_n, warps = sharded
     return dict(BLOCK_N=block_n, SHARDS=shards, SHARDS_P2=triton.next_power_of_2(shards),
-                HAS_WEIGHT=has_weight, HAS_DRO=has_dro, HAS_DS2=has_ds2,
-                num_warps=warps,
+                HAS_WEIGHT=has_weight, W_OFFSET=float(weight_offset), HAS_DRO=has_dro,
+                HAS_DS2=has_ds2, num_warps=warps,
                 maxnreg=SM_REGISTERS // (32 * warps * shard_programs_per_sm(warps)))  # fmt: skip
 
 
@@ -499,6 +507,7 @@ def _run_sharded(
     eps: float,
     has_dro: bool,
     has_ds2: bool,
+    weight_offset: float = 0.0,
 ) -> Optional[torch.Tensor]:
     """_run_backward's rows (s, dy, the weight, d_residual_out, ds, ds2, absent ones as
     dummy pointers) and their row strides (all but the weight's) through the sharded kernel
@@ -507,7 +516,7 @@ def _run_sharded(
     s2 = rows[0]
     m, n = s2.shape
     has_w = weight is not None
-    meta = shard_meta(sharded, has_w, has_dro, has_ds2)
+    meta = shard_meta(sharded, has_w, has_dro, has_ds2, weight_offset)
     per_sm = shard_programs_per_sm(warps)
     if sms:
         groups = max(1, min(m, sms * per_sm // shards))
@@ -554,11 +563,16 @@ _FUSED_BWD = "triton_impl.fused_add_rms_norm_backward"
 
 @op("triton_impl::rms_norm_backward", mutates_args=())
 def _rms_norm_backward_op(
-    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_backward_inputs(dy, x, weight, eps, allow_cpu=INTERPRET, impl=_BWD)
+    check_backward_inputs(dy, x, weight, eps, None, weight_offset, allow_cpu=INTERPRET,
+                          impl=_BWD)  # fmt: skip
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = _run_backward(_dy_rows(dy), x, weight, eps, None, dx, None)
+    dw = _run_backward(_dy_rows(dy), x, weight, eps, None, dx, None, weight_offset)
     return dx, dw if dw is not None else x.new_empty(0)
 
 
@@ -570,13 +584,15 @@ def _fused_add_backward_op(
     weight: Optional[torch.Tensor],
     eps: float,
     dresidual: bool = True,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, fused=True,
-                          allow_cpu=INTERPRET, impl=_FUSED_BWD)  # fmt: skip
+    check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, weight_offset,
+                          fused=True, allow_cpu=INTERPRET, impl=_FUSED_BWD)  # fmt: skip
     s = residual_out
     dx, dres = fused_backward_outputs(dy, s, dresidual)
     dro = _dy_rows(d_residual_out) if d_residual_out is not None else None
-    dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres if dresidual else None)
+    dw = _run_backward(_dy_rows(dy), s, weight, eps, dro, dx, dres if dresidual else None,
+                       weight_offset)  # fmt: skip
     return dx, dres, dw if dw is not None else s.new_empty(0)
 
 

@@ -202,20 +202,28 @@ def _sharded_meta(cfg: Config, n: int) -> dict:
 
 
 def kernel_for(
-    op: str, cfg: Config, element_size: int, has_weight: bool, n: int, round_by_hand: bool = False
+    op: str,
+    cfg: Config,
+    element_size: int,
+    has_weight: bool,
+    n: int,
+    round_by_hand: bool = False,
+    weight_offset: float = 0.0,
 ) -> tuple:
     """(kernel, meta) of forward op ``op`` for a config and rows of n elements: the
     @triton.jit function (kernels.FORWARD_KERNELS) and its compile-time arguments
     (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py.
     round_by_hand, the fused add's: residual_out is bf16 and the kernel runs in the
-    interpreter (kernels._round_to)."""
+    interpreter (kernels._round_to). weight_offset: a constant of the compile (one kernel
+    an offset a model uses; 0.0 compiles to the kernel without it)."""
     kernels = FORWARD_KERNELS[op]
     if cfg.kernel not in kernels:
         raise ValueError(f"{op}: no {cfg.kernel!r} kernel; expected one of {sorted(kernels)}")
     fused_add = op == "fused_add_rms_norm"
     if fused_add and cfg.weight_first:
         raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
-    meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, num_warps=cfg.num_warps)
+    meta = dict(BLOCK_N=cfg.block_n, HAS_WEIGHT=has_weight, W_OFFSET=float(weight_offset),
+                num_warps=cfg.num_warps)  # fmt: skip
     if fused_add:
         meta["ROUND_BY_HAND"] = round_by_hand
     if cfg.kernel == "looped":

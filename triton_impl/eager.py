@@ -264,7 +264,8 @@ def _cached_launch(p: _Plan, tensors: tuple, eps: float, device: int) -> None:
             compiled = compiled.result() if hasattr(compiled, "result") else compiled
             ok = p.direct and _launchable(compiled)
             d = p.compiled[align] = _Direct(compiled) if ok else False
-            if d and HOST is not None:
+            # the C++ keys know no weight offset: only plans without one are kept there
+            if d and HOST is not None and not p.meta["W_OFFSET"]:
                 _keep(p, d, tensors, align)
         return
     _run_compiled(d, p.grid, tensors, ptrs, p.rest_for(eps), device)
@@ -333,13 +334,16 @@ def eager_forward(
     weight: Optional[torch.Tensor],
     eps,
     impl: str,
+    weight_offset=0.0,
 ):
     """rms_norm (residual None: y) or the functional fused add ((y, residual_out)) for real
-    CUDA tensors outside tracing (bypass_ok of every tensor), through the plan cache."""
-    key = (_tensor_key(x), _tensor_key(weight), _tensor_key(residual))
+    CUDA tensors outside tracing (bypass_ok of every tensor), through the plan cache. The
+    weight offset is a constant of the kernel's compile, so a part of the key."""
+    key = (_tensor_key(x), _tensor_key(weight), _tensor_key(residual), weight_offset)
     p = PLANS.get(key)
     w = x if weight is None else weight  # a dummy pointer when there is no weight
-    if p is not None and type(eps) is float and EPS_MIN <= eps <= EPS_MAX:
+    hit = p is not None and type(eps) is float and type(weight_offset) is float
+    if hit and EPS_MIN <= eps <= EPS_MAX:
         # a hit: the key implies the checks passed and that x has elements, and its
         # strides whether x and the residual are contiguous (p.dense)
         y = torch.empty_like(x) if p.dense[0] else _empty(x, x)
@@ -350,9 +354,9 @@ def eager_forward(
         _cached_launch(p, (x, residual, w, y, r), eps, key[0][4])
         return y, r
     if residual is None:
-        check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=impl)
+        check_inputs(x, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=impl)
     else:
-        check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
+        check_fused_inputs(x, residual, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=impl)
     eps = float(eps)
     y = _empty(x, x)
     if residual is None:
@@ -365,5 +369,6 @@ def eager_forward(
         if p is not None:  # a cached plan, eps not a float of its range: checked above
             _cached_launch(p, tensors, eps, key[0][4])
         else:
-            _planned_launch(key, tensors, eps, dense, plan(op, ins, weight, eps, outs))
+            launch = plan(op, ins, weight, eps, outs, weight_offset=float(weight_offset))
+            _planned_launch(key, tensors, eps, dense, launch)
     return y if residual is None else outs

@@ -49,6 +49,16 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@triton.jit
+def _weight(w, W_OFFSET: tl.constexpr):
+    # a weight's elements in fp32, the offset added there (never in the weight's dtype,
+    # where 1 + w rounds); a zero offset compiles to nothing
+    w = w.to(tl.float32)
+    if W_OFFSET != 0.0:
+        w = w + W_OFFSET
+    return w
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_fused(
@@ -56,6 +66,7 @@ def _rms_norm_fwd_fused(
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    W_OFFSET: tl.constexpr,  # added to each weight element in fp32 (Gemma's 1 + w: 1.0)
     W_FIRST: tl.constexpr,  # the weight loaded beside x, before the reduction
 ):
     # fmt: on
@@ -68,7 +79,7 @@ def _rms_norm_fwd_fused(
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     if HAS_WEIGHT and W_FIRST:  # decode: its L2 round trip overlaps x's, not follows the sum
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
     # accumulate in fp32, divide by the true width. eps is cast here (and in every kernel)
     # because torch.compile passes it as fp64, which would make rstd, and every product
     # with it, fp64
@@ -76,7 +87,7 @@ def _rms_norm_fwd_fused(
     y = x * rstd[:, None]
     if HAS_WEIGHT:
         if not W_FIRST:  # many rows: the weight's registers stay free through the sum
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
         y = y * w[None, :]
     # one cast, at the store
     tl.store(
@@ -106,7 +117,8 @@ def _looped_store(ptrs, v, mask, MASKED: tl.constexpr):
 @triton.jit
 def _looped_scale(
     s_rows, w_ptr, y_rows, acc, row_ok, cols, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, MASKED: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     # the looped kernels' second sweep: rstd from the first sweep's per-lane sums, the rows
     # s_rows (x, or the fused add's residual_out) read again, scaled and stored as y
@@ -116,7 +128,8 @@ def _looped_scale(
         ok = row_ok & (c < N)
         y = _looped_load(s_rows + c, ok, MASKED, "evict_first").to(tl.float32) * rstd
         if HAS_WEIGHT:
-            y = y * _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last").to(tl.float32)
+            w = _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last")
+            y = y * _weight(w, W_OFFSET)
         _looped_store(y_rows + c, y.to(y_rows.dtype.element_ty), ok, MASKED)
 
 
@@ -128,6 +141,7 @@ def _rms_norm_fwd_looped(
     M, eps,  # rows, eps (fp32)
     N: tl.constexpr,  # the row width, a constant: one compile a width
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    W_OFFSET: tl.constexpr,
 ):
     # fmt: on
     # BLOCK_M rows a program in BLOCK_N chunks, swept twice: the first sums x^2 and lets x
@@ -148,7 +162,8 @@ def _rms_norm_fwd_looped(
         c = start + cols
         x = _looped_load(x_rows + c, row_ok & (c < N), MASKED, "evict_last").to(tl.float32)
         acc += x * x
-    _looped_scale(x_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT, MASKED)
+    _looped_scale(x_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT,
+                  W_OFFSET, MASKED)  # fmt: skip
 
 
 # fmt: off
@@ -159,7 +174,8 @@ def _rms_norm_fwd_sharded(
     stride_x, stride_y,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, STAGES: tl.constexpr,
+    STREAM_Y: tl.constexpr,
     WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
@@ -179,15 +195,16 @@ def _rms_norm_fwd_sharded(
     x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     tl.store(part_ptr + row * SHARDS + shard, tl.sum(x * x, axis=0))
     _sharded_finish(x, c, x_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
-                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
+                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
+                    W_OFFSET, STAGES, STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 @triton.jit
 def _sharded_finish(
     s, c, s_row, w_ptr, y_row, parts, count, N, eps,
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, STAGES: tl.constexpr, STREAM_Y: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, STAGES: tl.constexpr,
+    STREAM_Y: tl.constexpr,
     WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # The sharded kernels' arrival and normalisation. s: this program's shard (columns c)
@@ -201,7 +218,7 @@ def _sharded_finish(
     arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") + 1
     if WAIT:
         if HAS_WEIGHT:  # in flight while the row's other shards arrive
-            w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+            w = _weight(tl.load(w_ptr + c, mask=c < N, other=0.0), W_OFFSET)
         while arrived < SHARDS:
             arrived = tl.atomic_add(count, 0, sem="acquire", scope="gpu")
         if RELOAD:
@@ -220,7 +237,7 @@ def _sharded_finish(
             y = tl.load(s_row + cc, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
             y = y * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + cc, mask=ok, other=0.0).to(tl.float32)
+                y = y * _weight(tl.load(w_ptr + cc, mask=ok, other=0.0), W_OFFSET)
             _sharded_store(y_row, cc, y, N, STREAM_Y)
 
 
@@ -263,15 +280,18 @@ def _split_edges(head, nbody, N, VEC: tl.constexpr):
 
 
 @triton.jit
-def _split_scale(b, e, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT: tl.constexpr):
+def _split_scale(
+    b, e, w_ptr, head, cols, body, e_col, e_ok, N, eps,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
+):
     # the body's and the edges' values (fp32) times the whole row's rstd and the weight
     ss = tl.sum(b * b, axis=0) + tl.sum(e * e, axis=0)
     rstd = tl.rsqrt(ss / N + tl.cast(eps, tl.float32))
     yb = b * rstd
     ye = e * rstd
     if HAS_WEIGHT:
-        yb = yb * tl.load(w_ptr + head + cols, mask=body, other=0.0).to(tl.float32)
-        ye = ye * tl.load(w_ptr + e_col, mask=e_ok, other=0.0).to(tl.float32)
+        yb = yb * _weight(tl.load(w_ptr + head + cols, mask=body, other=0.0), W_OFFSET)
+        ye = ye * _weight(tl.load(w_ptr + e_col, mask=e_ok, other=0.0), W_OFFSET)
     return yb, ye
 
 
@@ -281,7 +301,7 @@ def _rms_norm_fwd_split(
     x_ptr, w_ptr, y_ptr,  # x rows, weight (N,) or a dummy, y rows
     stride_x, stride_y,  # elements between rows
     N, eps,  # true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
 ):
     # fmt: on
     # one program per row, split at x's 16-byte boundaries (VEC elements): a scalar head,
@@ -302,7 +322,8 @@ def _rms_norm_fwd_split(
     xb = tl.load(xb_ptr + cols, mask=body, other=0.0).to(tl.float32)
     xe = tl.load(x_row + e_col, mask=e_ok, other=0.0).to(tl.float32)
     # accumulate in fp32, divide by the true width, scale
-    yb, ye = _split_scale(xb, xe, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT)
+    yb, ye = _split_scale(xb, xe, w_ptr, head, cols, body, e_col, e_ok, N, eps, HAS_WEIGHT,
+                          W_OFFSET)  # fmt: skip
     # one cast, at the store
     yb = yb.to(y_ptr.dtype.element_ty)
     if y_aligned:
@@ -340,7 +361,7 @@ def _fused_add_rms_norm_fwd_fused(
     x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
     stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
 ):
     # fmt: on
@@ -359,7 +380,7 @@ def _fused_add_rms_norm_fwd_fused(
     rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + tl.cast(eps, tl.float32))
     y = s * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
         y = y * w[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mask)  # fmt: skip
@@ -368,7 +389,7 @@ def _fused_add_rms_norm_fwd_fused(
 @triton.jit
 def _fused_add_split_row(
     x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
-    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     # One row of the fused add, split as _rms_norm_fwd_split splits it: x's body is always
@@ -392,7 +413,7 @@ def _fused_add_split_row(
     sb = _round_to(xb.to(tl.float32) + rb.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
     se = _round_to(xe.to(tl.float32) + re.to(tl.float32), ro_row.dtype.element_ty, ROUND_BY_HAND)
     yb, ye = _split_scale(sb.to(tl.float32), se.to(tl.float32), w_ptr, head, cols, body, e_col,
-                          e_ok, N, eps, HAS_WEIGHT)  # fmt: skip
+                          e_ok, N, eps, HAS_WEIGHT, W_OFFSET)  # fmt: skip
     # Every store after the reduction: the edges' few lanes are held by many threads at
     # once, so in the in-place form (residual_out is residual, y is x) a warp storing an
     # edge before another warp has loaded it would hand that warp x + residual for
@@ -409,7 +430,7 @@ def _fused_add_rms_norm_fwd_split(
     x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr,  # x, residual, weight or a dummy, y, residual_out
     stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
     N, eps,  # true row width, eps (fp32)
-    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, VEC: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
 ):
     # fmt: on
@@ -429,10 +450,10 @@ def _fused_add_rms_norm_fwd_split(
         (ro_row + head).to(tl.int64, bitcast=True) % 16 == 0)  # fmt: skip
     if aligned:
         _fused_add_split_row(x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
-                             BLOCK_N, VEC, HAS_WEIGHT, ROUND_BY_HAND, True)  # fmt: skip
+                             BLOCK_N, VEC, HAS_WEIGHT, W_OFFSET, ROUND_BY_HAND, True)  # fmt: skip
     else:
         _fused_add_split_row(x_row, r_row, w_ptr, y_row, ro_row, head, nbody, N, eps,
-                             BLOCK_N, VEC, HAS_WEIGHT, ROUND_BY_HAND, False)  # fmt: skip
+                             BLOCK_N, VEC, HAS_WEIGHT, W_OFFSET, ROUND_BY_HAND, False)  # fmt: skip
 
 
 # fmt: off
@@ -442,7 +463,7 @@ def _fused_add_rms_norm_fwd_looped(
     stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
     M, eps,  # rows, eps (fp32)
     N: tl.constexpr,  # the row width, a constant: one compile a width
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
 ):
     # fmt: on
@@ -469,7 +490,8 @@ def _fused_add_rms_norm_fwd_looped(
         _looped_store(ro_rows + c, s, ok, MASKED)
         s = s.to(tl.float32)
         acc += s * s
-    _looped_scale(ro_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT, MASKED)
+    _looped_scale(ro_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT,
+                  W_OFFSET, MASKED)  # fmt: skip
 
 
 # fmt: off
@@ -480,7 +502,8 @@ def _fused_add_rms_norm_fwd_sharded(
     stride_x, stride_r, stride_y, stride_ro,  # elements between consecutive rows
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_N: tl.constexpr, SHARDS: tl.constexpr, SHARDS_P2: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, STAGES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+    STAGES: tl.constexpr,
     STREAM_Y: tl.constexpr, WAIT: tl.constexpr, RELOAD: tl.constexpr,
 ):
     # fmt: on
@@ -503,8 +526,8 @@ def _fused_add_rms_norm_fwd_sharded(
     tl.store(ro_row + c, s, mask=ok, eviction_policy="evict_last")
     tl.store(part_ptr + row * SHARDS + shard, part)
     _sharded_finish(sf, c, ro_row, w_ptr, y_ptr + row * stride_y, part_ptr + row * SHARDS,
-                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT, STAGES,
-                    STREAM_Y, WAIT, RELOAD)  # fmt: skip
+                    count_ptr + row, N, eps, BLOCK_N, SHARDS, SHARDS_P2, HAS_WEIGHT,
+                    W_OFFSET, STAGES, STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
 #: Each forward op's kernels, by kind (Config.kernel): the one table the launch reads.

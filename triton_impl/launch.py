@@ -97,12 +97,14 @@ def plan(
     eps: float,
     outs: tuple,
     cfg: Optional[Config] = None,
+    weight_offset: float = 0.0,
 ) -> Launch:
     """The launch of forward op ``op`` (kernels.FORWARD_KERNELS' name) reading the row
     tensors ins (x, and the fused add's residual) and writing outs (y, and the fused add's
     residual_out; any row strides: the in-place form passes ins themselves): the op's
     default rule (the latency rule included, on a GPU), or a forced ``cfg``. The kernels
-    of both ops take (ins, weight, outs, [workspace,] their row strides, [M,] N, eps)."""
+    of both ops take (ins, weight, outs, [workspace,] their row strides, [M,] N, eps), and
+    the weight offset as a constant of the compile (meta)."""
     x = ins[0]
     n = int(x.shape[-1])
     # Block shape and warps are compile-time choices: under dynamic-shape tracing this
@@ -122,7 +124,7 @@ def plan(
             n, x.element_size(), op, split_ok=split_ok(*rows), dtype=dtype, rows=rows_at, sms=sms
         )
     by_hand = INTERPRET and outs[-1].dtype == torch.bfloat16
-    kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand)
+    kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand, weight_offset)
     tensors = (*in2, w, *out2)
     strides = tuple(t.stride(0) for t in rows)
     if cfg.kernel == "split":

@@ -1,12 +1,14 @@
 """The Triton forward ops: their torch.library registration, public functions, forced-config
 forms for sweeps, ``kernel_info`` and the ``RMSNorm`` module.
 
-    rms_norm(x, weight=None, eps=1e-6, *, out=None) -> y
-    fused_add_rms_norm(x, residual, weight=None, eps=1e-6) -> (y, residual_out)
-    fused_add_rms_norm_(x, residual, weight=None, eps=1e-6) -> None   (y into x,
-                                                                      residual_out into residual)
+    rms_norm(x, weight=None, eps=1e-6, *, out=None, weight_offset=0.0) -> y
+    fused_add_rms_norm(x, residual, weight=None, eps=1e-6, *, weight_offset=0.0)
+        -> (y, residual_out)
+    fused_add_rms_norm_(x, residual, weight=None, eps=1e-6, *, weight_offset=0.0) -> None
+        (y into x, residual_out into residual)
 
-y = x / sqrt(mean(x^2) + eps) * weight over x's last dimension; the fused add normalises
+y = x / sqrt(mean(x^2) + eps) * (weight + weight_offset) over x's last dimension (the offset
+added in fp32; Gemma's norms take 1.0); the fused add normalises
 residual_out = x + residual (an fp32 add rounded once to residual's dtype; residual in x's
 dtype or float32), reading x and residual once and writing y and residual_out once.
 Registered as ``triton_impl::rms_norm``, ``rms_norm_out``, ``fused_add_rms_norm`` and the
@@ -49,7 +51,9 @@ _FUSED = "triton_impl.fused_add_rms_norm"
 _FUSED_ = "triton_impl.fused_add_rms_norm_"
 
 
-def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> None:
+def _run(
+    ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None, weight_offset: float = 0.0
+) -> None:
     """The forward op of ins (x, or x and residual) into outs (checked by the caller); no
     launch for an empty x.
 
@@ -63,11 +67,11 @@ def _run(ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None) -> 
     op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
     if any(o is i for o in outs for i in ins) and is_fake(ins[0]):
         fresh = tuple(torch.empty_like(o) for o in outs)
-        launch(plan(op_name, ins, weight, eps, fresh, cfg))
+        launch(plan(op_name, ins, weight, eps, fresh, cfg, weight_offset))
         for o, f in zip(outs, fresh, strict=True):
             o.copy_(f)
         return
-    launch(plan(op_name, ins, weight, eps, outs, cfg))
+    launch(plan(op_name, ins, weight, eps, outs, cfg, weight_offset))
 
 
 def _fused_outputs(x, residual) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,53 +79,71 @@ def _fused_outputs(x, residual) -> tuple[torch.Tensor, torch.Tensor]:
     return y, torch.empty(x.shape, dtype=residual.dtype, device=x.device)
 
 
-def _check_fused(x, residual, weight, eps, impl: str) -> None:
-    check_fused_inputs(x, residual, weight, eps, allow_cpu=INTERPRET, impl=impl)
+def _check_fused(x, residual, weight, eps, impl: str, weight_offset=0.0) -> None:
+    check_fused_inputs(x, residual, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=impl)
 
 
 @op("triton_impl::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+def _rms_norm_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, weight_offset: float = 0.0
+) -> torch.Tensor:
+    check_inputs(x, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=_IMPL)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _run((x,), weight, eps, (y,))
+    _run((x,), weight, eps, (y,), weight_offset=weight_offset)
     return y
 
 
 @op("triton_impl::rms_norm_out", mutates_args={"out"})
 def _rms_norm_out_op(
-    out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    weight_offset: float = 0.0,
 ) -> None:
-    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    check_inputs(x, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=_IMPL)
     check_out(out, x, weight, impl=_IMPL)
-    _run((x,), weight, eps, (out,))
+    _run((x,), weight, eps, (out,), weight_offset=weight_offset)
 
 
 @op("triton_impl::fused_add_rms_norm", mutates_args=())
 def _fused_add_op(
-    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_fused(x, residual, weight, eps, _FUSED)
+    _check_fused(x, residual, weight, eps, _FUSED, weight_offset)
     outs = _fused_outputs(x, residual)
-    _run((x, residual), weight, eps, outs)
+    _run((x, residual), weight, eps, outs, weight_offset=weight_offset)
     return outs
 
 
 @op("triton_impl::fused_add_rms_norm_", mutates_args={"x", "residual"})
 def _fused_add_in_place_op(
-    x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    weight_offset: float = 0.0,
 ) -> None:
-    _check_fused(x, residual, weight, eps, _FUSED_)
+    _check_fused(x, residual, weight, eps, _FUSED_, weight_offset)
     check_in_place(x, residual, weight, impl=_FUSED_)
-    _run((x, residual), weight, eps, (x, residual))
+    _run((x, residual), weight, eps, (x, residual), weight_offset=weight_offset)
 
 
 # Nested tensors stop at their autograd key, which rms_norm's ops have no kernel for: there
 # the checks name x instead of the dispatcher's "could not run" (as on the CUDA side).
 _NESTED_KEY = "AutogradNestedTensor"
 _NESTED = torch.library.Library("triton_impl", "IMPL")
-_NESTED.impl("rms_norm", lambda x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY)
 _NESTED.impl(
-    "rms_norm_out", lambda out, x, w, eps: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY
+    "rms_norm", lambda x, w, eps, offset=0.0: check_inputs(x, w, eps, impl=_IMPL), _NESTED_KEY
+)
+_NESTED.impl(
+    "rms_norm_out",
+    lambda out, x, w, eps, offset=0.0: check_inputs(x, w, eps, impl=_IMPL),
+    _NESTED_KEY,
 )
 
 
@@ -131,27 +153,28 @@ def rms_norm(
     eps: float = DEFAULT_EPS,
     *,
     out: Optional[torch.Tensor] = None,
+    weight_offset: float = 0.0,
 ) -> torch.Tensor:
     """RMSNorm over x's last dim with the Triton kernel; semantics as in rmsnorm_api.
 
     Returns a new contiguous tensor of x's shape and dtype, or writes into ``out`` (a
-    contiguous tensor of x's shape, dtype and device) and returns it. Raises
-    TypeError/ValueError naming the argument for unsupported input.
+    contiguous tensor of x's shape, dtype and device) and returns it. weight_offset: added
+    to the weight in fp32 (Gemma's 1 + w: 1.0). Raises TypeError/ValueError naming the
+    argument for unsupported input.
     """
     # the fast paths: no out=, and nothing the dispatcher's keys above the op would do; a
-    # plan kept in C++ first (None: a miss, or not a plain eager call). Dynamo folds
-    # is_compiling and never traces the entry point.
-    if out is None and not INTERPRET:
-        if HOST is not None and not torch.compiler.is_compiling():
+    # plan kept in C++ first (None: a miss, or not a plain eager call; it keeps plans of no
+    # offset). Dynamo folds is_compiling and never traces the entry point.
+    if out is None and not INTERPRET and type(weight_offset) is float:
+        if HOST is not None and not weight_offset and not torch.compiler.is_compiling():
             y = HOST.triton_rms_norm(x, weight, eps)
             if y is not None:
                 return y
         if bypass_ok(x, weight):
-            return eager_forward(x, None, weight, eps, _IMPL)
+            return eager_forward(x, None, weight, eps, _IMPL, weight_offset)
     ops = torch.ops.triton_impl
-    return call_op(
-        ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, impl=_IMPL, allow_cpu=INTERPRET
-    )
+    return call_op(ops.rms_norm, ops.rms_norm_out, x, weight, eps, out, weight_offset,
+                   impl=_IMPL, allow_cpu=INTERPRET)  # fmt: skip
 
 
 def fused_add_rms_norm(
@@ -159,20 +182,23 @@ def fused_add_rms_norm(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = DEFAULT_EPS,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, residual_out) = (RMSNorm(x + residual), x + residual); see the module docstring.
     Raises TypeError/ValueError naming the argument for unsupported input."""
     # residual=None is refused by the checks (bypass_ok takes None for an absent tensor, and
     # eager_forward would run rms_norm)
-    if not INTERPRET and residual is not None:
-        if HOST is not None and not torch.compiler.is_compiling():
+    if not INTERPRET and residual is not None and type(weight_offset) is float:
+        if HOST is not None and not weight_offset and not torch.compiler.is_compiling():
             outs = HOST.triton_fused_add_rms_norm(x, residual, weight, eps)
             if outs is not None:
                 return outs
         if bypass_ok(x, residual, weight):
-            return eager_forward(x, residual, weight, eps, _FUSED)
-    _check_fused(x, residual, weight, eps, _FUSED)
-    return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps))
+            return eager_forward(x, residual, weight, eps, _FUSED, weight_offset)
+    _check_fused(x, residual, weight, eps, _FUSED, weight_offset)
+    return torch.ops.triton_impl.fused_add_rms_norm(x, residual, weight, float(eps),
+                                                    float(weight_offset))  # fmt: skip
 
 
 def fused_add_rms_norm_(
@@ -180,13 +206,16 @@ def fused_add_rms_norm_(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
     eps: float = DEFAULT_EPS,
+    *,
+    weight_offset: float = 0.0,
 ) -> None:
     """In place: residual <- x + residual, x <- RMSNorm(residual), as vLLM's op. Raises
     TypeError/ValueError naming the argument for unsupported input (x and residual must
     view as rows in place and not overlap)."""
-    _check_fused(x, residual, weight, eps, _FUSED_)
+    _check_fused(x, residual, weight, eps, _FUSED_, weight_offset)
     check_in_place(x, residual, weight, impl=_FUSED_)
-    torch.ops.triton_impl.fused_add_rms_norm_(x, residual, weight, float(eps))
+    torch.ops.triton_impl.fused_add_rms_norm_(x, residual, weight, float(eps),
+                                              float(weight_offset))  # fmt: skip
 
 
 def _forced(cfg: Union[Config, dict], x: torch.Tensor, fn: str) -> Config:
@@ -194,15 +223,20 @@ def _forced(cfg: Union[Config, dict], x: torch.Tensor, fn: str) -> Config:
 
 
 def rms_norm_with_config(
-    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, cfg: Union[Config, dict]
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    cfg: Union[Config, dict],
+    *,
+    weight_offset: float = 0.0,
 ) -> torch.Tensor:
     """rms_norm with a forced launch config (a triton_impl.configs.Config, or its as_dict()
     form), for sweeps; same result. ValueError names a field no kernel can run."""
-    check_inputs(x, weight, eps, allow_cpu=INTERPRET, impl=_IMPL)
+    check_inputs(x, weight, eps, weight_offset, allow_cpu=INTERPRET, impl=_IMPL)
     check_forced_config_grad("triton_impl.rms_norm_with_config", x=x, weight=weight)
     cfg = _forced(cfg, x, "rms_norm_with_config")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _run((x,), weight, float(eps), (y,), cfg)
+    _run((x,), weight, float(eps), (y,), cfg, float(weight_offset))
     return y
 
 
@@ -212,15 +246,17 @@ def fused_add_rms_norm_with_config(
     weight: Optional[torch.Tensor],
     eps: float,
     cfg: Union[Config, dict],
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm with a forced launch config, as rms_norm_with_config."""
-    _check_fused(x, residual, weight, eps, _FUSED)
+    _check_fused(x, residual, weight, eps, _FUSED, weight_offset)
     check_forced_config_grad(
         "triton_impl.fused_add_rms_norm_with_config", x=x, residual=residual, weight=weight
     )
     cfg = _forced(cfg, x, "fused_add_rms_norm_with_config")
     outs = _fused_outputs(x, residual)
-    _run((x, residual), weight, float(eps), outs, cfg)
+    _run((x, residual), weight, float(eps), outs, cfg, float(weight_offset))
     return outs
 
 

@@ -79,15 +79,21 @@ struct Call {
   const at::Tensor* residual = nullptr;
   const at::Tensor* weight = nullptr;
   double eps = 0;
+  double weight_offset = 0;
   bool ok = false;
 };
 
-Call bypass(PyObject* x, PyObject* residual, PyObject* weight, PyObject* eps) {
+Call bypass(PyObject* x, PyObject* residual, PyObject* weight, PyObject* eps,
+            PyObject* weight_offset = nullptr) {
   Call c;
-  // eps a Python float: anything else (an int, a tensor, a numpy scalar) is converted or
-  // refused by the Python paths
+  // eps (and the weight offset) a Python float: anything else (an int, a tensor, a numpy
+  // scalar) is converted or refused by the Python paths
   if (!PyFloat_CheckExact(eps)) return c;
   c.eps = PyFloat_AS_DOUBLE(eps);
+  if (weight_offset != nullptr) {
+    if (!PyFloat_CheckExact(weight_offset)) return c;
+    c.weight_offset = PyFloat_AS_DOUBLE(weight_offset);
+  }
   bool grad = false;
   if (!(c.x = plain(x, true, grad))) return c;
   if (residual != nullptr && !(c.residual = plain(residual, false, grad))) return c;
@@ -104,16 +110,18 @@ py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVari
 
 // ---- CUDA's ops ---------------------------------------------------------------------------
 
-py::object cuda_rms_norm(py::handle x, py::handle weight, py::handle eps) {
-  const Call c = bypass(x.ptr(), nullptr, weight.ptr(), eps.ptr());
+py::object cuda_rms_norm(py::handle x, py::handle weight, py::handle eps, py::handle offset) {
+  const Call c = bypass(x.ptr(), nullptr, weight.ptr(), eps.ptr(), offset.ptr());
   if (!c.ok) return py::none();
-  return wrap(cuda_impl::rms_norm(*c.x, optional(c.weight), c.eps));
+  return wrap(cuda_impl::rms_norm(*c.x, optional(c.weight), c.eps, c.weight_offset));
 }
 
-py::object cuda_fused_add(py::handle x, py::handle residual, py::handle weight, py::handle eps) {
-  const Call c = bypass(x.ptr(), residual.ptr(), weight.ptr(), eps.ptr());
+py::object cuda_fused_add(py::handle x, py::handle residual, py::handle weight, py::handle eps,
+                          py::handle offset) {
+  const Call c = bypass(x.ptr(), residual.ptr(), weight.ptr(), eps.ptr(), offset.ptr());
   if (!c.ok) return py::none();
-  auto [y, r] = cuda_impl::fused_add_rms_norm(*c.x, *c.residual, optional(c.weight), c.eps);
+  auto [y, r] = cuda_impl::fused_add_rms_norm(*c.x, *c.residual, optional(c.weight), c.eps,
+                                              c.weight_offset);
   return py::make_tuple(wrap(std::move(y)), wrap(std::move(r)));
 }
 
@@ -122,13 +130,13 @@ py::object cuda_fused_add(py::handle x, py::handle residual, py::handle weight, 
 // Bumped first: an inference tensor outside inference mode refuses the bump, and must
 // refuse before its data is written. True: done; false: the Python paths take the call.
 bool cuda_fused_add_in_place(py::handle x, py::handle residual, py::handle weight,
-                             py::handle eps) {
-  const Call c = bypass(x.ptr(), residual.ptr(), weight.ptr(), eps.ptr());
+                             py::handle eps, py::handle offset) {
+  const Call c = bypass(x.ptr(), residual.ptr(), weight.ptr(), eps.ptr(), offset.ptr());
   if (!c.ok) return false;
   at::Tensor xt = *c.x, rt = *c.residual;
   torch::autograd::impl::bump_version(xt);
   torch::autograd::impl::bump_version(rt);
-  cuda_impl::fused_add_rms_norm_(xt, rt, optional(c.weight), c.eps);
+  cuda_impl::fused_add_rms_norm_(xt, rt, optional(c.weight), c.eps, c.weight_offset);
   return true;
 }
 
@@ -367,11 +375,13 @@ void triton_forget() { plans.clear(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Eager entry points of both backends' forward ops (cuda_impl/ops.py, "
             "triton_impl/eager.py): None where the call is not a plain eager one";
-  m.def("rms_norm", &cuda_rms_norm, "rms_norm(x, weight, eps) -> y, or None");
+  m.def("rms_norm", &cuda_rms_norm, "rms_norm(x, weight, eps, weight_offset) -> y, or None");
   m.def("fused_add_rms_norm", &cuda_fused_add,
-        "fused_add_rms_norm(x, residual, weight, eps) -> (y, residual_out), or None");
+        "fused_add_rms_norm(x, residual, weight, eps, weight_offset) -> (y, residual_out), or "
+        "None");
   m.def("fused_add_rms_norm_", &cuda_fused_add_in_place,
-        "fused_add_rms_norm_(x, residual, weight, eps) -> whether it ran, in place");
+        "fused_add_rms_norm_(x, residual, weight, eps, weight_offset) -> whether it ran, in "
+        "place");
   m.def("triton_rms_norm", &triton_rms_norm,
         "triton_rms_norm(x, weight, eps) -> y by a kept plan, or None");
   m.def("triton_fused_add_rms_norm", &triton_fused_add,

@@ -311,62 +311,65 @@ void dispatch(at::ScalarType x_type, const at::Tensor& w, Args&&... args) {
 
 // Dispatch on x's dtype and the weight's (x's dtype, fp32, or none).
 void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-         at::Tensor& y, const std::optional<Plan>& plan = std::nullopt) {
+         double weight_offset, at::Tensor& y, const std::optional<Plan>& plan = std::nullopt) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor y2 = y.view({-1, x.size(-1)});
-  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor w = weight_as_read(weight, weight_offset);
   dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan);
 }
 
 // The fused add into y and residual_out (x and residual themselves for the in-place form,
 // whose checks made sure they view as rows).
 void run_fused(const at::Tensor& x, const at::Tensor& residual,
-               const std::optional<at::Tensor>& weight, double eps, at::Tensor& y,
-               at::Tensor& residual_out, const std::optional<Plan>& plan = std::nullopt) {
+               const std::optional<at::Tensor>& weight, double eps, double weight_offset,
+               at::Tensor& y, at::Tensor& residual_out,
+               const std::optional<Plan>& plan = std::nullopt) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n}), r2 = residual.reshape({-1, n});
   at::Tensor y2 = y.view({-1, n}), ro2 = residual_out.view({-1, n});
-  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor w = weight_as_read(weight, weight_offset);
   dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps), plan);
 }
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  check_inputs(x, weight, eps);
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                    double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  run(x, weight, eps, y);
+  run(x, weight, eps, weight_offset, y);
   return y;
 }
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                  double eps) {
-  check_inputs(x, weight, eps);
+                  double eps, double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   check_out(out, x, weight);
-  run(x, weight, eps, out);
+  run(x, weight, eps, weight_offset, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const std::optional<at::Tensor>& weight,
-                                                      double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+                                                      double eps, double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor y = at::empty(x.sizes(), contiguous);
   at::Tensor residual_out = at::empty(x.sizes(), contiguous.dtype(residual.scalar_type()));
-  run_fused(x, residual, weight, eps, y, residual_out);
+  run_fused(x, residual, weight, eps, weight_offset, y, residual_out);
   return {y, residual_out};
 }
 
 void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
-                         const std::optional<at::Tensor>& weight, double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
+                         const std::optional<at::Tensor>& weight, double eps,
+                         double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImplInPlace);
   check_in_place(x, residual, weight, kFusedImplInPlace);
-  run_fused(x, residual, weight, eps, x, residual);
+  run_fused(x, residual, weight, eps, weight_offset, x, residual);
 }
 
 namespace {
@@ -395,25 +398,26 @@ Plan forced_plan(const char* fn, int64_t row_threads, int64_t vpt, int64_t clust
 
 at::Tensor rms_norm_with_config(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                 double eps, int64_t row_threads, int64_t vpt, int64_t cluster,
-                                int64_t variant) {
-  check_inputs(x, weight, eps);
+                                int64_t variant, double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   const Plan plan = forced_plan<PlainTable>("cuda_impl.rms_norm_with_config", row_threads, vpt,
                                             cluster, variant);
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  run(x, weight, eps, y, plan);
+  run(x, weight, eps, weight_offset, y, plan);
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with_config(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, int64_t row_threads, int64_t vpt, int64_t cluster, int64_t variant) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+    double eps, int64_t row_threads, int64_t vpt, int64_t cluster, int64_t variant,
+    double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   const Plan plan = forced_plan<FusedTable>("cuda_impl.fused_add_rms_norm_with_config",
                                             row_threads, vpt, cluster, variant);
   const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor y = at::empty(x.sizes(), contiguous);
   at::Tensor residual_out = at::empty(x.sizes(), contiguous.dtype(residual.scalar_type()));
-  run_fused(x, residual, weight, eps, y, residual_out, plan);
+  run_fused(x, residual, weight, eps, weight_offset, y, residual_out, plan);
   return {y, residual_out};
 }
 

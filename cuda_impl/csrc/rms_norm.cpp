@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -51,6 +51,16 @@ std::string dtype_str(at::ScalarType t) {
     case at::kComplexHalf: return "torch.complex32";
     case at::kComplexFloat: return "torch.complex64";
     case at::kComplexDouble: return "torch.complex128";
+    case at::kUInt16: return "torch.uint16";
+    case at::kUInt32: return "torch.uint32";
+    case at::kUInt64: return "torch.uint64";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "torch.float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "torch.float8_e5m2fnuz";
+    case at::kQUInt8: return "torch.quint8";
+    case at::kQInt8: return "torch.qint8";
+    case at::kQInt32: return "torch.qint32";
     default: return std::string("torch.") + c10::toString(t);
   }
 }
@@ -241,9 +251,7 @@ std::string py_float(double v) {
 void check_eps(double eps, const char* impl) {
   if (eps_ok(eps)) return;
   char range[64];
-  std::snprintf(range, sizeof(range), "%.7g, %.7g",
-                static_cast<double>(std::numeric_limits<float>::min()),
-                static_cast<double>(std::numeric_limits<float>::max()));
+  std::snprintf(range, sizeof(range), "%.7g, %.7g", spec::kEpsMin, spec::kEpsMax);
   refuse(spec::kRange, impl, "eps", {{"got", py_float(eps)}, {"want", range}});
 }
 
@@ -258,21 +266,31 @@ const char* name_at(const spec::Tensor (&op)[K], int arg) {
   return "?";
 }
 
+// An op's rules for the argument of that name (its rules' table lists every tensor).
+template <size_t K>
+const spec::Tensor& rule_of(const spec::Tensor (&op)[K], std::string_view name) {
+  for (const auto& r : op) {
+    if (name == r.name) return r;
+  }
+  TORCH_CHECK(false, "no rule for ", std::string(name));
+}
+
 // One tensor argument against its rules (rmsnorm_api's _check_tensor): args holds the op's
 // arguments by index, nullptr for a scalar or None.
 template <size_t K>
 void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
                   const at::Tensor* const* args, const char* impl) {
+  // an optional argument not given is a null pointer; an undefined tensor (a C++ caller's
+  // None where a tensor was promised) is refused, given or not
   const at::Tensor* t = args[r.arg];
-  if (t == nullptr || !t->defined()) {
-    if (r.optional) return;
-    refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
-  }
+  if (t == nullptr && r.optional) return;
+  if (t == nullptr || !t->defined()) refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
   if (t->is_nested()) refuse(spec::kNested, impl, r.name);
   if (t->layout() != at::kStrided) refuse(spec::kLayout, impl, r.name, {{"got", layout_str(t->layout())}});
-  const std::string got = dtype_str(t->scalar_type());
   if (r.dtype == spec::Dtype::kFloat) {
-    if (!supported(t->scalar_type())) refuse(spec::kDtypeFloat, impl, r.name, {{"got", got}});
+    if (!supported(t->scalar_type())) {
+      refuse(spec::kDtypeFloat, impl, r.name, {{"got", dtype_str(t->scalar_type())}});
+    }
   } else {
     const at::ScalarType of = args[r.dtype_of]->scalar_type();
     const bool fp32_too = r.dtype == spec::Dtype::kOfOrFloat32;
@@ -281,7 +299,9 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
                                : of == at::kFloat ? spec::kDtypeOfFp32
                                                   : spec::kDtypeOfOrFp32;
       refuse(m, impl, r.name,
-             {{"of", name_at(op, r.dtype_of)}, {"got", got}, {"want", dtype_str(of)}});
+             {{"of", name_at(op, r.dtype_of)},
+              {"got", dtype_str(t->scalar_type())},
+              {"want", dtype_str(of)}});
     }
   }
   if (r.shape == spec::Shape::kRows) {
@@ -311,11 +331,12 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
 }
 
 // An op's arguments against its rules (rmsnorm_api's _check_op, in its order): every
-// tensor's, the others' devices beside the rows', eps, and last the rows' device, so every
-// other check also runs on a machine without a GPU.
+// tensor's, the others' devices beside the rows', eps, the weight offset (finite, and other
+// than 0 only with a weight), and last the rows' device, so every other check also runs on
+// a machine without a GPU.
 template <size_t K>
 void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double eps,
-              const char* impl) {
+              double weight_offset, const char* impl) {
   for (const auto& r : op) check_tensor(op, r, args, impl);
   const at::Tensor& rows = *args[op[0].arg];
   for (size_t i = 1; i < K; ++i) {
@@ -326,6 +347,13 @@ void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double
     }
   }
   check_eps(eps, impl);
+  if (!offset_ok(weight_offset)) {
+    refuse(spec::kRangeFinite, impl, "weight_offset", {{"got", py_float(weight_offset)}});
+  }
+  if (weight_offset != 0.0 && args[rule_of(op, "weight").arg] == nullptr) {
+    refuse(spec::kNeeds, impl, "weight_offset",
+           {{"of", "weight"}, {"got", py_float(weight_offset)}});
+  }
   if (!rows.is_cuda()) refuse(spec::kDevice, impl, op[0].name, {{"got", rows.device().str()}});
 }
 
@@ -333,28 +361,38 @@ const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : n
 
 }  // namespace
 
+at::Tensor weight_as_read(const std::optional<at::Tensor>& weight, double weight_offset) {
+  if (!weight.has_value()) return at::Tensor();
+  if (weight_offset == 0.0) return weight->contiguous();
+  // never in place: to() returns an fp32 weight itself
+  return at::add(weight->to(at::kFloat), static_cast<float>(weight_offset)).contiguous();
+}
+
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-                  const char* impl) {
-  const at::Tensor* args[] = {&x, maybe(weight), nullptr};
-  check_op(spec::kRmsNorm, args, eps, impl);
+                  double weight_offset, const char* impl) {
+  const at::Tensor* args[] = {&x, maybe(weight), nullptr, nullptr};
+  check_op(spec::kRmsNorm, args, eps, weight_offset, impl);
 }
 
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
-                        const std::optional<at::Tensor>& weight, double eps, const char* impl) {
-  const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr};
-  check_op(spec::kFusedAddRmsNorm, args, eps, impl);
+                        const std::optional<at::Tensor>& weight, double eps, double weight_offset,
+                        const char* impl) {
+  const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr, nullptr};
+  check_op(spec::kFusedAddRmsNorm, args, eps, weight_offset, impl);
 }
 
 // The backward ops' arguments: saved is x, or the fused add's residual_out.
 void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
                            const std::optional<at::Tensor>& weight, double eps,
+                           double weight_offset,
                            const std::optional<at::Tensor>& d_residual_out, bool fused) {
   if (fused) {
-    const at::Tensor* args[] = {&dy, maybe(d_residual_out), &saved, maybe(weight), nullptr};
-    check_op(spec::kFusedAddRmsNormBackward, args, eps, kFusedBwdImpl);
+    const at::Tensor* args[] = {&dy,    maybe(d_residual_out), &saved, maybe(weight),
+                                nullptr, nullptr,              nullptr};
+    check_op(spec::kFusedAddRmsNormBackward, args, eps, weight_offset, kFusedBwdImpl);
   } else {
-    const at::Tensor* args[] = {&dy, &saved, maybe(weight), nullptr};
-    check_op(spec::kRmsNormBackward, args, eps, kBwdImpl);
+    const at::Tensor* args[] = {&dy, &saved, maybe(weight), nullptr, nullptr};
+    check_op(spec::kRmsNormBackward, args, eps, weight_offset, kBwdImpl);
   }
 }
 
@@ -377,8 +415,8 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
 
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight) {
-  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr};
-  check_tensor(spec::kRmsNormOut, spec::kRmsNormOut[1], args, kImpl);
+  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr, nullptr};
+  check_tensor(spec::kRmsNormOut, rule_of(spec::kRmsNormOut, "out"), args, kImpl);
   if (out.device() != x.device()) {
     refuse(spec::kDeviceOf, kImpl, "out",
            {{"of", "x"}, {"got", out.device().str()}, {"want", x.device().str()}});
@@ -404,22 +442,24 @@ namespace {
 }
 
 at::Tensor rms_norm_checked(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                            double eps) {
-  check_inputs(x, weight, eps);
+                            double eps, double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   unreachable();
 }
 
 void rms_norm_out_checked(at::Tensor& out, const at::Tensor& x,
-                          const std::optional<at::Tensor>& weight, double eps) {
-  check_inputs(x, weight, eps);
+                          const std::optional<at::Tensor>& weight, double eps,
+                          double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   check_out(out, x, weight);
   unreachable();
 }
 
 at::Tensor rms_norm_with_config_checked(const at::Tensor& x,
                                         const std::optional<at::Tensor>& weight, double eps,
-                                        int64_t, int64_t, int64_t, int64_t) {
-  check_inputs(x, weight, eps);
+                                        int64_t, int64_t, int64_t, int64_t,
+                                        double weight_offset) {
+  check_inputs(x, weight, eps, weight_offset);
   unreachable();
 }
 
@@ -431,21 +471,22 @@ std::vector<int64_t> rms_norm_kernel_info_checked(const at::Tensor& x,
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_checked(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+    double eps, double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   unreachable();
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_with_config_checked(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
-    double eps, int64_t, int64_t, int64_t, int64_t) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImpl);
+    double eps, int64_t, int64_t, int64_t, int64_t, double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImpl);
   unreachable();
 }
 
 void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
-                                 const std::optional<at::Tensor>& weight, double eps) {
-  check_fused_inputs(x, residual, weight, eps, kFusedImplInPlace);
+                                 const std::optional<at::Tensor>& weight, double eps,
+                                 double weight_offset) {
+  check_fused_inputs(x, residual, weight, eps, weight_offset, kFusedImplInPlace);
   check_in_place(x, residual, weight, kFusedImplInPlace);
   unreachable();
 }
@@ -453,27 +494,29 @@ void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
 // The ops that write their arguments bump those tensors' versions (the ADInplaceOrView key),
 // so autograd notices when a tensor it saved was overwritten instead of using stale values.
 void rms_norm_out_versioned(at::Tensor& out, const at::Tensor& x,
-                            const std::optional<at::Tensor>& weight, double eps) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cuda_impl::rms_norm_out", "")
-          .typed<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+                            const std::optional<at::Tensor>& weight, double eps,
+                            double weight_offset) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cuda_impl::rms_norm_out", "")
+                             .typed<void(at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, double, double)>();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(out, x, weight, eps);
+    op.call(out, x, weight, eps, weight_offset);
   }
   torch::autograd::impl::bump_version(out);
 }
 
 void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
-                                   const std::optional<at::Tensor>& weight, double eps) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_", "")
-          .typed<void(at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, double)>();
+                                   const std::optional<at::Tensor>& weight, double eps,
+                                   double weight_offset) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_", "")
+                             .typed<void(at::Tensor&, at::Tensor&,
+                                         const std::optional<at::Tensor>&, double, double)>();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(x, residual, weight, eps);
+    op.call(x, residual, weight, eps, weight_offset);
   }
   torch::autograd::impl::bump_version(x);
   torch::autograd::impl::bump_version(residual);
@@ -481,42 +524,40 @@ void fused_add_rms_norm__versioned(at::Tensor& x, at::Tensor& residual,
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_checked(
     const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-    double eps) {
-  check_backward_inputs(dy, x, weight, eps, std::nullopt, false);
+    double eps, double weight_offset) {
+  check_backward_inputs(dy, x, weight, eps, weight_offset, std::nullopt, false);
   unreachable();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward_checked(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
     const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
-    bool /*dresidual*/) {
-  check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
+    bool /*dresidual*/, double weight_offset) {
+  check_backward_inputs(dy, residual_out, weight, eps, weight_offset, d_residual_out, true);
   unreachable();
 }
 
 }  // namespace
 
 TORCH_LIBRARY(cuda_impl, m) {
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
-  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
-  // The fused residual add: (y, residual_out), and in place (y into x, residual_out into
-  // residual).
-  m.def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps) -> "
-        "(Tensor, Tensor)");
-  m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
-  // The backward ops (autograd: cuda_impl/ops.py): (dx, dweight) and (dx, dresidual,
-  // dweight); dweight is empty without a weight. dresidual=False: dresidual is not stored
-  // and comes back empty (autograd's call where it would equal dx: dx serves as both).
-  m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps) -> (Tensor, Tensor)");
-  m.def("fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, "
-        "Tensor? weight, float eps, bool dresidual=True) -> (Tensor, Tensor, Tensor)");
+  // The described ops (rmsnorm_api/spec.py, through spec_rules.h): rms_norm and its out=
+  // form; the fused residual add, (y, residual_out), and in place (y into x, residual_out
+  // into residual); the backward ops (autograd: cuda_impl/ops.py), (dx, dweight) and (dx,
+  // dresidual, dweight): dweight is empty without a weight, and dresidual=False does not
+  // store dresidual (autograd's call where it would equal dx: dx serves as both).
+  for (const char* schema : {spec::kRmsNormSchema, spec::kRmsNormOutSchema,
+                             spec::kFusedAddRmsNormSchema, spec::kFusedAddRmsNormInPlaceSchema,
+                             spec::kRmsNormBackwardSchema, spec::kFusedAddRmsNormBackwardSchema}) {
+    m.def(schema);
+  }
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
   m.def("fused_add_configs() -> int[]", &fused_add_configs);
   m.def("fused_add_rms_norm_with_config(Tensor x, Tensor residual, Tensor? weight, float eps, "
-        "int row_threads, int vpt, int cluster, int variant=0) -> (Tensor, Tensor)");
+        "int row_threads, int vpt, int cluster, int variant=0, float weight_offset=0.0) -> "
+        "(Tensor, Tensor)");
   // For sweeps: force one of the compiled launch configs; and list them.
   m.def("rms_norm_with_config(Tensor x, Tensor? weight, float eps, int row_threads, int vpt, "
-        "int cluster, int variant=0) -> Tensor");
+        "int cluster, int variant=0, float weight_offset=0.0) -> Tensor");
   m.def("rms_norm_configs() -> int[]", &rms_norm_configs);
   // The forward's variant bits by name, bit i at index i ("" where unused).
   m.def("forward_variants() -> str[]", &forward_variants);

@@ -38,33 +38,44 @@ constexpr const char* kFusedBwdImpl = "cuda_impl.fused_add_rms_norm_backward";
 // check_in_place), repeated for direct torch.ops callers: TypeError / ValueError in Python,
 // with the same wording.
 void check_inputs(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-                  const char* impl = kImpl);
+                  double weight_offset = 0.0, const char* impl = kImpl);
 void check_eps(double eps, const char* impl = kImpl);
-// eps is added to an fp32 mean: outside float32's normal range (NaN and inf included) it is
-// 0, subnormal or inf
-constexpr bool eps_ok(double eps) {
-  return eps >= std::numeric_limits<float>::min() && eps <= std::numeric_limits<float>::max();
+// eps in its range (spec_rules.h: float32's normal range, where an fp32 mean plus eps is
+// neither 0, subnormal nor inf; NaN and inf outside it)
+constexpr bool eps_ok(double eps) { return eps >= spec::kEpsMin && eps <= spec::kEpsMax; }
+// the weight offset in its range (float32's finite numbers; NaN and inf outside it)
+constexpr bool offset_ok(double offset) {
+  return offset >= -spec::kEpsMax && offset <= spec::kEpsMax;
 }
+// The weight as both directions' kernels read it: contiguous, or, with a weight offset, a
+// new fp32 tensor of weight + offset, the add in fp32 as the contract defines it (the
+// kernels then run their fp32-weight form: a register more in the tight ones, for an add
+// in the kernel, spilled; docs/notebook/17-the-op-as-data.md). Undefined without a weight.
+at::Tensor weight_as_read(const std::optional<at::Tensor>& weight, double weight_offset);
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
-                        const std::optional<at::Tensor>& weight, double eps, const char* impl);
+                        const std::optional<at::Tensor>& weight, double eps, double weight_offset,
+                        const char* impl);
 void check_in_place(const at::Tensor& x, const at::Tensor& residual,
                     const std::optional<at::Tensor>& weight, const char* impl);
 // rmsnorm_api.check_backward_inputs: saved is x, or (fused) the fused add's residual_out.
 void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
                            const std::optional<at::Tensor>& weight, double eps,
+                           double weight_offset,
                            const std::optional<at::Tensor>& d_residual_out, bool fused);
 
-at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                    double weight_offset);
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                  double eps);
+                  double eps, double weight_offset);
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const std::optional<at::Tensor>& weight,
-                                                      double eps);
+                                                      double eps, double weight_offset);
 void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
-                         const std::optional<at::Tensor>& weight, double eps);
+                         const std::optional<at::Tensor>& weight, double eps,
+                         double weight_offset);
 
 // SMs of a device, asked once per device (forward.cu).
 int sm_count(int device);
@@ -79,11 +90,11 @@ void pretend_no_clusters(bool on);
 // dresidual, dweight); dweight is empty without a weight, dresidual without `dresidual`.
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                                      const std::optional<at::Tensor>& weight,
-                                                     double eps);
+                                                     double eps, double weight_offset);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
     const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
-    bool dresidual);
+    bool dresidual, double weight_offset);
 
 // Sweeps: the compiled launch configs, flat (row_threads, vpt, cluster, in_default_ladder,
 // variant).

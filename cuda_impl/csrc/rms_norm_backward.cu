@@ -1124,8 +1124,8 @@ at::Tensor rows_of(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 // ds (and ds2) for s's rows; returns dweight (undefined without a weight).
 at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
                         const std::optional<at::Tensor>& weight, double eps,
-                        const std::optional<at::Tensor>& dro_in, at::Tensor& ds,
-                        at::Tensor* ds2) {
+                        double weight_offset, const std::optional<at::Tensor>& dro_in,
+                        at::Tensor& ds, at::Tensor* ds2) {
   const int N = static_cast<int>(s_in.size(-1));
   const at::Tensor dy = rows_of(dy_in.stride(-1) == 1 ? dy_in : dy_in.contiguous());
   const at::Tensor s = rows_of(s_in);
@@ -1161,8 +1161,10 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
 
   const int device = s.get_device();
   const auto dt = dy.scalar_type();
-  // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory
-  const bool w16 = has_w && weight->scalar_type() == dt && dy.element_size() == 2;
+  // a 16-bit weight of dy's dtype may stay in it in the staged kernel's shared memory; with
+  // a weight offset the kernels read weight + offset in fp32 (weight_as_read)
+  const bool w16 =
+      has_w && weight_offset == 0.0 && weight->scalar_type() == dt && dy.element_size() == 2;
   const Rows r{N,
                staged,
                vec_ok,
@@ -1179,11 +1181,12 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   } else {
     l = s32 ? pick<__nv_bfloat16, float>(r) : pick<__nv_bfloat16, __nv_bfloat16>(r);
   }
-  // the weight as the kernel reads it: in its dtype (the staged kernel's WT), else fp32
+  // the weight as the kernel reads it: in its dtype (the staged kernel's WT), else fp32,
+  // the offset added there (weight_as_read)
   const bool wt = l.wt;
   const at::Tensor w = !has_w ? at::Tensor()
                        : wt   ? weight->contiguous()
-                              : weight->to(at::kFloat).contiguous();
+                              : weight_as_read(weight, weight_offset).to(at::kFloat).contiguous();
   int walkers = persistent_walkers(l, M, device);
   // the staged and register kernels' CTAs each keep one phase: a whole number of periods
   // of walkers (the chunked kernel, which takes rows of differing phases, does not mind)
@@ -1242,26 +1245,27 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                                      const std::optional<at::Tensor>& weight,
-                                                     double eps) {
-  check_backward_inputs(dy, x, weight, eps, std::nullopt, false);
+                                                     double eps, double weight_offset) {
+  check_backward_inputs(dy, x, weight, eps, weight_offset, std::nullopt, false);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0 && !weight) return {dx, x.new_empty({0})};
-  at::Tensor dw = run_backward(dy, x, weight, eps, std::nullopt, dx, nullptr);
+  at::Tensor dw = run_backward(dy, x, weight, eps, weight_offset, std::nullopt, dx, nullptr);
   return {dx, dw.defined() ? dw : x.new_empty({0})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_backward(
     const at::Tensor& dy, const std::optional<at::Tensor>& d_residual_out,
     const at::Tensor& residual_out, const std::optional<at::Tensor>& weight, double eps,
-    bool dresidual) {
-  check_backward_inputs(dy, residual_out, weight, eps, d_residual_out, true);
+    bool dresidual, double weight_offset) {
+  check_backward_inputs(dy, residual_out, weight, eps, weight_offset, d_residual_out, true);
   const c10::cuda::CUDAGuard guard(residual_out.device());
   const auto contiguous = residual_out.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor dx = at::empty(residual_out.sizes(), contiguous.dtype(dy.scalar_type()));
   at::Tensor dres = at::empty(dresidual ? residual_out.sizes() : at::IntArrayRef{0}, contiguous);
   at::Tensor dw =
-      run_backward(dy, residual_out, weight, eps, d_residual_out, dx, dresidual ? &dres : nullptr);
+      run_backward(dy, residual_out, weight, eps, weight_offset, d_residual_out, dx,
+                   dresidual ? &dres : nullptr);
   return {dx, dres, dw.defined() ? dw : residual_out.new_empty({0})};
 }
 

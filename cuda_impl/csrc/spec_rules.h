@@ -1,7 +1,7 @@
 // Written from rmsnorm_api/spec.py by its header() (tests/test_spec.py holds this file
-// to it, and says how to rewrite it): each op's tensor rules in the order the checks
-// run, and the checks' wording, which the C++ op's checks (rms_norm.cpp) apply as
-// rmsnorm_api does.
+// to it, and says how to rewrite it): each op's schema and tensor rules, in the order
+// the checks run, and the checks' wording, which the C++ op's registration and checks
+// (rms_norm.cpp) apply as rmsnorm_api does.
 #pragma once
 
 #include <cstdint>
@@ -32,37 +32,45 @@ struct Message {
 };
 
 constexpr int64_t kMaxN = 262144;
+constexpr double kEpsMin = 1.1754943508222875e-38;
+constexpr double kEpsMax = 3.4028234663852886e+38;
 
 constexpr Tensor kRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
+constexpr const char* kRmsNormSchema = "rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor";
 constexpr Tensor kRmsNormOut[] = {
     {1, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {0, "out", false, Dtype::kOf, 1, Shape::kOf, 1, Stride::kDense},
     {2, "weight", true, Dtype::kOfOrFloat32, 1, Shape::kRowOf, 1, Stride::kAny},
 };
+constexpr const char* kRmsNormOutSchema = "rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> ()";
 constexpr Tensor kFusedAddRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "residual", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
+constexpr const char* kFusedAddRmsNormSchema = "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)";
 constexpr Tensor kFusedAddRmsNormInPlace[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {1, "residual", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
+constexpr const char* kFusedAddRmsNormInPlaceSchema = "fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, float weight_offset=0.0) -> ()";
 constexpr Tensor kRmsNormBackward[] = {
     {0, "dy", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kAny},
     {1, "x", false, Dtype::kOf, 0, Shape::kOf, 0, Stride::kRow},
     {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
+constexpr const char* kRmsNormBackwardSchema = "rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)";
 constexpr Tensor kFusedAddRmsNormBackward[] = {
     {0, "dy", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kAny},
     {2, "residual_out", false, Dtype::kOfOrFloat32, 0, Shape::kOf, 0, Stride::kRow},
     {1, "d_residual_out", true, Dtype::kOf, 2, Shape::kOf, 0, Stride::kAny},
     {3, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
 };
+constexpr const char* kFusedAddRmsNormBackwardSchema = "fused_add_rms_norm_backward(Tensor dy, Tensor? d_residual_out, Tensor residual_out, Tensor? weight, float eps, bool dresidual=True, float weight_offset=0.0) -> (Tensor, Tensor, Tensor)";
 
 constexpr Message kTensor = {"{impl}: {name} must be a torch.Tensor, got {got}", true};
 constexpr Message kTensorOrNone = {"{impl}: {name} must be a torch.Tensor or None, got {got}", true};
@@ -83,5 +91,7 @@ constexpr Message kDeviceOf = {"{impl}: {name} is on device '{got}' but {of} is 
 constexpr Message kDevice = {"{impl}: {name} is on device '{got}'; expected a CUDA tensor{hint}", false};
 constexpr Message kReal = {"{impl}: {name} must be a real number, got {got}", true};
 constexpr Message kRange = {"{impl}: {name} is {got}; expected a number in float32's normal range [{want}]", false};
+constexpr Message kRangeFinite = {"{impl}: {name} is {got}; expected a finite number in float32's range", false};
+constexpr Message kNeeds = {"{impl}: {name} is {got} but {of} is None; {name} applies to a {of}", false};
 
 }  // namespace cuda_impl::spec
