@@ -710,6 +710,15 @@ def test_cuda_fused_configs_listed():
         assert (cfg.row_threads, cfg.vpt, cfg.cluster > 1, cfg.variant) in shipped
         assert cfg.holds(n, elem)
     assert C.search_space(4096, 2, op="fused_add_rms_norm")
+    # 16-bit rows of whole vectors from 20480 elements: two staged CTAs a row (fp32, and
+    # rms_norm, from 32768)
+    whole = C.variant_bits()["whole_vectors"]
+    for n in (20480, 24576, 32768):
+        cfg = C.default_config(n, 2, op="fused_add_rms_norm")
+        assert cfg.variant & whole and cfg.cluster == 2, (n, cfg)
+    for n, elem, op in ((16384, 2, "fused_add_rms_norm"), (24576, 4, "fused_add_rms_norm"),
+                        (24576, 2, "rms_norm")):  # fmt: skip
+        assert not C.default_config(n, elem, op=op).variant & whole, (n, elem, op)
     with pytest.raises(ValueError, match=r"op is 'backward'"):
         C.compiled_configs("backward")
     with pytest.raises(ValueError, match=r"default_config: op is 'backward'"):

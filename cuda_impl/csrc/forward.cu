@@ -104,7 +104,8 @@ Plan default_plan(int vecs, int elem, int64_t rows, int sms, bool vectors, bool 
     const int c = climb<Tb>(Ladder::kRows16, vecs);
     if (c >= 0) return {c, 1};
   }
-  if (clusters && vectors && vecs * (16 / elem) >= kWholeMinN) {
+  const int whole_min = elem == 2 ? Tb::kWholeMinN16 : Tb::kWholeMinN32;
+  if (clusters && vectors && vecs * (16 / elem) >= whole_min) {
     const int c = climb<Tb>(Ladder::kWhole, vecs);
     if (c >= 0) return {c, fewest_ranks(kConfigs<Tb>[c], vecs)};
   }

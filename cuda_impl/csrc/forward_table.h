@@ -108,13 +108,11 @@ enum class Ladder {
   kRows16,     // 16-bit rows of whole aligned 16-byte vectors, many or few: one CTA a row
   kReread16,   // many 16-bit rows of whole aligned 16-byte vectors: one CTA a row, read twice
   kReread32,   // ... (fp32)
-  kWhole,      // rows of whole aligned 16-byte vectors, 32768 elements and wider (but many
-               // 16-bit rows of 32768, which kReread16 takes first)
+  kWhole,      // rows of whole aligned 16-byte vectors from the table's kWholeMinN16 /
+               // kWholeMinN32 elements (32768, but many 16-bit rows of 32768, which
+               // kReread16 takes first; the fused add's 16-bit rows from 20480)
   kOdd16,      // 16-bit rows off the 16-byte grid (N, or a row's start, not on it), many rows
 };
-// kWhole takes rows of at least this many elements (both element sizes: the widths its
-// sweep measured).
-constexpr int kWholeMinN = 32768;
 // kRows16 takes rows of a whole number of this many vectors, so that every thread of a
 // 256-thread CTA has the same vectors (the widths the sweep measured; 5120 elements, 640
 // vectors, lost to the many-row ladder: docs/notebook/07-decode-and-host-time.md, v31).
@@ -143,15 +141,23 @@ constexpr int kReadOnly = 0;  // read-only, non-allocating loads, no other bit
 #define RUNG(ladder, max_vecs, row_threads, vpt, cluster, variant) \
   {Ladder::ladder, max_vecs, {row_threads, vpt, cluster != 0, variant}},
 #define SWEEP(row_threads, vpt, cluster, variant)
+// kWholeMinN16, kWholeMinN32: kWhole takes rows of at least this many 16-bit or fp32
+// elements (the widths its sweeps measured; the fused add's 16-bit rows of 20480 and 24576
+// on two staged CTAs, 99.0-99.1% of copy against 97.9-98.1 on one CTA of 512 x 8:
+// docs/notebook/16-why-inductor-wins.md, v62).
 struct PlainTable {
   static constexpr Rung kRungs[] = {
 #include "tuning/rms_norm.inc"
   };
+  static constexpr int kWholeMinN16 = 32768;
+  static constexpr int kWholeMinN32 = 32768;
 };
 struct FusedTable {
   static constexpr Rung kRungs[] = {
 #include "tuning/fused_add_rms_norm.inc"
   };
+  static constexpr int kWholeMinN16 = 20480;
+  static constexpr int kWholeMinN32 = 32768;
 };
 #undef RUNG
 #undef SWEEP
