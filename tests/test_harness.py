@@ -1195,6 +1195,15 @@ def test_trimmed_flashinfer_imports_its_norms(tmp_path):
     if importlib.util.find_spec("tvm_ffi") is None:
         pytest.skip("apache-tvm-ffi not importable (flashinfer.jit imports it): QuACK's .qk2 "
                     "wheels, on a site directory named in RMSNORM_SITE_DIRS")  # fmt: skip
+    dsl = importlib.util.find_spec("cutlass")
+    if dsl is not None and not any(
+        Path(d, "_mlir", "_mlir_libs").glob("_cutlass_ir.cu*")
+        for d in dsl.submodule_search_locations
+    ):
+        # a device call that carried the first part of QuACK's library but not yet the
+        # second: the DSL's compiler library is missing, and FlashInfer refuses to import
+        pytest.skip("the CuTe DSL is here without its compiler library (_cutlass_ir.cu*): "
+                    "QuACK's library wheel is carried in two parts, .qk1 and .qk3")  # fmt: skip
     with tarfile.open(found[-1]) as tar:
         tar.extractall(tmp_path, filter="data")
     env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_USE_CUDA_NORM"}
