@@ -131,7 +131,10 @@ def test_every_triton_kernel_kind(n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_cuda_config(op, dtype):
     """Every compiled CUDA config of both forward ops (each body: the general one, the row
-    chunks, the staged clusters) adds the offset, at its full width and an odd one below."""
+    chunks, the staged clusters) adds the offset, at its full width and an odd one below;
+    offset 1 with a weight of x's dtype (a plus-one kernel, where the build has the config's)
+    gives the bits of the same config reading the fp32 weight + 1 the launcher makes for an
+    fp32 weight."""
     impl_or_skip("cuda")
     from cuda_impl import (
         Config,
@@ -150,15 +153,22 @@ def test_every_cuda_config(op, dtype):
             try:
                 if op == "rms_norm":
                     got = rms_norm_with_config(x, w, EPS, cfg, weight_offset=1.0)
+                    folded = rms_norm_with_config(x, w.float(), EPS, cfg, weight_offset=1.0)
                     want = rms_norm_ref(x, w, EPS, 1.0)
                 else:
                     r = torch.randn(5, n, device=DEVICE).to(dtype)
                     got, _ = fused_add_rms_norm_with_config(x, r, w, EPS, cfg, weight_offset=1.0)
+                    folded, _ = fused_add_rms_norm_with_config(
+                        x, r, w.float(), EPS, cfg, weight_offset=1.0
+                    )
                     want = fused_add_rms_norm_ref(x, r, w, EPS, 1.0)[0]
             except ValueError as e:  # a fused config compiled only for the other dtypes
                 assert "compiled only for the dtypes" in str(e), (cfg, n, str(e))
                 continue
             torch.testing.assert_close(got, want, **TOL[dtype], msg=lambda s, c=cfg: f"{c}: {s}")
+            torch.testing.assert_close(
+                got, folded, rtol=0, atol=0, msg=lambda s, c=cfg: f"{c}: {s}"
+            )
 
 
 GRAD_WIDTHS = [33, 1000, 4097] + ([8192, 16384, 65536] if HAS_GPU else [])

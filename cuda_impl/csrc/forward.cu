@@ -28,6 +28,8 @@ namespace cuda_impl {
 // Defined in the op's unit for x's dtype (forward_kernels.cuh).
 template <typename T, typename W, typename R>
 KernelFn<T, W, R> kernel_at(int i);
+template <typename T, typename R>
+KernelFn<T, T, R> kernel_plus_one_at(int i);
 
 // SMs of a device, asked once per device.
 int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
@@ -208,17 +210,31 @@ Plan plan_for(const char* impl, const at::Tensor& x2, const std::optional<Plan>&
   return plan;
 }
 
+// The kernel of a planned config. one (a weight offset of 1): its plus-one kernel, which the
+// build has for a 16-bit x with a weight and a residual of its dtype at the configs their
+// ladders name; null where it has none (the launch then reads an fp32 weight + 1).
+template <typename T, typename W, typename R>
+KernelFn<T, W, R> kernel_for(int config, bool one) {
+  if constexpr (sizeof(T) == 2 && std::is_same_v<W, T> &&
+                (std::is_void_v<R> || std::is_same_v<R, T>)) {
+    if (one) return kernel_plus_one_at<T, R>(config);
+  }
+  return one ? nullptr : kernel_at<T, W, R>(config);
+}
+
 template <typename T, typename W>
 void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, float eps,
-            const std::optional<Plan>& forced) {
+            const std::optional<Plan>& forced, bool one) {
   constexpr const char* kImpl = "cuda_impl.rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
   const int N = static_cast<int>(x2.size(1));
   const bool vectors = row_vectors<T>(x2, weight) && rows_aligned<T>(y2);
   const Plan plan = plan_for<T, PlainTable>(kImpl, x2, forced, vectors);
-  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16,
-                kernel_at<T, W, void>(plan.config),
+  const KernelFn<T, W, void> kernel = kernel_for<T, W, void>(plan.config, one);
+  if (kernel == nullptr)  // one, without its kernel here
+    return launch<T, float>(x2, weight_as_read(weight, 1.0), y2, eps, forced, false);
+  launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16, kernel,
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
                 nullptr, nullptr, int64_t{0}, int64_t{0}, M);
@@ -226,7 +242,8 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
 
 template <typename T, typename W, typename R>
 void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& weight,
-                  at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& forced) {
+                  at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& forced,
+                  bool one) {
   constexpr const char* kImpl = "cuda_impl.fused_add_rms_norm";
   const W* w = weight.defined() ? reinterpret_cast<const W*>(weight.const_data_ptr()) : nullptr;
   const int64_t M = x2.size(0);
@@ -236,7 +253,10 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
   const bool vectors = sizeof(R) == sizeof(T) && row_vectors<T>(x2, weight) &&
                        rows_aligned<T>(y2) && rows_aligned<R>(r2) && rows_aligned<R>(ro2);
   const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, vectors);
-  const KernelFn<T, W, R> kernel = kernel_at<T, W, R>(plan.config);
+  if (one && kernel_for<T, W, R>(plan.config, true) == nullptr)  // one, without its kernel here
+    return launch_fused<T, float, R>(x2, r2, weight_as_read(weight, 1.0), y2, ro2, eps, forced,
+                                     false);
+  const KernelFn<T, W, R> kernel = kernel_for<T, W, R>(plan.config, one);
   // only a forced config can be one the default build leaves out for this dtype
   TORCH_CHECK_VALUE(kernel != nullptr, "cuda_impl.fused_add_rms_norm_with_config: config (",
                     num(kConfigs<FusedTable>[plan.config].row_threads), ", ",
@@ -256,18 +276,19 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
 struct Launch {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, float eps,
-                    const std::optional<Plan>& plan) {
-    launch<T, W>(x2, w, y2, eps, plan);
+                    const std::optional<Plan>& plan, bool one) {
+    launch<T, W>(x2, w, y2, eps, plan, one);
   }
 };
 
 struct LaunchFused {
   template <typename T, typename W>
   static void apply(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& w,
-                    at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& plan) {
+                    at::Tensor& y2, at::Tensor& ro2, float eps, const std::optional<Plan>& plan,
+                    bool one) {
     if (r2.scalar_type() == at::kFloat)
-      return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps, plan);
-    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps, plan);
+      return launch_fused<T, W, float>(x2, r2, w, y2, ro2, eps, plan, one);
+    return launch_fused<T, W, T>(x2, r2, w, y2, ro2, eps, plan, one);
   }
 };
 
@@ -317,8 +338,9 @@ void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double ep
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor y2 = y.view({-1, x.size(-1)});
-  const at::Tensor w = weight_as_read(weight, weight_offset);
-  dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan);
+  const bool one = weight_offset == 1.0;
+  const at::Tensor w = weight_as_read(weight, one ? 0.0 : weight_offset);
+  dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan, one);
 }
 
 // The fused add into y and residual_out (x and residual themselves for the in-place form,
@@ -332,8 +354,10 @@ void run_fused(const at::Tensor& x, const at::Tensor& residual,
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n}), r2 = residual.reshape({-1, n});
   at::Tensor y2 = y.view({-1, n}), ro2 = residual_out.view({-1, n});
-  const at::Tensor w = weight_as_read(weight, weight_offset);
-  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps), plan);
+  const bool one = weight_offset == 1.0;
+  const at::Tensor w = weight_as_read(weight, one ? 0.0 : weight_offset);
+  dispatch<LaunchFused>(x.scalar_type(), w, x2, r2, w, y2, ro2, static_cast<float>(eps), plan,
+                        one);
 }
 
 }  // namespace

@@ -115,9 +115,20 @@ __device__ __forceinline__ uint4 load_hinted(const uint4* p) {
   return v;
 }
 
+// A weight element as the scale reads it: in fp32, plus one where ONE (kPlusOne: Gemma's
+// offset, an immediate of the add, never rounded through the weight's dtype).
+template <bool ONE, typename W>
+__device__ __forceinline__ float weight_float(W e) {
+  if constexpr (ONE) {
+    return to_float(e) + 1.f;
+  } else {
+    return to_float(e);
+  }
+}
+
 // VEC weights as floats starting at w (element offset already applied); vector loads when
 // the address is 16-byte aligned (fp32 weights beside 16-bit x take two vectors).
-template <typename W, int VEC>
+template <typename W, int VEC, bool ONE>
 __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok,
                                             float (&out)[VEC]) {
   if (vec_ok) {
@@ -127,11 +138,11 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, bool vec_ok
       Pack<W> p;
       p.raw = __ldg(reinterpret_cast<const uint4*>(w) + v);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = to_float(p.e[i]);
+      for (int i = 0; i < kPer; ++i) out[v * kPer + i] = weight_float<ONE>(p.e[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = to_float(__ldg(w + i));
+    for (int i = 0; i < VEC; ++i) out[i] = weight_float<ONE>(__ldg(w + i));
   }
 }
 
@@ -239,7 +250,7 @@ __device__ __forceinline__ void load_slice_weight(const W* __restrict__ w, const
 }
 
 // The weight's floats for vector j (the k-th of this thread's) of a staged slice.
-template <typename T, typename W, int VPT>
+template <typename T, typename W, int VPT, bool ONE>
 __device__ __forceinline__ void slice_weight(const W* __restrict__ w,
                                              const SliceWeight<T, W, VPT>& wv, int k, int j,
                                              float (&wf)[kVec<T>]) {
@@ -249,9 +260,9 @@ __device__ __forceinline__ void slice_weight(const W* __restrict__ w,
     for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
   } else if constexpr (kWeightBeside<T, W>) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
+    for (int i = 0; i < VEC; ++i) wf[i] = weight_float<ONE>(wv[k].e[i]);
   } else {
-    load_weight<W, VEC>(w + j * VEC, true, wf);
+    load_weight<W, VEC, ONE>(w + j * VEC, true, wf);
   }
 }
 
@@ -266,7 +277,7 @@ __device__ __forceinline__ void slice_weight(const W* __restrict__ w,
 // residual, rounded once to R, out and over them before the sum. Dynamic shared memory:
 // ROW_THREADS x VPT x 16 bytes, x (1 + NH) for the fused add. Every thread of every CTA
 // of the cluster must call it.
-template <typename T, typename W, typename R, int BLOCK, int VPT>
+template <typename T, typename W, typename R, int BLOCK, int VPT, bool ONE>
 __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* __restrict__ rr,
                                              R* __restrict__ ro, const W* __restrict__ w,
                                              T* __restrict__ yr, int N, float eps, int rank,
@@ -326,7 +337,7 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
     const int j = sl.lo + k * BLOCK;
     if (j >= sl.hi) break;
     float wf[VEC];
-    slice_weight<T, W, VPT>(w, wv, k, j, wf);
+    slice_weight<T, W, VPT, ONE>(w, wv, k, j, wf);
     Lanes<T, H> h;
 #pragma unroll
     for (int q = 0; q < NH; ++q) lane_raw<T>(h, q) = sh[(k * NH + q) * BLOCK + t];
@@ -370,7 +381,7 @@ __device__ __forceinline__ bool load_weight_early(const W* __restrict__ w, const
 // (VPT of them at most), then head element g and tail element g; fp32 math, one cast.
 // wv: this thread's weight vectors when load_weight_early loaded them (w_early), else
 // the weight is read here.
-template <typename T, typename W, typename L, int VPT>
+template <typename T, typename W, typename L, int VPT, bool ONE>
 __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float xt,
                                             const RowSplit& sp, int g, int G, float rstd,
                                             const W* __restrict__ w, T* yr,
@@ -387,10 +398,10 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
     if (w_early) {
       if constexpr (sizeof(W) == sizeof(T)) {  // always so when w_early is set
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) wf[i] = to_float(wv[k].e[i]);
+        for (int i = 0; i < VEC; ++i) wf[i] = weight_float<ONE>(wv[k].e[i]);
       }
     } else if (w != nullptr) {
-      load_weight<W, VEC>(w + e0, w_vec, wf);
+      load_weight<W, VEC, ONE>(w + e0, w_vec, wf);
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
@@ -406,11 +417,11 @@ __device__ __forceinline__ void scale_store(const L (&v)[VPT], float xh, float x
     }
   }
   if (g < sp.head) {
-    const float wh = w != nullptr ? to_float(__ldg(w + g)) : 1.f;
+    const float wh = w != nullptr ? weight_float<ONE>(__ldg(w + g)) : 1.f;
     yr[g] = from_float<T>(xh * rstd * wh);
   }
   if (g < sp.tail) {
-    const float wt = w != nullptr ? to_float(__ldg(w + sp.tail0 + g)) : 1.f;
+    const float wt = w != nullptr ? weight_float<ONE>(__ldg(w + sp.tail0 + g)) : 1.f;
     yr[sp.tail0 + g] = from_float<T>(xt * rstd * wt);
   }
 }
@@ -441,7 +452,7 @@ __device__ __forceinline__ void load_chunk(Pack<T> (&u)[VPT], const uint4* xp, i
 // or L2, where it has just been) for the scale, on few registers a thread, so many CTAs
 // share an SM. Any other row (a forced config only) takes a scalar loop, correct at any
 // alignment and width.
-template <typename T, typename W, int ROW_THREADS, int VPT, bool HOLD>
+template <typename T, typename W, int ROW_THREADS, int VPT, bool HOLD, bool ONE>
 __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __restrict__ w,
                                            T* __restrict__ y, int64_t stride_x,
                                            int64_t stride_y, int N, float eps,
@@ -464,7 +475,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
     }
     const float rstd = approx_rstd(group_sum<ROW_THREADS>(ss, warp_sums), N, eps);
     for (int e = t; e < N; e += ROW_THREADS) {
-      const float wf = w != nullptr ? to_float(__ldg(w + e)) : 1.f;
+      const float wf = w != nullptr ? weight_float<ONE>(__ldg(w + e)) : 1.f;
       yr[e] = from_float<T>(to_float(xr[e]) * rstd * wf);
     }
     return;
@@ -520,7 +531,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
         p.raw = wr[k][q];
 #pragma unroll
         for (int i = 0; i < kVec<W>; ++i)
-          wf[q * kVec<W> + i] = w != nullptr ? to_float(p.e[i]) : 1.f;
+          wf[q * kVec<W> + i] = w != nullptr ? weight_float<ONE>(p.e[i]) : 1.f;
       }
       Pack<T> o;
 #pragma unroll
@@ -537,7 +548,7 @@ __device__ __forceinline__ void row_chunks(const T* __restrict__ x, const W* __r
       if (j >= nvec) break;
       float wf[VEC];
       if (w != nullptr) {
-        load_weight<W, VEC>(w + j * VEC, true, wf);
+        load_weight<W, VEC, ONE>(w + j * VEC, true, wf);
       } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) wf[i] = 1.f;
@@ -643,10 +654,11 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   __shared__ __align__(8) uint64_t cluster_bar;
   static_assert((VARIANT & kReread) == 0 || (VARIANT & kRowChunks) != 0,
                 "reread: a variant of the row chunks");
+  constexpr bool ONE = (VARIANT & kPlusOne) != 0;
   if constexpr ((VARIANT & kRowChunks) != 0) {
     static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
-    row_chunks<T, W, ROW_THREADS, VPT, (VARIANT & kReread) == 0>(x, w, y, stride_x, stride_y, N,
-                                                                 eps, warp_sums);
+    row_chunks<T, W, ROW_THREADS, VPT, (VARIANT & kReread) == 0, ONE>(x, w, y, stride_x,
+                                                                      stride_y, N, eps, warp_sums);
     return;
   }
 
@@ -699,7 +711,7 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
     }
     if (N % VEC == 0 && aligned16(xr) && aligned16(yr) && (w == nullptr || aligned16(w)) &&
         (!kFused || (aligned16(rr) && aligned16(ro)))) {
-      staged_slice<T, W, R, BLOCK, VPT>(xr, rr, ro, w, yr, N, eps, rank, ranks, cluster_parts,
+      staged_slice<T, W, R, BLOCK, VPT, ONE>(xr, rr, ro, w, yr, N, eps, rank, ranks, cluster_parts,
                                         &cluster_bar);
       return;
     }
@@ -762,28 +774,31 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
         asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
       }
   }
-  if (row_ok) scale_store(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
+  if (row_ok) scale_store<T, W, Lanes<T, H>, VPT, ONE>(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
 // Config I's kernel for this dtype combination: rms_norm compiles every config of its table
 // for every dtype pair, the fused add its shipped configs only for the dtypes whose ladders
 // name them (null otherwise) and its sweep-only ones for all; the *_with_config entry
 // points reach any compiled one.
-template <typename T, typename W, typename R, size_t I>
+// FLAGS: a launch's flags (kPlusOne), whose kernels are compiled for the configs the
+// ladders of x's element size name only.
+template <typename T, typename W, typename R, size_t I, int FLAGS>
 constexpr KernelFn<T, W, R> kernel_of() {
   using C = TableOf<R>;
-  if constexpr (std::is_void_v<R> || I >= static_cast<size_t>(kNumShipped<C>) ||
-                used_by<C>(I, sizeof(T))) {
+  constexpr bool shipped = I < static_cast<size_t>(kNumShipped<C>);
+  constexpr bool named = shipped && used_by<C>(I, sizeof(T));
+  if constexpr (FLAGS != 0 ? named : std::is_void_v<R> || !shipped || named) {
     return &rms_norm_kernel<T, W, R, kConfigs<C>[I].row_threads, kConfigs<C>[I].vpt,
-                            kConfigs<C>[I].cluster, kConfigs<C>[I].variant>;
+                            kConfigs<C>[I].cluster, kConfigs<C>[I].variant | FLAGS>;
   } else {
     return nullptr;
   }
 }
 
-template <typename T, typename W, typename R, size_t... I>
+template <typename T, typename W, typename R, int FLAGS, size_t... I>
 std::array<KernelFn<T, W, R>, sizeof...(I)> make_kernels(std::index_sequence<I...>) {
-  return {kernel_of<T, W, R, I>()...};
+  return {kernel_of<T, W, R, I, FLAGS>()...};
 }
 
 }  // namespace
@@ -793,7 +808,17 @@ std::array<KernelFn<T, W, R>, sizeof...(I)> make_kernels(std::index_sequence<I..
 template <typename T, typename W, typename R>
 KernelFn<T, W, R> kernel_at(int i) {
   static const auto table =
-      make_kernels<T, W, R>(std::make_index_sequence<kNumConfigs<TableOf<R>>>{});
+      make_kernels<T, W, R, 0>(std::make_index_sequence<kNumConfigs<TableOf<R>>>{});
+  return table[i];
+}
+
+// ... and with the weight read as weight + 1 (kPlusOne), for x's dtype, a weight and a
+// residual of x's: null for a config its ladders do not name (the launcher then reads an
+// fp32 weight + 1 through kernel_at).
+template <typename T, typename R>
+KernelFn<T, T, R> kernel_plus_one_at(int i) {
+  static const auto table =
+      make_kernels<T, T, R, kPlusOne>(std::make_index_sequence<kNumConfigs<TableOf<R>>>{});
   return table[i];
 }
 
@@ -803,11 +828,16 @@ KernelFn<T, W, R> kernel_at(int i) {
 // has two rms_norm combinations and four fused-add ones; fp32 x has one of each.
 #define CUDA_IMPL_FORWARD_AT(T, W, R) \
   template cuda_impl::KernelFn<T, W, R> cuda_impl::kernel_at<T, W, R>(int);
+// A 16-bit x with a weight (and residual) of its dtype has its plus-one kernels too.
+#define CUDA_IMPL_PLUS_ONE_AT(T, R) \
+  template cuda_impl::KernelFn<T, T, R> cuda_impl::kernel_plus_one_at<T, R>(int);
 #define CUDA_IMPL_RMS_NORM_UNIT_16(T)   \
   CUDA_IMPL_FORWARD_AT(T, T, void)      \
+  CUDA_IMPL_PLUS_ONE_AT(T, void)        \
   CUDA_IMPL_FORWARD_AT(T, float, void)
 #define CUDA_IMPL_FUSED_ADD_UNIT_16(T)  \
   CUDA_IMPL_FORWARD_AT(T, T, T)         \
+  CUDA_IMPL_PLUS_ONE_AT(T, T)           \
   CUDA_IMPL_FORWARD_AT(T, T, float)     \
   CUDA_IMPL_FORWARD_AT(T, float, T)     \
   CUDA_IMPL_FORWARD_AT(T, float, float)

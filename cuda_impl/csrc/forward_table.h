@@ -53,6 +53,13 @@ constexpr int kReread = 4;
 //   kLeanRegs apply to it).
 constexpr int kWholeVectors = 64;
 constexpr int kStagedRow = 128;
+// - kPlusOne: a launch's flag, never a table's: the weight read as weight + 1, added in fp32
+//   (Gemma's offset), an immediate in each body's weight conversion, so it takes no
+//   register (a run-time offset beside every body spilled the tightest ones:
+//   docs/notebook/17-the-op-as-data.md). Compiled for the configs the ladders name, with a
+//   weight of x's dtype and the fused add's residual of x's dtype; any other offset, or
+//   dtype, reads an fp32 weight + offset made by the launcher.
+constexpr int kPlusOne = 256;
 // The variant bits by name, in bit order (bit i is 1 << i; "" for a bit not in use), for
 // cuda_impl/configs.py: the one copy of them.
 constexpr const char* kVariantNames[] = {"plain_loads", "lean_regs", "reread", "", "late_weight",
@@ -262,6 +269,14 @@ constexpr bool valid_table() {
   }
   return true;
 }
+template <typename Tb>
+constexpr bool no_launch_flags() {
+  for (int i = 0; i < kNumConfigs<Tb>; ++i)
+    if ((kConfigs<Tb>[i].variant & kPlusOne) != 0) return false;
+  return true;
+}
+static_assert(no_launch_flags<PlainTable>() && no_launch_flags<FusedTable>(),
+              "kPlusOne is a launch's flag, not a config's");
 static_assert(valid_table<PlainTable>(), "each config compiled once; rungs hold their rows, in order");
 static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold their rows, in order");
 
@@ -283,7 +298,7 @@ constexpr bool used_by(int i, int elem) {
     const Ladder l = Tb::kRungs[r].ladder;
     if ((l == many || l == cluster || l == Ladder::kFew || l == Ladder::kWhole ||
          l == (elem == 4 ? Ladder::kReread32 : Ladder::kReread16) ||
-         (l == Ladder::kOdd16 && elem == 2)) &&
+         ((l == Ladder::kOdd16 || l == Ladder::kRows16) && elem == 2)) &&
         same(Tb::kRungs[r].config, kConfigs<Tb>[i]))
       return true;
   }
