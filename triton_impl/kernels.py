@@ -97,6 +97,40 @@ def _rms_norm_fwd_fused(
     )
 
 
+# fmt: off
+@triton.jit
+def _rms_norm_fwd_heads(
+    x_ptr, w_ptr, y_ptr,  # x (T, H, N), weight (N,) or a dummy, y (T, H, N)
+    stride_x, stride_xh, stride_y, stride_yh,  # elements between tokens, between heads
+    M, N, H, eps,  # rows (T x H), true row width, heads, eps (fp32)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    W_OFFSET: tl.constexpr, W_FIRST: tl.constexpr,
+):
+    # fmt: on
+    # the fused kernel on rows that share no one stride: heads of a packed projection (QK
+    # norm's q = qkv[:, :H*D].view(T, H, D), strides (3HD, D, 1)), row r at token r // H,
+    # head r % H, read where they lie rather than copied into rows first (a copy reads and
+    # writes x once more than the norm itself)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // H
+    head = rows - tok * H
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    x_rows = x_ptr + (tok * stride_x + head * stride_xh)[:, None]
+    x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT and W_FIRST:
+        w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + tl.cast(eps, tl.float32))
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        if not W_FIRST:
+            w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
+        y = y * w[None, :]
+    y_rows = y_ptr + (tok * stride_y + head * stride_yh)[:, None]
+    tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def _looped_load(ptrs, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
     # a chunk of the looped kernels, masked only where the rows or the width need it
