@@ -384,6 +384,7 @@ PLAN_CASES = {
     "strided-rows": lambda: torch.randn(33, 1000 + 11, device=DEVICE)[:, 3 : 3 + 1000],
     "3d": lambda: torch.randn(3, 5, 4096, device=DEVICE),
     "3d-transposed": lambda: torch.randn(5, 3, 512, device=DEVICE).transpose(0, 1),
+    "4d-transposed": lambda: torch.randn(3, 2, 4, 512, device=DEVICE).transpose(0, 1),
     "one-row": lambda: torch.randn(1, 8192, device=DEVICE),
 }
 
@@ -395,7 +396,8 @@ def test_triton_eager_plan_cache(case, dtype, weight):
     """The Triton eager path's plan cache (on CPU through the interpreter, on a GPU with the
     compiled kernels): the first call plans and checks, repeats reuse the plan with fresh
     tensors, every result is the reference's, and a plan is kept only when x is used in
-    place (a transposed batch is copied by reshape, so it is planned on every call)."""
+    place (a 3-D transposed batch is read where it lies, as heads; a 4-D one whose batch
+    and tokens do not merge is copied by reshape, so it is planned on every call)."""
     impl_or_skip("triton")
     from triton_impl import eager
 
@@ -407,13 +409,13 @@ def test_triton_eager_plan_cache(case, dtype, weight):
         w = w if weight != "same" or w is None else w.to(dtype)
         got = eager.eager_forward(x, None, w, 1e-6, "triton_impl.rms_norm")
         torch.testing.assert_close(got, rms_norm_ref(x, w, 1e-6), **TOL[dtype])
-    assert len(eager.PLANS) == (0 if case == "3d-transposed" else 1)
+    assert len(eager.PLANS) == (0 if case == "4d-transposed" else 1)
     for eps in (float("nan"), 1e-50, 1e39):  # a cached plan still checks eps
         with pytest.raises(ValueError, match="eps is"):
             eager.eager_forward(x, None, w, eps, "triton_impl.rms_norm")
 
 
-@pytest.mark.parametrize("case", [c for c in PLAN_CASES if c != "3d-transposed"])
+@pytest.mark.parametrize("case", [c for c in PLAN_CASES if not c.endswith("-transposed")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("rdtype", ["same", "fp32"])
 @pytest.mark.parametrize("weight", ["same", None])
