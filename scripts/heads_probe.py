@@ -14,6 +14,7 @@ import argparse
 
 import torch
 
+import harness.impls  # noqa: F401 (puts the peers' RMSNORM_SITE_DIRS on the path)
 from harness.plan import DTYPES
 from harness.reference import TOL, rms_norm_ref
 from harness.timing import L2Flush, estimate_s, graph_interleaved, interleaved, quantile, reps_for
