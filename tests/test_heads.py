@@ -108,3 +108,89 @@ def test_grads_match_reference(name, dtype):
             grad_scale(q, w, dy),
         )
         grad_close(dw, want_dw, f"dweight {(t, h, d)}")
+
+
+def _qk_layer(tf, family: str):
+    """(decoder layer, its rotary module) of transformers' Qwen3 or Gemma 3, tiny, fp32, on
+    DEVICE, its norms' weights random (Gemma's near zero: it scales by 1 + weight)."""
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_hidden_layers=1, rms_norm_eps=1e-6,
+                 attn_implementation="sdpa")  # fmt: skip
+    if family == "qwen3":
+        config, layer_cls, rotary_cls = (
+            tf.Qwen3Config(**sizes),
+            mod.Qwen3DecoderLayer,
+            mod.Qwen3RotaryEmbedding,
+        )
+    else:
+        config, layer_cls = tf.Gemma3TextConfig(**sizes), mod.Gemma3DecoderLayer
+        rotary_cls = mod.Gemma3RotaryEmbedding
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        layer = layer_cls(config, layer_idx=0).float().train()
+        rotary = rotary_cls(config=config)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "norm" in name:
+                p.copy_(0.2 * torch.randn_like(p) + (0.0 if family == "gemma3" else 1.0))
+    return layer, rotary
+
+
+def _qk_layer_call(layer, rotary, hidden: torch.Tensor) -> torch.Tensor:
+    """The layer on hidden (no cache, SDPA's causal mask), across transformers versions: the
+    rotary tables by its forward's signature (Gemma 3's takes the layer type in newer
+    versions), given as the layer's forward names them (older Gemma 3 layers take a
+    global and a local pair)."""
+    import inspect
+
+    positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+    rope_args = inspect.signature(rotary.forward).parameters
+    if "layer_type" in rope_args:
+        kind = getattr(layer, "attention_type", None) or layer.self_attn.config.layer_types[0]
+        rope = rotary(hidden, positions, kind)
+    else:
+        rope = rotary(hidden, positions)
+    accepted = inspect.signature(layer.forward).parameters
+    kwargs = {"attention_mask": None, "position_ids": positions}
+    for name in ("position_embeddings", "position_embeddings_global", "position_embeddings_local"):
+        if name in accepted:
+            kwargs[name] = rope
+    out = layer(hidden, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_swapped_qk_norm_layers_match_and_train(name, family):
+    """transformers' Qwen3 and Gemma 3 decoder layers (tiny, fp32, random weights):
+    swap_rms_norm swaps every norm, q_norm and k_norm (on each head's rows) among them,
+    Gemma's with weight_offset 1; the swapped layer's output and its gradients (the input's
+    and every parameter's) match the layer's own."""
+    import copy
+
+    tf = pytest.importorskip("transformers")
+    mod = backend(name)
+    from rmsnorm_api import swap_rms_norm
+
+    layer, rotary = _qk_layer(tf, family)
+    swapped = copy.deepcopy(layer)
+    norms = [n for n, m in layer.named_modules() if type(m).__name__.endswith("RMSNorm")]
+    assert swap_rms_norm(swapped, mod.RMSNorm) == len(norms) >= 4
+    for n in ("self_attn.q_norm", "self_attn.k_norm"):
+        new = swapped.get_submodule(n)
+        assert isinstance(new, mod.RMSNorm)
+        assert new.weight_offset == (1.0 if family == "gemma3" else 0.0)
+    hidden = torch.randn(2, 8, 64, device=DEVICE)
+    dy = torch.randn(2, 8, 64, device=DEVICE)
+    got, want = {}, {}
+    for which, m in ((got, swapped), (want, layer)):
+        h = hidden.clone().requires_grad_()
+        out = _qk_layer_call(m, rotary, h)
+        params = dict(m.named_parameters())
+        grads = torch.autograd.grad(out, (h, *params.values()), dy)
+        which.update({"out": out.detach(), "d hidden": grads[0]})
+        which.update({f"d {k}": g for k, g in zip(params, grads[1:], strict=True)})
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=2e-4, rtol=2e-4, msg=k)
