@@ -110,6 +110,10 @@ def test_grads_match_reference(name, dtype):
         grad_close(dw, want_dw, f"dweight {(t, h, d)}")
 
 
+#: transformers' QK-norm families: (class prefix, config class)
+QK_FAMILIES = {"qwen3": ("Qwen3", "Qwen3Config"), "gemma3": ("Gemma3", "Gemma3TextConfig")}
+
+
 def _qk_layer(tf, family: str):
     """(decoder layer, its rotary module) of transformers' Qwen3 or Gemma 3, tiny, fp32, on
     DEVICE, its norms' weights random (Gemma's near zero: it scales by 1 + weight)."""
@@ -117,15 +121,11 @@ def _qk_layer(tf, family: str):
     sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, num_hidden_layers=1, rms_norm_eps=1e-6,
                  attn_implementation="sdpa")  # fmt: skip
-    if family == "qwen3":
-        config, layer_cls, rotary_cls = (
-            tf.Qwen3Config(**sizes),
-            mod.Qwen3DecoderLayer,
-            mod.Qwen3RotaryEmbedding,
-        )
-    else:
-        config, layer_cls = tf.Gemma3TextConfig(**sizes), mod.Gemma3DecoderLayer
-        rotary_cls = mod.Gemma3RotaryEmbedding
+    prefix, config_cls = QK_FAMILIES[family]
+    config = getattr(tf, config_cls)(**sizes)
+    layer_cls, rotary_cls = (
+        getattr(mod, f"{prefix}{c}") for c in ("DecoderLayer", "RotaryEmbedding")
+    )
     torch.manual_seed(0)
     with torch.device(DEVICE):
         layer = layer_cls(config, layer_idx=0).float().train()
@@ -137,30 +137,7 @@ def _qk_layer(tf, family: str):
     return layer, rotary
 
 
-def _qk_layer_call(layer, rotary, hidden: torch.Tensor) -> torch.Tensor:
-    """The layer on hidden (no cache, SDPA's causal mask), across transformers versions: the
-    rotary tables by its forward's signature (Gemma 3's takes the layer type in newer
-    versions), given as the layer's forward names them (older Gemma 3 layers take a
-    global and a local pair)."""
-    import inspect
-
-    positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
-    rope_args = inspect.signature(rotary.forward).parameters
-    if "layer_type" in rope_args:
-        kind = getattr(layer, "attention_type", None) or layer.self_attn.config.layer_types[0]
-        rope = rotary(hidden, positions, kind)
-    else:
-        rope = rotary(hidden, positions)
-    accepted = inspect.signature(layer.forward).parameters
-    kwargs = {"attention_mask": None, "position_ids": positions}
-    for name in ("position_embeddings", "position_embeddings_global", "position_embeddings_local"):
-        if name in accepted:
-            kwargs[name] = rope
-    out = layer(hidden, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
-
-
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", list(QK_FAMILIES))
 @pytest.mark.parametrize("name", BACKENDS)
 def test_swapped_qk_norm_layers_match_and_train(name, family):
     """transformers' Qwen3 and Gemma 3 decoder layers (tiny, fp32, random weights):
@@ -171,6 +148,7 @@ def test_swapped_qk_norm_layers_match_and_train(name, family):
 
     tf = pytest.importorskip("transformers")
     mod = backend(name)
+    from harness.model.hf import layer_call
     from rmsnorm_api import swap_rms_norm
 
     layer, rotary = _qk_layer(tf, family)
@@ -186,7 +164,7 @@ def test_swapped_qk_norm_layers_match_and_train(name, family):
     got, want = {}, {}
     for which, m in ((got, swapped), (want, layer)):
         h = hidden.clone().requires_grad_()
-        out = _qk_layer_call(m, rotary, h)
+        out = layer_call(m, rotary, h)()  # the harness's call, across transformers versions
         params = dict(m.named_parameters())
         grads = torch.autograd.grad(out, (h, *params.values()), dy)
         which.update({"out": out.detach(), "d hidden": grads[0]})

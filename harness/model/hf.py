@@ -96,12 +96,26 @@ class LayerCall:
         return out[0] if isinstance(out, tuple) else out
 
 
+#: The names a layer's forward takes the rotary tables by: Llama's and Qwen3's one pair,
+#: older Gemma 3 layers' global and local pairs (given the same tables here).
+ROPE_ARGS = ("position_embeddings", "position_embeddings_global", "position_embeddings_local")
+
+
 def layer_call(layer: torch.nn.Module, rotary, hidden: torch.Tensor) -> LayerCall:
+    """A call of a transformers decoder layer (Llama's, Qwen3's, Gemma 3's) on hidden: the
+    rotary tables by the rotary module's signature (newer Gemma 3 modules take the layer's
+    attention type), passed under each name the layer's forward takes them by."""
     positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
     accepted = inspect.signature(layer.forward).parameters
     kwargs: dict[str, Any] = {"attention_mask": None, "position_ids": positions}
-    if "position_embeddings" in accepted:
-        kwargs["position_embeddings"] = rotary(hidden, positions)
+    names = [n for n in ROPE_ARGS if n in accepted]
+    if names:
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            kind = getattr(layer, "attention_type", None) or layer.self_attn.config.layer_types[0]
+            rope = rotary(hidden, positions, kind)
+        else:
+            rope = rotary(hidden, positions)
+        kwargs.update(dict.fromkeys(names, rope))
     if "use_cache" in accepted:
         kwargs["use_cache"] = False
     return LayerCall(layer, hidden, kwargs)
