@@ -111,33 +111,19 @@ def test_grads_match_reference(name, dtype):
 
 
 #: transformers' QK-norm families: (class prefix, config class)
-QK_FAMILIES = {"qwen3": ("Qwen3", "Qwen3Config"), "gemma3": ("Gemma3", "Gemma3TextConfig")}
-
-
 def _qk_layer(tf, family: str):
     """(decoder layer, its rotary module) of transformers' Qwen3 or Gemma 3, tiny, fp32, on
-    DEVICE, its norms' weights random (Gemma's near zero: it scales by 1 + weight)."""
-    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, num_hidden_layers=1, rms_norm_eps=1e-6,
-                 attn_implementation="sdpa")  # fmt: skip
-    prefix, config_cls = QK_FAMILIES[family]
-    config = getattr(tf, config_cls)(**sizes)
-    layer_cls, rotary_cls = (
-        getattr(mod, f"{prefix}{c}") for c in ("DecoderLayer", "RotaryEmbedding")
-    )
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        layer = layer_cls(config, layer_idx=0).float().train()
-        rotary = rotary_cls(config=config)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if "norm" in name:
-                p.copy_(0.2 * torch.randn_like(p) + (0.0 if family == "gemma3" else 1.0))
-    return layer, rotary
+    DEVICE, in training mode: the harness's family layer (random weights, Gemma's norms'
+    near zero: it scales by 1 + weight)."""
+    from harness.model.config import BlockConfig
+    from harness.model.families import family_layer
+
+    cfg = BlockConfig(hidden=64, heads=4, kv_heads=2, head_dim=16, mlp=128, eps=1e-6)
+    layer, rotary = family_layer(tf, family, cfg, 8, DEVICE, torch.float32)
+    return layer.train(), rotary
 
 
-@pytest.mark.parametrize("family", list(QK_FAMILIES))
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 @pytest.mark.parametrize("name", BACKENDS)
 def test_swapped_qk_norm_layers_match_and_train(name, family):
     """transformers' Qwen3 and Gemma 3 decoder layers (tiny, fp32, random weights):

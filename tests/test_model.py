@@ -798,16 +798,22 @@ def test_a_forward_only_variant_is_a_skip_in_the_train_job(dry_run, monkeypatch)
 
 
 def test_plan_jobs_runs_the_compiles_last():
+    """The block's eager and graph modes, then the layers' eager jobs (Llama's, Qwen3's and
+    Gemma 3's, at prefill), then the compiles, the family layers' last."""
     jobs = model.plan_jobs(["prefill", "decode"], list(model.MODES), layer=True)
-    assert jobs[:5] == [
+    assert jobs[:7] == [
         ("prefill", "eager"),
         ("prefill", "graph"),
         ("decode", "eager"),
         ("decode", "graph"),
         ("layer", "eager"),
+        ("qwen3", "eager"),
+        ("gemma3", "eager"),
     ]
-    assert all(m.startswith("compile") for _, m in jobs[5:]) and len(jobs) == 9
+    assert all(m.startswith("compile") for _, m in jobs[7:]) and len(jobs) == 13
+    assert jobs[-2:] == [("qwen3", "compile"), ("gemma3", "compile")]
     assert ("layer", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
+    assert ("qwen3", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
 
 
 def test_plan_jobs_of_the_training_step():
@@ -820,9 +826,13 @@ def test_plan_jobs_of_the_training_step():
         ("train", "eager"),
         ("layer", "eager"),
         ("layer_train", "eager"),
+        ("qwen3", "eager"),
+        ("gemma3", "eager"),
         ("prefill", "compile"),
         ("prefill", "compile_graph"),
         ("train", "compile"),
+        ("qwen3", "compile"),
+        ("gemma3", "compile"),
     ]
     assert model.plan_jobs(["train"], ["eager", "compile"], layer=False) == [
         ("train", "eager"),

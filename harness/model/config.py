@@ -84,6 +84,18 @@ TRAIN_MODES = ("eager", "compile")
 #: their kernels, and kernel times, are those of the eager launch.
 COMPILED_NORMS = ("native", "eager")
 BLOCK_OP, LAYER_OP = "decoder_block", "llama_decoder_layer"
+#: The family layers (harness.model.families): family: (transformers' class prefix, its
+#: config class, the norms' weight offset).
+FAMILIES = {
+    "qwen3": ("Qwen3", "Qwen3Config", 0.0),
+    "gemma3": ("Gemma3", "Gemma3TextConfig", 1.0),
+}
+
+
+def family_op(family: str) -> str:
+    """The records' op (block) name of a family's layer."""
+    return f"{family}_decoder_layer"
+
 
 #: --budget-s when not given: no new job starts after it, so the run (compiles included)
 #: ends well inside one 10-minute device call.

@@ -26,6 +26,7 @@ from harness.model.block import (
 from harness.model.config import (
     COMMITTED,
     CPU_SHAPES,
+    FAMILIES,
     GRAD_FACTOR,
     NATIVE_MAX,
     RECORDS_NAME,
@@ -36,6 +37,7 @@ from harness.model.config import (
     BlockConfig,
     Shape,
 )
+from harness.model.families import check_family
 from harness.model.hf import layer_calls, layer_checks, layer_steps, layer_train_checks
 from harness.model.tables import render
 from harness.model.train import (
@@ -213,9 +215,33 @@ def run_cpu(args) -> int:
                         continue
                     failed += not c["passed"]
                     print(f"{where} {_verdict(c)} (against {c['against']})")
+            failed += _check_families(args)
     print()
     print(committed_text())
     return 1 if failed else 0
+
+
+def _check_families(args) -> int:
+    """Qwen3's and Gemma 3's layers of the tiny sizes (harness.model.families), each norm
+    swapped to each variant that runs here, against the fp32 layer of its own norms;
+    returns the failures."""
+    vs = {n: v for n, v in variants().items() if why_not_on(v, "cpu") is None}
+    hidden = make_inputs(TINY, CPU_SHAPES["prefill"], "cpu", args.seed).x
+    failed = 0
+    for family in FAMILIES:
+        why, checks = check_family(family, TINY, vs, [n for n in args.variants if n in vs], hidden)
+        if why:
+            print(f"{family} layer: not checked: {why}")
+        for name, c in checks.items():
+            where = (
+                f"layer {family:<8} {'swapped to ' + name if name != 'eager' else 'own norms':<17}"
+            )
+            if "skipped" in c:
+                print(f"{where} skip: {c['skipped']}")
+                continue
+            failed += not c["passed"]
+            print(f"{where} {_verdict(c)} (against the layer in fp32)")
+    return failed
 
 
 def _verdict(c: dict) -> str:

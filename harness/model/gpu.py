@@ -14,19 +14,35 @@ from harness import measure, records
 from harness.model.block import make_weights, variants
 from harness.model.config import (
     BLOCK_OP,
+    FAMILIES,
     GPU_SHAPES,
     LAYER_OP,
     LLAMA3_8B,
     RECORDS_NAME,
     REPORT_NAME,
     TRAIN_MODES,
+    family_op,
 )
+from harness.model.families import FAMILY_MODES, run_family_job
 from harness.model.job import run_job, run_layer_job
 from harness.model.state import Run, _write_block
 from harness.model.tables import render
 
 #: The jobs of the transformers layer, each with the shape it runs at.
 LAYER_JOBS = {"layer": "prefill", "layer_train": "train"}
+#: The jobs of the family layers (Qwen3's, Gemma 3's: harness.model.families), at prefill,
+#: in FAMILY_MODES.
+FAMILY_JOBS = dict.fromkeys(FAMILIES, "prefill")
+
+
+def _op_at(job: str) -> tuple[str, str]:
+    """(records' op, shape name) of a job: the block's shapes, the Llama layer's jobs and
+    the family layers'."""
+    if job in LAYER_JOBS:
+        return LAYER_OP, LAYER_JOBS[job]
+    if job in FAMILY_JOBS:
+        return family_op(job), FAMILY_JOBS[job]
+    return BLOCK_OP, job
 
 
 def applies(shape: str, mode: str) -> bool:
@@ -42,9 +58,12 @@ def plan_jobs(shapes: list[str], modes: list[str], layer: bool) -> list[tuple[st
     jobs = [(s, m) for s in shapes for m in ("eager", "graph") if m in modes and applies(s, m)]
     if layer and "eager" in modes:
         jobs += [(job, "eager") for job, at in LAYER_JOBS.items() if at in shapes]
+        jobs += [(job, "eager") for job, at in FAMILY_JOBS.items() if at in shapes]
     jobs += [
         (s, m) for s in shapes for m in ("compile", "compile_graph") if m in modes and applies(s, m)
     ]
+    if layer and "compile" in modes and "compile" in FAMILY_MODES:
+        jobs += [(job, "compile") for job, at in FAMILY_JOBS.items() if at in shapes]
     return jobs
 
 
@@ -78,18 +97,19 @@ def run_gpu(args, out: Path) -> int:
         run.say(f"not applicable (the training step has no CUDA-graph modes): {', '.join(skipped)}")
     with torch.no_grad():  # the training step's calls turn autograd on for themselves
         for i, (shape, mode) in enumerate(jobs):
-            block = LAYER_OP if shape in LAYER_JOBS else BLOCK_OP
-            where = GPU_SHAPES[LAYER_JOBS.get(shape, shape)]
+            block, at = _op_at(shape)
+            where = GPU_SHAPES[at]
             if run.over_budget():
                 run.say(f"time budget of {args.budget_s:.0f} s spent: {len(jobs) - i} jobs not run")
                 for s, m in jobs[i:]:
+                    op, s_at = _op_at(s)
                     _write_block(
                         run,
-                        GPU_SHAPES[LAYER_JOBS.get(s, s)],
+                        GPU_SHAPES[s_at],
                         m,
                         "all",
                         status="SKIP",
-                        block=LAYER_OP if s in LAYER_JOBS else BLOCK_OP,
+                        block=op,
                         notes=["not run: time budget spent"],
                     )
                 break
@@ -97,6 +117,8 @@ def run_gpu(args, out: Path) -> int:
             try:
                 if shape in LAYER_JOBS:
                     run_layer_job(run, args.variants, LAYER_JOBS[shape])
+                elif shape in FAMILY_JOBS:
+                    run_family_job(run, shape, where, mode, args.variants)
                 else:
                     run_job(run, where, mode, args.variants)
             except Exception as e:  # one job's failure, recorded; the next job runs

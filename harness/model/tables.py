@@ -12,6 +12,7 @@ from harness import records
 from harness.model.config import (
     BLOCK_OP,
     COMPILED_NORMS,
+    FAMILIES,
     LAYER_OP,
     MODES,
     PASS,
@@ -19,6 +20,7 @@ from harness.model.config import (
     TRAIN_MODES,
     VARIANTS,
     Shape,
+    family_op,
     pass_left,
     pass_not_applicable,
 )
@@ -203,7 +205,24 @@ def render(recs: list[dict]) -> str:
             "twice their time alone; the norm alone's backward kernels are those its forward "
             "+ backward launches beyond its forward. s: the norm's forward + backward alone.",
         ]
-    for block, title in ((BLOCK_OP, "the block"), (LAYER_OP, "transformers' LlamaDecoderLayer")):
+    layers = [
+        (family_op(f), f"transformers' {FAMILIES[f][0]}DecoderLayer, every norm swapped")
+        for f in FAMILIES
+    ]
+    if any(r["op"] in dict(layers) for r in recs):
+        out += [
+            "",
+            "The family layers (Qwen3's and Gemma 3's, random weights at the block's sizes, "
+            "every norm swapped: Qwen3's 4 and Gemma 3's 6, q_norm and k_norm on each head's "
+            "rows among them): speedup is over the layer with its own norms (eager), block by "
+            "block, not over native; no norm share or bound (the block's norm pieces are not "
+            "this layer's).",
+        ]
+    for block, title in (
+        (BLOCK_OP, "the block"),
+        (LAYER_OP, "transformers' LlamaDecoderLayer"),
+        *layers,
+    ):
         for shape in SHAPE_NAMES:
             rows = [r for r in recs if r["op"] == block and r["model"]["shape"] == shape]
             if not rows:
