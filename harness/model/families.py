@@ -20,11 +20,10 @@ from typing import Optional
 import torch
 
 from harness import measure, timing
-from harness.measure import kernel_times
 from harness.model.block import Variant, _import, agreement
 from harness.model.config import FAMILIES, BlockConfig, Shape, family_op
-from harness.model.hf import LayerCall, layer_call
-from harness.model.job import Ready, _time_blocks
+from harness.model.hf import LayerCall, layer_call, layer_config
+from harness.model.job import Ready, _time_blocks, profiled
 from harness.model.shares import _speedup, _total
 from harness.model.state import Run, _state, _write_block
 
@@ -42,19 +41,7 @@ def family_layer(
     near 1)."""
     prefix, config_cls, offset = FAMILIES[family]
     mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    config = getattr(tf, config_cls)(
-        hidden_size=cfg.hidden,
-        intermediate_size=cfg.mlp,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim,
-        num_hidden_layers=1,
-        rms_norm_eps=cfg.eps,
-        max_position_embeddings=max_positions,
-        attn_implementation="sdpa",
-    )
-    if getattr(config, "_attn_implementation", "sdpa") != "sdpa":
-        config._attn_implementation = "sdpa"
+    config = layer_config(getattr(tf, config_cls), cfg, max_positions)
     layer_cls, rotary_cls = (
         getattr(mod, f"{prefix}{c}") for c in ("DecoderLayer", "RotaryEmbedding")
     )
@@ -171,16 +158,8 @@ def run_family_job(run: Run, family: str, shape: Shape, mode: str, names: list[s
     ready, rows = {}, {}
     for name, call in calls.items():
         correct = checks[name]
-        kernels: dict = {}
-        if correct["passed"]:
-            try:
-                kernels = kernel_times(call, calls=2)
-            except Exception as e:
-                correct = {**correct, "passed": False, "error": measure.first_line(e)}
-        if not correct["passed"]:
-            run.failed += 1
-            _write_block(run, shape, mode, name, status="FAIL", block=op, correct=correct)
-            run.say(f"{op} {mode}/{name}: FAIL {correct['error']}")
+        kernels = profiled(run, shape, mode, name, op, call, correct)
+        if kernels is None:
             continue
         ready[name] = Ready(call, call, (), compile_s[name])
         rows[name] = {"correct": correct, "kernels": kernels}

@@ -24,14 +24,10 @@ from harness.model.train import fp32_step, is_forward_only, train_agreement
 from rmsnorm_api.swap import swap_rms_norm
 
 
-def hf_layer(tf, cfg: BlockConfig, w: Weights, max_positions: int, device) -> tuple:
-    """(LlamaDecoderLayer, LlamaRotaryEmbedding, config) of cfg's sizes, attention through
-    SDPA, bf16, the block's weights copied in (so the layer computes the block: q, k, v and
-    gate, up are the fused matrices' row blocks). Across versions: head_dim and
-    attn_implementation as config arguments, layer_idx where the layer takes it, the
-    rotary module built from the config (its older signature took sizes)."""
-    llama = importlib.import_module("transformers.models.llama.modeling_llama")
-    config = tf.LlamaConfig(
+def layer_config(config_cls, cfg: BlockConfig, max_positions: int):
+    """A transformers config of class config_cls at cfg's sizes, one layer, attention
+    through SDPA (a config argument, set again where a version ignores it)."""
+    config = config_cls(
         hidden_size=cfg.hidden,
         intermediate_size=cfg.mlp,
         num_attention_heads=cfg.heads,
@@ -44,6 +40,17 @@ def hf_layer(tf, cfg: BlockConfig, w: Weights, max_positions: int, device) -> tu
     )
     if getattr(config, "_attn_implementation", "sdpa") != "sdpa":
         config._attn_implementation = "sdpa"
+    return config
+
+
+def hf_layer(tf, cfg: BlockConfig, w: Weights, max_positions: int, device) -> tuple:
+    """(LlamaDecoderLayer, LlamaRotaryEmbedding, config) of cfg's sizes, attention through
+    SDPA, bf16, the block's weights copied in (so the layer computes the block: q, k, v and
+    gate, up are the fused matrices' row blocks). Across versions: head_dim and
+    attn_implementation as config arguments, layer_idx where the layer takes it, the
+    rotary module built from the config (its older signature took sizes)."""
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    config = layer_config(tf.LlamaConfig, cfg, max_positions)
     with torch.device(device):
         try:
             layer = llama.LlamaDecoderLayer(config, layer_idx=0)

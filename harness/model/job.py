@@ -186,6 +186,22 @@ def _time_blocks(
     return {n: [[s / k for s in blk] for blk in bl] for n, bl in blocks.items()}, clk
 
 
+def profiled(
+    run: Run, shape: Shape, mode: str, name: str, op: str, call: Callable, correct: dict
+) -> Optional[dict]:
+    """A checked layer call's kernels (the profiler's, two calls), or None where its check
+    failed or the profiled calls raised: then its FAIL record is written."""
+    if correct["passed"]:
+        try:
+            return kernel_times(call, calls=2)
+        except Exception as e:
+            correct = {**correct, "passed": False, "error": measure.first_line(e)}
+    run.failed += 1
+    _write_block(run, shape, mode, name, status="FAIL", block=op, correct=correct)
+    run.say(f"{op} {shape.name} {mode}/{name}: FAIL {correct['error']}")
+    return None
+
+
 def run_layer_job(run: Run, names: list[str], shape: str = "prefill") -> None:
     """transformers' LlamaDecoderLayer at prefill (or its training step at train), each
     variant checked (against the native-swapped layer, which is checked against the block),
@@ -226,17 +242,8 @@ def run_layer_job(run: Run, names: list[str], shape: str = "prefill") -> None:
             _write_block(run, st.shape, "eager", name, status="SKIP", block=LAYER_OP, notes=[why])
             run.say(f"{LAYER_OP} {st.shape.name}/{name}: skip ({why})")
             continue
-        if correct["passed"]:
-            try:
-                kernels = kernel_times(call, calls=2)
-            except Exception as e:
-                correct = {**correct, "passed": False, "error": measure.first_line(e)}
-        if not correct["passed"]:
-            run.failed += 1
-            _write_block(
-                run, st.shape, "eager", name, status="FAIL", block=LAYER_OP, correct=correct
-            )
-            run.say(f"{LAYER_OP}/{name}: FAIL {correct['error']}")
+        kernels = profiled(run, st.shape, "eager", name, LAYER_OP, call, correct)
+        if kernels is None:
             continue
         ready[name] = Ready(call, call, (), None)
         rows[name] = {"correct": correct, "kernels": kernels, "profiled": "as timed"}
