@@ -18,6 +18,7 @@ A file a concern, each importing only those above it:
     alone.py    the norm and the step alone at the in-block shape (s)
     finish.py   a job's figures: shares, s, bounds, the speedup, flags and their reasons
     job.py      one (shape, mode) job of the block, or the transformers layer's
+    families.py the real clients: transformers' Qwen3 and Gemma 3 layers, every norm swapped
     tables.py   model.md: the report, a pure function of records
     gpu.py      the GPU run: the jobs planned and run, the table written
     cpu.py      without a GPU: the tiny config checked, then the committed table

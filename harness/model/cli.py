@@ -41,7 +41,8 @@ without a GPU:
   on CPU (native, eager, and triton, triton_fused under the Triton interpreter) in each of
   --shapes, its outputs (at train: and gradients) checked against the block in fp32;
   transformers' LlamaDecoderLayer of the same sizes is checked swapped (at prefill, and
-  at train when asked; when transformers imports; not with --no-layer). Then the
+  at train when asked; when transformers imports; not with --no-layer), and its Qwen3 and
+  Gemma 3 layers with every norm swapped (q_norm and k_norm on head rows). Then the
   committed H200 table ({COMMITTED.relative_to(REPO)})
   is printed. Named as ignored (they only apply on a GPU): {", ".join(GPU_ONLY)}.
   --require-gpu exits 1 instead.
@@ -91,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     p.add_argument(
-        "--no-layer", action="store_true", help="leave out transformers' LlamaDecoderLayer"
+        "--no-layer",
+        action="store_true",
+        help="leave out transformers' layers (Llama's; Qwen3's and Gemma 3's, every norm swapped)",
     )
     p.add_argument("--require-gpu", action="store_true", help="exit 1 if there is no GPU")
     return p
