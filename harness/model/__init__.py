@@ -45,6 +45,7 @@ from harness.model.config import (
     COMMITTED,
     COMMITTED_RECORDS,
     CPU_SHAPES,
+    FAMILIES,
     GPU_SHAPES,
     LAYER_OP,
     MODES,
@@ -52,8 +53,10 @@ from harness.model.config import (
     REPORT_NAME,
     TINY,
     VARIANTS,
+    family_op,
 )
 from harness.model.cpu import check_blocks, check_layer, check_train_block, run_cpu, why_not_on
+from harness.model.families import run_family_job
 from harness.model.gpu import not_applicable, plan_jobs, run_gpu
 from harness.model.hf import LAYER_STEP_TENSORS, LAYER_VARIANTS, LayerStep
 from harness.model.job import run_job, run_layer_job
@@ -76,6 +79,7 @@ __all__ = [
     "COMMITTED",
     "COMMITTED_RECORDS",
     "CPU_SHAPES",
+    "FAMILIES",
     "GPU_SHAPES",
     "LAYER_OP",
     "LAYER_STEP_TENSORS",
@@ -99,6 +103,7 @@ __all__ = [
     "check_layer",
     "check_train_block",
     "exceeds",
+    "family_op",
     "fp32_block",
     "fused_add_rms_norm_ref",
     "is_norm_kernel",
@@ -113,6 +118,7 @@ __all__ = [
     "plan_jobs",
     "render",
     "run_cpu",
+    "run_family_job",
     "run_gpu",
     "run_job",
     "run_layer_job",

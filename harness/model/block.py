@@ -281,6 +281,11 @@ def fp32_block(cfg: BlockConfig, w: Weights, args: tuple) -> tuple:
     return block_fn(cfg, w32, unfused(rms_norm_ref))(*args32)
 
 
+def raised(e: BaseException) -> dict:
+    """agreement's fields for a variant whose call raised e: failed, with its first line."""
+    return {"rel_err": None, "limit": None, "passed": False, "error": measure.first_line(e)}
+
+
 def agreement(outs: tuple, truth: tuple, native: Optional[float] = None) -> dict:
     """{rel_err, limit, passed, error}: the worse relative L2 error of outs against the fp32
     block's, within TRUTH_FACTOR of native's error ``native`` (NATIVE_MAX where None)."""

@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import copy
 import importlib
-import time
 from typing import Optional
 
 import torch
 
 from harness import measure, timing
-from harness.model.block import Variant, _import, agreement
+from harness.model.block import Variant, _import, agreement, raised
 from harness.model.config import FAMILIES, BlockConfig, Shape, family_op
 from harness.model.hf import LayerCall, layer_call, layer_config
 from harness.model.job import Ready, _time_blocks, profiled
 from harness.model.shares import _speedup, _total
-from harness.model.state import Run, _state, _write_block
+from harness.model.state import Run, _enter_compile_shape, _state, _sync_time, _write_block
 
 #: The family layers' variants, the layer's own norms (eager) first: the baseline.
 FAMILY_VARIANTS = ("eager", "native", "triton", "cuda")
-FAMILY_MODES = ("eager", "compile")
 
 
 def family_layer(
@@ -106,25 +104,16 @@ def family_checks(calls: dict[str, LayerCall], truth: LayerCall) -> dict:
         try:
             checks[name] = agreement((call(),), want, limit_from)
         except Exception as e:
-            checks[name] = {
-                "rel_err": None,
-                "limit": None,
-                "passed": False,
-                "error": measure.first_line(e),
-            }
+            checks[name] = raised(e)
     return checks
 
 
 def _compiled(call: LayerCall) -> tuple[LayerCall, float]:
     """The layer compiled (fullgraph, dynamic=False) in a call of the same arguments, and
     the seconds its first call took."""
-    torch._dynamo.reset()
     compiled = copy.copy(call)
     compiled.layer = torch.compile(call.layer, fullgraph=True, dynamic=False)
-    t0 = time.perf_counter()
-    compiled()
-    torch.cuda.synchronize()
-    return compiled, time.perf_counter() - t0
+    return compiled, _sync_time(compiled)
 
 
 def run_family_job(run: Run, family: str, shape: Shape, mode: str, names: list[str]) -> None:
@@ -143,6 +132,9 @@ def run_family_job(run: Run, family: str, shape: Shape, mode: str, names: list[s
         run.say(f"{op} {mode}/{name}: skip ({reason})")
     compile_s: dict[str, Optional[float]] = dict.fromkeys(calls)
     if mode == "compile":
+        # Dynamo reset where the shape changes, as the block's compiles are (not a variant:
+        # a reset drops the variants compiled before it, which would compile again)
+        _enter_compile_shape(run, st)
         for name in list(calls):
             try:
                 calls[name], compile_s[name] = _compiled(calls[name])

@@ -23,7 +23,7 @@ from harness.model.config import (
     TRAIN_MODES,
     family_op,
 )
-from harness.model.families import FAMILY_MODES, run_family_job
+from harness.model.families import run_family_job
 from harness.model.job import run_job, run_layer_job
 from harness.model.state import Run, _write_block
 from harness.model.tables import render
@@ -31,7 +31,7 @@ from harness.model.tables import render
 #: The jobs of the transformers layer, each with the shape it runs at.
 LAYER_JOBS = {"layer": "prefill", "layer_train": "train"}
 #: The jobs of the family layers (Qwen3's, Gemma 3's: harness.model.families), at prefill,
-#: in FAMILY_MODES.
+#: in eager and compile modes.
 FAMILY_JOBS = dict.fromkeys(FAMILIES, "prefill")
 
 
@@ -62,7 +62,7 @@ def plan_jobs(shapes: list[str], modes: list[str], layer: bool) -> list[tuple[st
     jobs += [
         (s, m) for s in shapes for m in ("compile", "compile_graph") if m in modes and applies(s, m)
     ]
-    if layer and "compile" in modes and "compile" in FAMILY_MODES:
+    if layer and "compile" in modes:
         jobs += [(job, "compile") for job, at in FAMILY_JOBS.items() if at in shapes]
     return jobs
 

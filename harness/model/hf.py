@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness import measure
-from harness.model.block import Inputs, Variant, Weights, agreement, fp32_block
+from harness.model.block import Inputs, Variant, Weights, agreement, fp32_block, raised
 from harness.model.config import BlockConfig
 from harness.model.train import fp32_step, is_forward_only, train_agreement
 from rmsnorm_api.swap import swap_rms_norm
@@ -210,7 +210,7 @@ def layer_train_checks(cfg: BlockConfig, w: Weights, steps: dict[str, LayerStep]
                     "skipped": f"its backward is forward-only ({measure.first_line(e)})"
                 }
                 continue
-            c = {"rel_err": None, "limit": None, "passed": False, "error": measure.first_line(e)}
+            c = raised(e)
         checks[name] = {**c, "against": against}
     return checks
 
@@ -264,6 +264,6 @@ def layer_checks(cfg: BlockConfig, w: Weights, calls: dict[str, LayerCall]) -> d
             limit_from = checks["native"]["rel_err"] if name != "native" else None
             c = agreement((calls[name](),), truth, limit_from)
         except Exception as e:
-            c = {"rel_err": None, "limit": None, "passed": False, "error": measure.first_line(e)}
+            c = raised(e)
         checks[name] = {**c, "against": against}
     return checks

@@ -205,11 +205,11 @@ def render(recs: list[dict]) -> str:
             "twice their time alone; the norm alone's backward kernels are those its forward "
             "+ backward launches beyond its forward. s: the norm's forward + backward alone.",
         ]
-    layers = [
-        (family_op(f), f"transformers' {FAMILIES[f][0]}DecoderLayer, every norm swapped")
+    layers = {
+        family_op(f): f"transformers' {FAMILIES[f][0]}DecoderLayer, every norm swapped"
         for f in FAMILIES
-    ]
-    if any(r["op"] in dict(layers) for r in recs):
+    }
+    if any(r["op"] in layers for r in recs):
         out += [
             "",
             "The family layers (Qwen3's and Gemma 3's, random weights at the block's sizes, "
@@ -221,7 +221,7 @@ def render(recs: list[dict]) -> str:
     for block, title in (
         (BLOCK_OP, "the block"),
         (LAYER_OP, "transformers' LlamaDecoderLayer"),
-        *layers,
+        *layers.items(),
     ):
         for shape in SHAPE_NAMES:
             rows = [r for r in recs if r["op"] == block and r["model"]["shape"] == shape]
