@@ -1016,3 +1016,34 @@ def test_compiled_pass_records_without_the_fused_op_are_not_the_pass():
     heads = ("| compile | triton_pass |", "| compile | cuda_pass |")
     rows = [line for line in text.splitlines() if line.startswith(heads)]
     assert rows and all("pass left the graph" in r for r in rows)
+
+
+def test_family_layer_bookkeeping(dry_run):
+    """A family layer's job (Qwen3's, Gemma 3's) on the dry run: a record a variant, the
+    eager layer's speedup 1 over itself, native a skip for Gemma 3 (its offset) with the
+    reason, and each family's table in the report."""
+    if model._import("transformers")[0] is None:
+        pytest.skip("transformers not importable")
+    run, path = dry_run
+    triton = model.variants()["triton"]  # the layers swap its module: the real one
+    if triton.unavailable or not triton.cpu:
+        pytest.skip(f"triton does not run on CPU here ({triton.unavailable or 'no interpreter'})")
+    run.variants["triton"] = triton
+    with torch.no_grad():
+        for family in model.FAMILIES:
+            model.run_family_job(run, family, model.CPU_SHAPES["prefill"], "eager",
+                                 ["native", "eager", "triton"])  # fmt: skip
+    run.b.writer.close()
+    recs = [r for r in records.read_records(path) if r["kind"] in ("model", "skip")]
+    by = {(r["op"], r["impl"]): r for r in recs}
+    for family in model.FAMILIES:
+        eager = by[(model.family_op(family), "eager")]
+        assert eager["status"] == "PASS" and eager["model"]["speedup"]["median"] == 1.0
+        assert by[(model.family_op(family), "triton")]["status"] == "PASS"
+    assert by[(model.family_op("qwen3"), "native")]["status"] == "PASS"
+    gemma_native = by[(model.family_op("gemma3"), "native")]
+    assert gemma_native["status"] == "SKIP" and "weight_offset" in gemma_native["notes"][0]
+    text = model.render(records.read_records(path))
+    assert "### transformers' Qwen3DecoderLayer, every norm swapped, prefill" in text
+    assert "### transformers' Gemma3DecoderLayer, every norm swapped, prefill" in text
+    assert "speedup is over the layer with its own norms" in text
