@@ -257,7 +257,11 @@ def _interpret(args, op: Op) -> int:
     if why := runnable(triton, "cpu"):
         print(f"triton ({op.name}): {why}")
         return 1
-    named = [(f"{m}x{n}", (m, n)) for m, n in args.shapes] if args.shapes else NO_GPU_SHAPES
+    named = (
+        [(f"{m}x{n}", (m, n)) for m, n in args.shapes]
+        if args.shapes
+        else op.no_gpu_shapes or NO_GPU_SHAPES
+    )
     cases = [Case(name, shape, DTYPES[d]) for d in args.dtypes for name, shape in named]
     failed = 0
     for i, full in enumerate(cases):

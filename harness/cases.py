@@ -98,6 +98,29 @@ _SPECIALS = [
 ]
 
 
+#: QK-norm's cases (harness.ops.QK_RMS_NORM): (T, H, D) head views, the head widths models
+#: use, an odd one, one token (rows of one stride), with each weight kind.
+_QK_SHAPES = [(4, 32, 128), (3, 8, 64), (2, 4, 256), (5, 6, 100), (1, 16, 128)]
+
+
+def qk_cases() -> list[Case]:
+    """QK-norm's cases in each dtype: every head shape with a weight of x's dtype, and the
+    first with an fp32 weight and with none."""
+    cases = []
+    for dtype in DTYPES:
+        cases += [Case(f"qk-{t}x{h}x{d}", (t, h, d), dtype) for t, h, d in _QK_SHAPES]
+        t, h, d = _QK_SHAPES[0]
+        cases += [
+            Case(f"qk-{t}x{h}x{d}-w{w}", (t, h, d), dtype, weight=w) for w in ("fp32", "none")
+        ]
+    return cases
+
+
+def qk_grad_cases() -> list[Case]:
+    """QK-norm's backward's cases: its forward's (their inputs are finite)."""
+    return [c for c in qk_cases() if _finite(c)]
+
+
 def all_cases() -> list[Case]:
     """Every numerical case, each in float32, float16 and bfloat16, plus fp32 weights."""
     cases = []

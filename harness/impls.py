@@ -482,7 +482,9 @@ def _flashinfer_fn(offset: float, plain: str, gemma: str) -> Optional[str]:
     return gemma if offset == 1.0 else None
 
 
-def _flashinfer(cuda_path: bool, offset: float = 0.0) -> Impl:
+def _flashinfer(cuda_path: bool, offset: float = 0.0, heads: bool = False) -> Impl:
+    """FlashInfer's rmsnorm on rows (2-D); heads: x as it comes, a 3-D head view taking its
+    per-head (QK-norm) kernel."""
     name = "flashinfer_cuda" if cuda_path else "flashinfer"
     norm, why = _flashinfer_norm(cuda_path)
     if why:
@@ -492,7 +494,8 @@ def _flashinfer(cuda_path: bool, offset: float = 0.0) -> Impl:
         return Impl(name, None, unavailable=f"no weight offset {offset} (gemma_rmsnorm: 1.0)")
 
     def flashinfer_rms_norm(x, weight=None, eps=1e-6):
-        rows = x.reshape(-1, x.shape[-1])  # 2-D: a 3-D input would take its per-head kernel
+        # 2-D: a 3-D input would take its per-head kernel, which heads asks for
+        rows = x if heads else x.reshape(-1, x.shape[-1])
         w = _flashinfer_weight(name, weight, x)
         return _flashinfer_call(norm, cuda_path, getattr(norm, fn), rows, w, eps).view(x.shape)
 
@@ -798,7 +801,9 @@ def _quack_grads(fused: bool) -> Impl:
     )
 
 
-def _grad_registry(fused: bool, mode: str, baselines: bool) -> dict[str, Impl]:
+def _grad_registry(
+    fused: bool, mode: str, baselines: bool, rows_first: bool = False
+) -> dict[str, Impl]:
     call = FUSED_ADD_GRADS if fused else RMS_NORM_GRADS
     forward = "fused_add_rms_norm" if fused else "rms_norm"
     ref = fused_add_rms_norm_ref if fused else rms_norm_ref
@@ -807,11 +812,13 @@ def _grad_registry(fused: bool, mode: str, baselines: bool) -> dict[str, Impl]:
     impls = [_with_grads(_ours(name, forward), call, mode, shared) for name in OURS]
     if baselines:
         native = _native_fused_add() if fused else _native()
+        # rows_first (head views): Liger takes rows at one stride, so x is copied first
+        liger = _rows_first(_liger_grads(fused)) if rows_first else _liger_grads(fused)
         impls += [
             _with_grads(_eager(ref), call, mode, ("PyTorch's autograd of the forward's ops",)),
             _compile_grads(ref, call, mode),
             _with_grads(native, call, mode, ("with PyTorch's autograd",)),
-            _with_grads(_liger_grads(fused), call, mode),
+            _with_grads(liger, call, mode),
             _with_grads(_quack_grads(fused), call, mode),
         ]
         why = "FlashInfer's norms are forward only (no backward)"
@@ -832,6 +839,13 @@ def rms_norm_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
     run, then the backward); ``prepare`` runs the forward once and returns the backward
     alone, the callable timed."""
     return _grad_registry(False, "bwd", baselines)
+
+
+def qk_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
+    """rms_norm_bwd's implementations on head views (harness.ops.QK_RMS_NORM_BWD), as
+    qk_registry's forward: Liger, which takes rows at one stride, gets x copied into rows
+    first, in the graph (the copy's backward timed with it)."""
+    return _grad_registry(False, "bwd", baselines, rows_first=True)
 
 
 def fused_add_fwd_bwd_registry(baselines: bool = False) -> dict[str, Impl]:
@@ -914,6 +928,30 @@ def registry(baselines: bool = False, offset: float = 0.0) -> dict[str, Impl]:
         impls += [_liger(offset=offset), _quack(offset)]
         impls += [_flashinfer(False, offset), _flashinfer(True, offset)]
     return {i.name: i for i in impls}
+
+
+def qk_registry(baselines: bool = False) -> dict[str, Impl]:
+    """rms_norm's implementations on head views (harness.ops.QK_RMS_NORM): registry's, with
+    FlashInfer given the 3-D view (its per-head kernel); the peers that take 2-D rows
+    (Liger, QuACK) get the copy into rows a caller would make, timed with them."""
+    impls = registry(baselines)
+    if baselines:
+        impls["liger"] = _rows_first(impls["liger"])
+        impls["flashinfer"] = _flashinfer(False, heads=True)
+        impls["flashinfer_cuda"] = _flashinfer(True, heads=True)
+    return impls
+
+
+def _rows_first(impl: Impl) -> Impl:
+    """impl called on x copied into rows (x.reshape(-1, N), a copy for a head view), as a
+    caller of a kernel that takes rows at one stride must."""
+    if impl.fn is None:
+        return impl
+
+    def fn(x, weight=None, eps=1e-6):
+        return impl.fn(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+    return dataclasses.replace(impl, fn=fn, notes=[*impl.notes, "x copied into rows first"])
 
 
 def runnable(impl: Impl, device: str) -> Optional[str]:

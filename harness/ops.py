@@ -53,8 +53,16 @@ from typing import Any, Optional, Union
 import torch
 
 from harness import impls
-from harness.cases import Case, all_cases, fused_add_cases, fused_add_grad_cases, grad_cases
-from harness.plan import Planned, grad_plan
+from harness.cases import (
+    Case,
+    all_cases,
+    fused_add_cases,
+    fused_add_grad_cases,
+    grad_cases,
+    qk_cases,
+    qk_grad_cases,
+)
+from harness.plan import QK_HEADS, Planned, grad_plan, qk_plan
 from harness.plan import plan as forward_plan
 from harness.reference import (
     TOL,
@@ -102,6 +110,9 @@ class Op:
     # () -> the numerical cases harness.validate checks it on (harness.cases)
     cases: Callable[[], list[Case]] = all_cases
     grid_text: str = "M = 2^27 / N"  # how its grid's M is chosen, for reports and plots
+    # (name, (M, N)): what harness.bench checks under the interpreter without a GPU when
+    # --shapes names none (None: its NO_GPU_SHAPES)
+    no_gpu_shapes: Optional[tuple] = None
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -423,10 +434,88 @@ def _gemma(op: Op, registry: Callable[..., dict[str, impls.Impl]]) -> Op:
 GEMMA_RMS_NORM = _gemma(RMS_NORM, impls.registry)
 GEMMA_FUSED_ADD_RMS_NORM = _gemma(FUSED_ADD_RMS_NORM, impls.fused_add_registry)
 
+
+def qk_inputs(
+    spec: Spec, device: Union[str, torch.device], seed: int
+) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
+    """Fresh inputs (q, weight, eps) for QK-norm: q = qkv[:, :H*D].view(T, H, D) of a packed
+    projection (T, 3HD), strides (3HD, D, 1); a case's shape is (T, H, D), a planned one's
+    (T x QK_HEADS, D)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return _qk_draw(_case(spec), g, device)
+
+
+def qk_grad_inputs(
+    spec: Spec, device: Union[str, torch.device], seed: int
+) -> tuple[torch.Tensor, Optional[torch.Tensor], float, torch.Tensor]:
+    """Fresh inputs (q, weight, eps, dy) for QK-norm's backward: qk_inputs' (the same values
+    for the same seed), then dy ~ randn of q's shape, contiguous (as autograd gives it), in
+    q's dtype, drawn next from the same generator."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, weight, eps = _qk_draw(_case(spec), g, device)
+    return q, weight, eps, torch.randn(q.shape, generator=g, device=device).to(q.dtype)
+
+
+def _qk_draw(
+    case: Case, g: torch.Generator, device: Union[str, torch.device]
+) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
+    """q (T, H, D), a head view of a fresh packed projection, then the weight, from g."""
+    if len(case.shape) == 3:
+        t, h, d = case.shape
+    else:
+        h, d = QK_HEADS, case.n
+        if case.m % h:
+            raise ValueError(
+                f"qk_rms_norm: M = {case.m} rows are not a whole number of tokens of {h} heads"
+            )
+        t = case.m // h
+    qkv = torch.randn(t, 3 * h * d, generator=g, device=device).to(case.dtype)
+    return qkv[:, : h * d].view(t, h, d), _weight(case, g, device), case.eps
+
+
+#: QK-norm's shapes under the interpreter (harness.bench without a GPU): whole tokens of
+#: QK_HEADS heads, a head width models use, an odd one, one token.
+QK_NO_GPU_SHAPES = (
+    ("t3-d64", (3 * QK_HEADS, 64)),
+    ("t2-d100", (2 * QK_HEADS, 100)),
+    ("t1-d128", (QK_HEADS, 128)),
+)
+
+
+def _qk(op: Op, what: str, **fields) -> Op:
+    """op on QK-norm's head views: their inputs, grid and interpreter shapes."""
+    return dataclasses.replace(
+        op,
+        name=f"qk_{op.name}",
+        title=f"RMSNorm {what}of head views (QK-norm, {QK_HEADS} heads a token)",
+        plan=qk_plan,
+        grid_text=f"M = T x {QK_HEADS} heads, N = D",
+        no_gpu_shapes=QK_NO_GPU_SHAPES,
+        **fields,
+    )
+
+
+#: QK-norm (Qwen3's, Gemma 3's q and k norms): rms_norm of the heads of a packed projection,
+#: rows that share no one stride, read where they lie or copied into rows first, as each
+#: implementation does; the bytes model is rms_norm's (q read, y written, the weight read).
+QK_RMS_NORM = _qk(RMS_NORM, "", make_inputs=qk_inputs, registry=impls.qk_registry, cases=qk_cases)
+#: Its backward (dx into the head view's layout, dweight), alone, as rms_norm_bwd times it:
+#: the implementations that take rows at one stride copy the view into rows first, in the
+#: graph, so the copy's backward is theirs too.
+QK_RMS_NORM_BWD = _qk(
+    RMS_NORM_BWD,
+    "backward ",
+    make_inputs=qk_grad_inputs,
+    registry=impls.qk_bwd_registry,
+    cases=qk_grad_cases,
+)
+
 #: The forward ops: what a bench run measures when --ops names none.
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
 #: The variants' ops, measured when asked for (harness.bench --ops).
-VARIANT_OPS = {op.name: op for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM)}
+VARIANT_OPS = {
+    op.name: op for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM, QK_RMS_NORM, QK_RMS_NORM_BWD)
+}
 #: The gradient ops, measured when asked for (harness.bench --ops).
 GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}
 #: Every op, by the name its records carry, in the order reports list them.

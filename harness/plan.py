@@ -154,6 +154,27 @@ def grad_plan(
     return [Planned(d, GRAD_ELEMENTS[d] // n, n, ["grid"]) for d in order for n in ns]
 
 
+#: QK-norm's shapes (harness.ops.QK_RMS_NORM): T tokens of QK_HEADS heads of D, as (M, N) =
+#: (T x QK_HEADS, D): decode to prefill, the head widths models use.
+QK_HEADS = 32
+QK_TOKENS = (1, 16, 256, 4096, 16384)
+QK_DS = (64, 128, 256)
+QUICK_QK = ((4096, 128),)
+
+
+def qk_plan(
+    dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
+) -> list[Planned]:
+    """QK-norm's shapes: every (T, D) of QK_TOKENS x QK_DS (QUICK_QK with --quick) as (T x
+    QK_HEADS, D), bf16 first; ``shapes`` (M = T x QK_HEADS, N = D) replaces them as in
+    ``plan``."""
+    if shapes:
+        return _requested(dtypes, shapes, qk_plan(dtypes))
+    pairs = QUICK_QK if quick else [(t, d) for d in QK_DS for t in QK_TOKENS]
+    order = [d for d in ("bf16", "fp16", "fp32") if d in dtypes]
+    return [Planned(d, t * QK_HEADS, n, ["grid"]) for d in order for t, n in pairs]
+
+
 def shape_class(dtype: str, n: int, small: bool) -> str:
     """The class a profiled call stands for: dtype, small or large, N range, odd N."""
     width = (

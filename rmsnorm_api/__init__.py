@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.autograd import forward_ad as _forward_ad
 
 #: Largest row width either kernel accepts (the CUDA kernel's cluster path holds up to
@@ -122,7 +123,8 @@ def _rules(a: _spec.Arg) -> tuple:
     """A tensor argument's rules as _check_tensor reads them: its name, whether it may be
     None, the argument its dtype follows ("" for "float") and whether float32 is allowed
     beside it, whether it is the rows, the argument its shape follows, whether that is
-    "row of", and its stride rule."""
+    "row of" (1) or "row or heads of" (2), and its stride rule."""
+    row_of = 1 if a.shape.startswith("row of ") else 2 if a.shape.startswith("row or ") else 0
     return (
         a.name,
         a.optional,
@@ -130,7 +132,7 @@ def _rules(a: _spec.Arg) -> tuple:
         a.dtype.endswith("|float32"),
         a.shape == "rows",
         a.shape_of,
-        a.shape.startswith("row of "),
+        row_of,
         a.stride,
     )
 
@@ -182,9 +184,14 @@ def _check_tensor(rules: tuple, values: dict, impl: str) -> None:
         if n > MAX_N:
             _refuse("n_max", impl=impl, name=name, got=n, want=MAX_N)
     elif row_of:
-        n = values[shape_of].shape[-1]
-        if shape != (n,):
-            _refuse("shape_row_of", impl=impl, name=name, of=shape_of, got=tuple(shape), n=n)
+        of = values[shape_of].shape
+        n = of[-1]
+        heads = row_of == 2 and len(of) >= 2 and shape == of[-2:]
+        if shape != (n,) and not heads:
+            rule = "shape_row_of" if row_of == 1 else "shape_row_or_heads_of"
+            # a row a head: the rows' last two dimensions, (H, N)
+            want = str(tuple(of[-2:])) if len(of) >= 2 else f"none, {shape_of} is 1-D"
+            _refuse(rule, impl=impl, name=name, of=shape_of, got=tuple(shape), n=n, want=want)
     else:
         want = values[shape_of].shape
         if shape != want:
@@ -388,17 +395,24 @@ def check_out(
     impl: str = "rms_norm",
 ) -> None:
     """Checks for the out= form: a contiguous tensor of x's shape, dtype and device, apart
-    from x and weight in memory (or x itself), and no autograd (run after check_inputs)."""
-    _check_tensor(_OUT_RULES, {"out": out, "x": x}, impl)
-    if out.device != x.device:
-        _refuse("device_of", impl=impl, name="out", of="x", got=out.device, want=x.device)
+    from x and weight in memory, or x itself (in place: rows of one stride or head rows,
+    head_rows, which the kernels write where they lie), and no autograd (run after
+    check_inputs)."""
+    in_place = out is x or (
+        not _memory_checked_later() and (_same_as(out, x) or _functional_twin(out, x))
+    )
+    if not in_place:
+        _check_tensor(_OUT_RULES, {"out": out, "x": x}, impl)
+        if out.device != x.device:
+            _refuse("device_of", impl=impl, name="out", of="x", got=out.device, want=x.device)
     _refuse_grad("out=", impl, x=x, weight=weight, out=out)
     if _memory_checked_later():
         return
-    _check_written(out, "out", impl, "pass a plain tensor (out.resolve_neg() is a copy)")
+    hint = "pass a plain tensor (out.resolve_neg() is a copy)"
+    _check_written(out, "out", impl, hint, heads=in_place)
     # A row written while another program still reads it gives wrong rows, silently; only
     # out=x itself is safe (each row is read whole before it is written).
-    same_as_x = out.storage_offset() == x.storage_offset() and x.is_contiguous()
+    same_as_x = in_place or (out.storage_offset() == x.storage_offset() and x.is_contiguous())
     if _overlaps(out, x) and not same_as_x:
         raise ValueError(
             f"{impl}: out partially overlaps x in memory; pass a separate tensor, or out=x"
@@ -406,6 +420,29 @@ def check_out(
         )
     if weight is not None and _overlaps(out, weight):
         raise ValueError(f"{impl}: out overlaps weight in memory; pass a separate tensor")
+
+
+def _same_layout(out: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether out and x have one shape, strides, storage offset, dtype and device."""
+    return (
+        out.shape == x.shape
+        and out.stride() == x.stride()
+        and out.storage_offset() == x.storage_offset()
+        and out.dtype == x.dtype
+        and out.device == x.device
+    )
+
+
+def _functional_twin(out: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether out is what out=x becomes in a traced graph's functional form (the op's fake
+    under AOTAutograd and Inductor): a view of a clone of x's base, x's layout in another
+    storage. The op's run sees the tensors Inductor re-inplaces, and checks them again."""
+    return is_fake(out) and is_fake(x) and _same_layout(out, x)
+
+
+def _same_as(out: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether out is x itself: one storage, the same offset, shape and strides."""
+    return _same_layout(out, x) and torch._C._is_alias_of(out, x)
 
 
 def _refuse_grad(form: str, impl: str, **tensors: Optional[torch.Tensor]) -> None:
@@ -505,12 +542,24 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def _check_written(t: torch.Tensor, name: str, impl: str, hint: str) -> None:
+def _check_written(t: torch.Tensor, name: str, impl: str, hint: str, heads: bool = False) -> None:
     """A tensor an op writes: viewable as rows in place (the kernels write rows at one
-    stride), no negative bit (the kernel would write the raw data, which reads back negated)
-    and no two elements at one address (all but one write would be lost), as torch's own
-    in-place ops refuse. hint: what to pass instead."""
+    stride; heads: or head rows, head_rows, which rms_norm's out=x writes where they lie),
+    no negative bit (the kernel would write the raw data, which reads back negated) and no
+    two elements at one address (all but one write would be lost), as torch's own in-place
+    ops refuse. hint: what to pass instead."""
     r = _rows(t)
+    if t.numel() > 1 and r is None and heads and head_rows(t) is not None:
+        if t.is_neg():
+            raise ValueError(
+                f"{impl}: {name} is a negative view (torch._neg_view) and is written; {hint}"
+            )
+        if not _distinct(t):
+            raise ValueError(
+                f"{impl}: {name} has elements that share memory (more than one element of a"
+                f" written-to tensor refers to a single memory location); {hint}"
+            )
+        return
     if t.numel() > 1 and r is None:
         raise ValueError(
             f"{impl}: {name}'s leading dimensions cannot be viewed as rows in place (the op"
@@ -662,6 +711,24 @@ def bypass_ok(x, *others) -> bool:
         or _C._is_torch_function_mode_enabled()
         or _C._are_functorch_transforms_active()
     )
+
+
+def head_rows(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """x as (T, H, N) heads where its rows share no one stride but its dimensions before the
+    heads merge (QK-norm's q = qkv[:, :H*D].view(T, H, D) of a packed projection, strides
+    (3HD, D, 1)): both backends' heads kernels read, and out=x writes, them where they lie.
+    None for rows of one stride (as_rows views them), and for leading dimensions that would
+    need a copy anyway."""
+    if x.dim() < 3 or _rows(x) is not None or _rows(x[..., 0, :]) is None:
+        return None
+    return x.view(-1, x.shape[-2], x.shape[-1])
+
+
+def _distinct(t: torch.Tensor) -> bool:
+    """Whether no two of t's elements share an address: its dimensions of more than one
+    element, in order of stride, each steps past the whole of the one before it."""
+    dims = sorted((st, size) for size, st in zip(t.shape, t.stride(), strict=True) if size > 1)
+    return all(b >= a * size for (a, size), (b, _) in zip(dims, dims[1:], strict=False))
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

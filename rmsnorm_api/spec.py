@@ -30,8 +30,9 @@ class Arg:
     naming the argument it is judged against (the op's rows: x, or dy in the backward):
 
     - dtype: "float" (float32, float16 or bfloat16), "A" (A's dtype) or "A|float32";
-    - shape: "rows" (at least 1-D, its last dimension N in [1, MAX_N]), "A" (A's shape) or
-      "row of A" ((N,), N A's last dimension);
+    - shape: "rows" (at least 1-D, its last dimension N in [1, MAX_N]), "A" (A's shape),
+      "row of A" ((N,), N A's last dimension) or "row or heads of A" ((N,), or A's last two
+      dimensions (H, N): a weight row a head, H A's second to last dimension);
     - stride: "any", "row" (stride 1 in the last dimension, rows any stride) or "dense"
       (contiguous).
 
@@ -60,7 +61,9 @@ class Arg:
     @property
     def shape_of(self) -> str:
         """The argument whose shape this one's rule names ("" for "rows")."""
-        return "" if self.shape == "rows" else self.shape.removeprefix("row of ")
+        if self.shape == "rows":
+            return ""
+        return self.shape.removeprefix("row or heads of ").removeprefix("row of ")
 
     def text(self, alias: str) -> str:
         """The argument as a schema string writes it (alias: the letter of a written
@@ -150,6 +153,8 @@ MESSAGES = {
     "shape_of": "{impl}: {name} has shape {got} but {of} has shape {want}",
     "shape_row_of": "{impl}: {name} has shape {got} but {of}'s last dimension is {n};"
     " expected ({n},)",
+    "shape_row_or_heads_of": "{impl}: {name} has shape {got} but {of}'s last dimension is"
+    " {n}; expected ({n},), or a row a head: {want}",
     "stride_row": "{impl}: {name} has stride {got} in its last dimension; expected 1 (call"
     " {name}.contiguous() first; rows may have any stride)",
     "stride_dense": "{impl}: {name} must be contiguous",
@@ -187,8 +192,10 @@ def _rows(name: str, **kw) -> Arg:
     return Arg(name, dtype="float", shape="rows", stride="row", **kw)
 
 
-def _weight(of: str) -> Arg:
-    return Arg("weight", optional=True, dtype=f"{of}|float32", shape=f"row of {of}", stride="any")
+def _weight(of: str, heads: bool = False) -> Arg:
+    """The weight: a row of N, or (heads: rms_norm and its backward) a row a head, (H, N)."""
+    shape = f"row or heads of {of}" if heads else f"row of {of}"
+    return Arg("weight", optional=True, dtype=f"{of}|float32", shape=shape, stride="any")
 
 
 def _like(name: str, of: str, dtype: str, stride: str, **kw) -> Arg:
@@ -201,15 +208,16 @@ def _dweight(empty_dtype: str) -> Out:
 
 
 _X, _WEIGHT, _EPS = _rows("x"), _weight("x"), _eps()
+_HEAD_WEIGHT = _weight("x", heads=True)
 _Y = Out("y", "x", "x")
 
 OPS = {
     op.name: op
     for op in (
-        OpSpec("rms_norm", (_X, _WEIGHT, _EPS, _OFFSET), (_Y,)),
+        OpSpec("rms_norm", (_X, _HEAD_WEIGHT, _EPS, _OFFSET), (_Y,)),
         OpSpec(
             "rms_norm_out",
-            (_like("out", "x", "x", "dense", written=True), _X, _WEIGHT, _EPS, _OFFSET),
+            (_like("out", "x", "x", "dense", written=True), _X, _HEAD_WEIGHT, _EPS, _OFFSET),
         ),
         OpSpec(
             "fused_add_rms_norm",
@@ -231,7 +239,7 @@ OPS = {
             (
                 Arg("dy", dtype="float", shape="rows", stride="any"),
                 _like("x", "dy", "dy", "row"),
-                _weight("dy"),
+                _weight("dy", heads=True),
                 _EPS,
                 _OFFSET,
             ),
@@ -260,7 +268,12 @@ OPS = {
 
 _ENUMS = {
     "dtype": {"float": "kFloat", "A": "kOf", "A|float32": "kOfOrFloat32"},
-    "shape": {"rows": "kRows", "A": "kOf", "row of A": "kRowOf"},
+    "shape": {
+        "rows": "kRows",
+        "A": "kOf",
+        "row of A": "kRowOf",
+        "row or heads of A": "kRowOrHeadsOf",
+    },
     "stride": {"any": "kAny", "row": "kRow", "dense": "kDense"},
 }
 
@@ -288,7 +301,7 @@ def header() -> str:
         "namespace cuda_impl::spec {",
         "",
         "enum class Dtype { kFloat, kOf, kOfOrFloat32 };",
-        "enum class Shape { kRows, kOf, kRowOf };",
+        "enum class Shape { kRows, kOf, kRowOf, kRowOrHeadsOf };",
         "enum class Stride { kAny, kRow, kDense };",
         "// A tensor argument: its index among the op's arguments, its name, whether it may be",
         "// None, and its rules (dtype_of, shape_of: the index of the argument a rule names, or",

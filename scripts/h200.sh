@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
+#   bash scripts/h200.sh [all|test|heads|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
 # test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter) and
 #       the validation table (SKIP_VALIDATE=1: not it).
 # sanitizers: memcheck and racecheck of the CUDA forward (a call of their own: serial).
+# heads: memcheck of test_heads, then scripts/heads_probe.py forward, --backward and
+#        --backward --per-head (HEADS_PROBE_ARGS go to each).
 # exhaustive: the exhaustive tier (pytest -m exhaustive); test,exhaustive and sanitizers:
 #       the whole suite, in two calls.
 # model: python -m harness.model (MODEL_ARGS go to it), records under $OUT/model.
@@ -183,6 +185,22 @@ fi
 if (mode all || mode test) && [[ "${SKIP_VALIDATE:-0}" != 1 ]]; then
   step "validation table"
   $PY -m harness.validate 2>&1 || status=1
+fi
+if mode heads; then
+  # heads: test_heads' CUDA kernels under memcheck (the profiler's one-kernel tests left
+  # out: they fail under the sanitizer), then scripts/heads_probe.py forward, backward and
+  # backward with a weight row a head (HEADS_PROBE_ARGS, e.g. "--shapes 4096x32x128", go to
+  # each)
+  step "memcheck of test_heads"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --kernel-regex kns=rms_norm \
+    $PY -m pytest -q -p no:cacheprovider -n 0 -m "" tests/test_heads.py \
+    -k "not one_kernel and not one_pass" 2>&1 | tail -15
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+  for args in "" "--backward" "--backward --per-head"; do
+    step "heads_probe ${args:-(forward)}"
+    # shellcheck disable=SC2086
+    $PY scripts/heads_probe.py $args ${HEADS_PROBE_ARGS:-} 2>&1 || status=1
+  done
 fi
 if mode all || mode sanitizers; then
   # only our kernels are instrumented (PyTorch's own reductions in the reference are not ours)

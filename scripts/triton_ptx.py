@@ -92,7 +92,8 @@ def compile_backward(dtype: str, n: int):
     warps = consts.pop("num_warps")
     options = {k: consts.pop(k) for k in ("maxnreg",) if k in consts}
     sig = {**{p: f"*{ty}" for p in ptrs}, "dwp_ptr": "*fp32", **{s: "i32" for s in strides}}
-    sig.update(M="i32", N="i32", eps="fp32")
+    sig.update(stride_sh="i32", stride_dyh="i32", stride_dsh="i32", M="i32", N="i32", eps="fp32")
+    consts["H"] = 1  # rows, as Triton specialises a head count of 1
     div = ptrs + ["dwp_ptr"] + (strides + ["N"] if n % 16 == 0 else [])
     kind = "chunked" if consts["CHUNKED"] else "split" if consts["SPLIT"] else "whole row"
     cfg = dict(kernel=kind, block_n=consts["BLOCK_N"], num_warps=warps, stages=consts["STAGES"],

@@ -476,3 +476,20 @@ def test_module_trains(name):
         opt.step()
     torch.testing.assert_close(ours.weight, ref.weight, atol=1e-5, rtol=1e-5)
     assert not torch.equal(ours.weight.detach(), w0)
+
+
+def test_split_judges_alignment_in_elements():
+    """The backward's whole-row tile is taken only where Triton can prove 16-byte vectors:
+    strides a multiple of 16 elements (Triton's mark), not of 16 bytes; rows at a stride of
+    16 bytes but not 16 elements take the split, heads (T, H, N) by every stride."""
+    from triton_impl.backward import split_vec
+
+    for dtype, vec in ((torch.bfloat16, 8), (torch.float32, 4)):
+        rows = torch.empty(4, 1024 + vec, dtype=dtype)[:, :1024]  # 16 bytes, not 16 elements
+        assert split_vec(1024, rows, rows, rows) == vec
+        whole = torch.empty(4, 1024 + 16, dtype=dtype)[:, :1024]
+        assert split_vec(1024, whole, whole, whole) == 0
+        heads = torch.empty(4, 3, 1024 + vec, dtype=dtype)[..., :1024]
+        dense = torch.empty(4, 3, 1024, dtype=dtype)
+        assert split_vec(1024, dense, dense, dense) == 0
+        assert split_vec(1024, heads, heads, heads) == vec

@@ -290,7 +290,10 @@ def test_validate_checks_each_op_as_bench_does(capsys):
     # every op has cases, and the gradient ops run: each by name, as bench takes them
     for op in OPS.values():
         assert op.cases(), op.name
-    grads = ",".join(op.name for op in OPS.values() if op.grads)
+    grads = ",".join(
+        op.name for op in OPS.values() if op.grads and any(c.id == "n17-fp32" for c in op.cases())
+    )
+    assert "rms_norm_bwd" in grads.split(",")
     assert validate.main(["--impls", "triton", "--cases", "n17-fp32", "--ops", grads]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [ln.split()[0] for ln in out if "PASS" in ln] == grads.split(",")
@@ -574,3 +577,16 @@ def test_help_keeps_op_names_whole(build, columns, monkeypatch):
     words = {w.strip(",;()") for w in build().format_help().split()}
     for name in OPS:
         assert name in words, (name, columns)
+
+
+def test_every_op_has_inputs_at_its_interpreter_shapes():
+    """bench without a GPU checks each op under the interpreter on its own shapes (the QK
+    ops: whole tokens of their heads), so every op's inputs can be made at them."""
+    import torch
+
+    from harness.cases import Case
+
+    for op in OPS.values():
+        for name, shape in op.no_gpu_shapes or bench.NO_GPU_SHAPES:
+            case = Case(name, shape, torch.bfloat16).cpu_cap()
+            assert op.make_inputs(case, "cpu", 0)[0].numel() == case.m * case.n, (op.name, name)

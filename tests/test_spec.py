@@ -76,7 +76,7 @@ def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
         dt = args[a.dtype_of].dtype if a.dtype_of else dtype
         if not a.shape_of:
             shape = rows
-        elif a.shape.startswith("row of "):
+        elif a.shape.startswith(("row of ", "row or heads of ")):
             shape = (args[a.shape_of].shape[-1],)
         else:
             shape = tuple(args[a.shape_of].shape)
@@ -103,6 +103,9 @@ def _violations(spec, a) -> list:
         out.append(
             ("another shape", torch.randn(*base.shape[:-1], base.shape[-1] + 1).to(base.dtype))
         )
+    if a.shape.startswith("row or heads of "):  # a row a head, but not of the rows' heads
+        rows = _valid(spec)[a.shape_of].shape
+        out.append(("heads not the rows'", torch.randn(rows[-2] + 1, rows[-1]).to(base.dtype)))
     wide = torch.randn(*base.shape[:-1], 2 * base.shape[-1]).to(base.dtype)
     if a.stride in ("row", "dense"):
         out.append(("last-dim stride 2", wide[..., ::2]))

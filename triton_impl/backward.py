@@ -55,9 +55,15 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_api import as_rows, backward_functions, check_backward_inputs, fused_backward_outputs
+from rmsnorm_api import (
+    as_rows,
+    backward_functions,
+    check_backward_inputs,
+    fused_backward_outputs,
+    head_rows,
+)
 from triton_impl.kernels import INTERPRET, _split_at, _split_edges, _weight
-from triton_impl.launch import has_work, op, run, sm_count
+from triton_impl.launch import has_work, heads_view, op, run, sm_count
 from triton_impl.tuning import (
     BWD_CHUNK,
     BWD_MAX_N,
@@ -124,28 +130,40 @@ def _rms_norm_bwd(
     s_ptr, dy_ptr, w_ptr, dro_ptr,  # s rows, dy rows, weight or a dummy, d_residual_out or a dummy
     ds_ptr, ds2_ptr, dwp_ptr,  # ds rows, a second copy (the fused add's dresidual) or a dummy,
                                # dweight partials (programs x N, fp32)
-    stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,  # elements between rows
-    M, N, eps,  # rows, true row width, eps (fp32)
+    stride_s, stride_dy, stride_dro, stride_ds, stride_ds2,  # elements between rows (tokens)
+    stride_sh, stride_dyh, stride_dsh,  # elements between heads (H > 1: rms_norm's)
+    M, N, H, eps,  # rows (of each head), true row width, heads (1: rows), eps (fp32)
     BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr, HAS_DRO: tl.constexpr,
     HAS_DS2: tl.constexpr,
-    STAGES: tl.constexpr, W_ROW: tl.constexpr,
+    STAGES: tl.constexpr, W_ROW: tl.constexpr, W_HEADS: tl.constexpr,
 ):
     # fmt: on
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     eps = tl.cast(eps, tl.float32)  # torch.compile passes it as fp64
     dwp_row = dwp_ptr + pid.to(tl.int64) * N
+    # heads (T, H, N): the programs are a multiple of H, so all of a program's rows are of
+    # one head, hd, at tokens first, first + step, ...; its partials row is that head's
+    # (H = 1, as Triton specialises it, folds this away: rows pid, pid + programs, ...)
+    hd = (pid % H).to(tl.int64)  # its products with the head strides pass 2^31
+    first = (pid // H).to(tl.int64)
+    step = tl.num_programs(0) // H
+    s_ptr += hd * stride_sh
+    dy_ptr += hd * stride_dyh
+    ds_ptr += hd * stride_dsh
+    if W_HEADS:
+        w_ptr += hd * N  # a weight row a head, (H, N)
     if not CHUNKED:
         # a lane holds the same column on every row of the program (head + lane in the body,
         # e_col in the edges), so the rows' dweight shares add up in registers
         if SPLIT:
             # rows split at s's 16-byte boundaries (VEC elements): a scalar head, an aligned
             # body, a scalar tail (the edges, 2 VEC lanes). The launcher runs a multiple of
-            # VEC programs (or one a row) and gives every row tensor s's element size and
+            # H x VEC programs (or one a row) and gives every row tensor s's element size and
             # phase, so each row of a program is as far from a boundary as its first, in
             # all of them: one split, from the first row's address, holds for every row.
-            head, nbody = _split_at(s_ptr + pid.to(tl.int64) * stride_s, N, VEC)
+            head, nbody = _split_at(s_ptr + first * stride_s, N, VEC)
             e_col, e_ok = _split_edges(head, nbody, N, VEC)
             dwe = tl.zeros([2 * VEC], dtype=tl.float32)
             if HAS_WEIGHT:
@@ -158,7 +176,7 @@ def _rms_norm_bwd(
             wb = _weight(tl.load(w_ptr + head + cols, mask=body, other=0.0), W_OFFSET)
         dwb = tl.zeros([BLOCK_N], dtype=tl.float32)
         # STAGES > 1: Triton's pipeliner issues the next rows' loads while this one is reduced
-        for row in tl.range(pid.to(tl.int64), M, tl.num_programs(0), num_stages=STAGES):
+        for row in tl.range(first, M, step, num_stages=STAGES):
             s_row = s_ptr + row * stride_s
             dy_row = dy_ptr + row * stride_dy
             dro_row = dro_ptr + row * stride_dro
@@ -204,7 +222,7 @@ def _rms_norm_bwd(
             if SPLIT:
                 tl.store(dwp_row + e_col, dwe, mask=e_ok)
     else:
-        for row in range(pid.to(tl.int64), M, tl.num_programs(0)):
+        for row in range(first, M, step):
             s_row = s_ptr + row * stride_s
             dy_row = dy_ptr + row * stride_dy
             dro_row = dro_ptr + row * stride_dro
@@ -334,7 +352,8 @@ def bwd_config(n: int, split_vec: int = 0) -> tuple[int, bool, int]:
 def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:
     """VEC (elements of a 16-byte vector) of the split variant for the rows s2 and the
     kernel's other row tensors (dy, ds; the fused add's d_residual_out and ds2), or 0 for
-    the whole-row tile.
+    the whole-row tile. Rows (M, N), or heads (T, H, N) whose every head and token steps
+    alike in them all.
 
     Split: register-resident rows at least a vector wide that the whole-row tile would move
     one element at a time (Triton proves 16-byte alignment only where the width and the row
@@ -348,14 +367,17 @@ def split_vec(n: int, s2: torch.Tensor, *others: torch.Tensor) -> int:
     if triton.next_power_of_2(n) > BWD_MAX_N or n < vec:
         return 0
 
-    def phase(t: torch.Tensor) -> tuple[int, int]:
-        # bytes past a 16-byte boundary: of the first row, and added by each row
+    def phase(t: torch.Tensor) -> tuple[int, ...]:
+        # bytes past a 16-byte boundary: of the first row, and added by each row (and head)
         traced = type(t) is not torch.Tensor  # FakeTensor, functional wrappers
         first = t.storage_offset() * t.element_size() if traced else t.data_ptr()
-        return first % 16, t.stride(0) * t.element_size() % 16
+        return first % 16, *(st * t.element_size() % 16 for st in t.stride()[:-1])
 
     rows = (s2, *others)
-    if n % 16 == 0 and all(t.stride(0) % 16 == 0 and phase(t)[0] == 0 for t in rows):
+    # Triton marks a stride aligned where it is a multiple of 16 elements (not bytes)
+    if n % 16 == 0 and all(
+        phase(t)[0] == 0 and all(st % 16 == 0 for st in t.stride()[:-1]) for t in rows
+    ):
         return 0  # the whole-row tile takes 16-byte vectors already
     same = all(t.element_size() == elem and phase(t) == phase(s2) for t in others)
     return vec if same else 0
@@ -369,10 +391,11 @@ def bwd_meta(
     has_dro: bool = False,
     has_ds2: bool = False,
     weight_offset: float = 0.0,
+    w_heads: bool = False,
 ) -> dict:
     """The main kernel's compile-time arguments (constexprs, num_warps, maxnreg) for rows of n
-    elements of element_size bytes; vec: split_vec's answer. Shared by the launcher and
-    scripts/triton_ptx.py, so what is compiled there is what runs.
+    elements of element_size bytes; vec: split_vec's answer; w_heads: a weight row a head.
+    Shared by the launcher and scripts/triton_ptx.py, so what is compiled there is what runs.
 
     maxnreg: the split variant with BWD_THREAD_ELEMS elements a thread (or fewer) is held
     to the registers that let the programs_per_sm programs an SM is given be resident
@@ -381,7 +404,7 @@ def bwd_meta(
     block_n, chunked, warps = bwd_config(n, vec)
     meta = dict(BLOCK_N=block_n, CHUNKED=chunked, SPLIT=vec > 0, VEC=vec or 16 // element_size,
                 HAS_WEIGHT=has_weight, W_OFFSET=float(weight_offset), HAS_DRO=has_dro,
-                HAS_DS2=has_ds2, num_warps=warps,
+                HAS_DS2=has_ds2, W_HEADS=w_heads, num_warps=warps,
                 STAGES=bwd_stages(block_n, chunked, element_size, vec,
                                   has_dro or has_ds2))  # fmt: skip
     # a register-resident tile wider than its threads hold: the weight loaded each row
@@ -421,17 +444,26 @@ def _run_backward(
     ds: torch.Tensor,
     ds2: Optional[torch.Tensor],
     weight_offset: float = 0.0,
+    heads: bool = False,
 ) -> Optional[torch.Tensor]:
     """ds (and ds2) for the rows of s; returns dweight (None without a weight). The weight
-    offset scales ds (g = dy * (w + offset)); dweight = sum(dy * s * rstd) has none."""
+    offset scales ds (g = dy * (w + offset)); dweight = sum(dy * s * rstd) has none.
+    heads (rms_norm's): s, dy and ds as (T, H, N) heads, s's where they lie (heads_view),
+    the weight a row or a row a head, dweight of its shape; rows wide enough for the
+    sharded kernel go head by head (a weight row a head) or are copied into rows."""
     n = int(s.shape[-1])
-    s2, dy2, ds_2 = as_rows(s), as_rows(dy), ds.view(-1, n)
+    if heads:
+        s2 = heads_view(s)
+        dy2, ds_2 = dy.reshape(s2.shape), ds.view(s2.shape)
+    else:
+        s2, dy2, ds_2 = as_rows(s), as_rows(dy), ds.view(-1, n)
     dro = as_rows(d_residual_out) if d_residual_out is not None else None
     ds2_2 = ds2.view(-1, n) if ds2 is not None else None
-    m = s2.shape[0]
+    m, h = s2.shape[0], s2.shape[1] if heads else 1
     has_w = weight is not None
+    w_heads = has_w and weight.dim() == 2
     if not has_work(s2):  # empty, meta or traced under the interpreter: nothing runs
-        return torch.zeros(n, dtype=weight.dtype, device=s.device) if has_w else None
+        return torch.zeros(weight.shape, dtype=weight.dtype, device=s.device) if has_w else None
     has_dro, has_ds2 = dro is not None, ds2_2 is not None
     present = [t for t in (dro, ds2_2) if t is not None]
     w = weight.contiguous() if has_w else s2  # dummy pointer, never read
@@ -440,28 +472,59 @@ def _run_backward(
     ds2_2 = ds_2 if ds2_2 is None else ds2_2
     rows = (s2, dy2, w, dro, ds_2, ds2_2)
     strides = tuple(t.stride(0) for t in (s2, dy2, dro, ds_2, ds2_2))  # the weight's: none
+    head_strides = tuple(t.stride(1) if heads else 0 for t in (s2, dy2, ds_2))
     sms = sm_count(s.device.index) if s.is_cuda else 0
     sharded = shard_plan(n, s.element_size(), 0 if INTERPRET else sms)
+    if sharded is not None and heads:
+        if w_heads:
+            return _head_by_head(dy2, s2, weight, eps, ds_2, weight_offset)
+        return _run_backward(dy, s, weight, eps, None, ds, None, weight_offset)  # rows, copied
     if sharded is not None:
         return _run_sharded(sharded, sms, rows, strides, weight, eps, has_dro, has_ds2,
                             weight_offset)  # fmt: skip
     vec = split_vec(n, s2, dy2, ds_2, *present)
-    meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2, weight_offset)
+    meta = bwd_meta(n, s.element_size(), vec, has_w, has_dro, has_ds2, weight_offset, w_heads)
+    rows_in_all = m * h
     if s.is_cuda:
-        programs = max(1, min(m, programs_per_sm(meta["num_warps"]) * sms))
-    else:  # the interpreter: two programs, so the partials reduction still sums several
-        programs = max(1, min(m, 2))
-    if vec and programs < m:
-        # a multiple of VEC programs (rounded down, at least VEC: the interpreter's two
-        # become VEC), so that each program's rows all share one split
-        programs = min(m, max(vec, programs // vec * vec))
+        programs = max(1, min(rows_in_all, programs_per_sm(meta["num_warps"]) * sms))
+    else:  # the interpreter: two programs a head, so dweight's reduction sums several
+        programs = max(1, min(rows_in_all, 2 * h))
+    # a multiple of H programs (each program's rows of one head), and with the split, of H x
+    # VEC (rounded down, at least that many: the interpreter's become H x VEC), so that each
+    # program's rows all share one split
+    unit = h * (vec or 1)
+    if programs < rows_in_all:
+        programs = min(rows_in_all, max(unit, programs // unit * unit))
     # chunked rows add into their partials row, so it starts at zero
     alloc = torch.zeros if meta["CHUNKED"] else torch.empty
     dwp = alloc((programs if has_w else 1, n), dtype=torch.float32, device=s.device)
     run(
-        _rms_norm_bwd, (programs,), *rows, dwp, *strides, m, n, eps, **meta,
+        _rms_norm_bwd, (programs,), *rows, dwp, *strides, *head_strides, m, n, h, eps, **meta,
     )  # fmt: skip
-    return _reduce_dw(dwp, weight, programs, sms) if has_w else None
+    if not has_w:
+        return None
+    if w_heads:  # program p's partials row is head p % H's: (P / H, H x N) summed over rows
+        dw = _reduce_dw(dwp.view(programs // h, h * n), weight, programs // h, sms)
+        return dw.view(weight.shape)
+    return _reduce_dw(dwp, weight, programs, sms)
+
+
+def _head_by_head(
+    dy3: torch.Tensor,
+    s3: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    ds3: torch.Tensor,
+    weight_offset: float,
+) -> torch.Tensor:
+    """The backward of (T, H, N) heads with a weight row a head, one head at a time (each
+    head's rows share one stride), for rows the one-launch form does not take (the sharded
+    kernel's); dweight (H, N)."""
+    parts = [
+        _run_backward(dy3[:, h], s3[:, h], weight[h], eps, None, ds3[:, h], None, weight_offset)
+        for h in range(s3.shape[1])
+    ]
+    return torch.stack(parts)
 
 
 def shard_plan(n: int, element_size: int, sms: int) -> Optional[tuple[int, int, int]]:
@@ -572,7 +635,12 @@ def _rms_norm_backward_op(
     check_backward_inputs(dy, x, weight, eps, None, weight_offset, allow_cpu=INTERPRET,
                           impl=_BWD)  # fmt: skip
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = _run_backward(_dy_rows(dy), x, weight, eps, None, dx, None, weight_offset)
+    # heads (a weight row a head, or x's head rows where they lie): one launch of H x the
+    # programs' rows, each program's of one head
+    heads = x.numel() > 0 and (
+        (weight is not None and weight.dim() == 2) or head_rows(x) is not None
+    )
+    dw = _run_backward(_dy_rows(dy), x, weight, eps, None, dx, None, weight_offset, heads)
     return dx, dw if dw is not None else x.new_empty(0)
 
 

@@ -265,7 +265,7 @@ def _cached_launch(p: _Plan, tensors: tuple, eps: float, device: int) -> None:
             ok = p.direct and _launchable(compiled)
             d = p.compiled[align] = _Direct(compiled) if ok else False
             # the C++ keys know no weight offset: only plans without one are kept there
-            if d and HOST is not None and not p.meta["W_OFFSET"]:
+            if d and HOST is not None and not p.meta["W_OFFSET"] and not p.meta.get("W_HEADS"):
                 _keep(p, d, tensors, align)
         return
     _run_compiled(d, p.grid, tensors, ptrs, p.rest_for(eps), device)

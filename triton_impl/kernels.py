@@ -97,14 +97,26 @@ def _rms_norm_fwd_fused(
     )
 
 
+@triton.jit
+def _head_weight(w_ptr, head, cols, col_ok, mask, N, W_OFFSET: tl.constexpr, W_HEADS: tl.constexpr):
+    # the heads kernel's weight tile: one row for every head, or (W_HEADS) each row's head's
+    # (one return: Triton 3.6 compares the shapes of every return, the pruned branch's too)
+    if W_HEADS:
+        w = tl.load(w_ptr + head[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    else:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    return _weight(w, W_OFFSET)
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_heads(
-    x_ptr, w_ptr, y_ptr,  # x (T, H, N), weight (N,) or a dummy, y (T, H, N)
+    x_ptr, w_ptr, y_ptr,  # x (T, H, N), weight (N,) or (H, N) (W_HEADS) or a dummy, y
     stride_x, stride_xh, stride_y, stride_yh,  # elements between tokens, between heads
     M, N, H, eps,  # rows (T x H), true row width, heads, eps (fp32)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     W_OFFSET: tl.constexpr, W_FIRST: tl.constexpr,
+    W_HEADS: tl.constexpr,  # a weight row a head: row r scaled by weight[r % H]
 ):
     # fmt: on
     # the fused kernel on rows that share no one stride: heads of a packed projection (QK
@@ -120,13 +132,13 @@ def _rms_norm_fwd_heads(
     x_rows = x_ptr + (tok * stride_x + head * stride_xh)[:, None]
     x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_WEIGHT and W_FIRST:
-        w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
+        w = _head_weight(w_ptr, head, cols, col_ok, mask, N, W_OFFSET, W_HEADS)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + tl.cast(eps, tl.float32))
     y = x * rstd[:, None]
     if HAS_WEIGHT:
         if not W_FIRST:
-            w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
-        y = y * w[None, :]
+            w = _head_weight(w_ptr, head, cols, col_ok, mask, N, W_OFFSET, W_HEADS)
+        y = y * w
     y_rows = y_ptr + (tok * stride_y + head * stride_yh)[:, None]
     tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 

@@ -17,7 +17,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from rmsnorm_api import DTYPE_NAMES, as_rows
+from rmsnorm_api import DTYPE_NAMES, as_rows, head_rows
 from triton_impl.configs import Config, default_config, fused_tile, kernel_for, latency_config
 from triton_impl.kernels import INTERPRET, _rms_norm_fwd_heads
 from triton_impl.tuning import FUSED_MAX_N
@@ -91,39 +91,39 @@ def _sharded_launch(
     return Launch(cfg, kernel, (m * meta["SHARDS"],), (*tensors, *ws, *rest), meta)
 
 
-def rows_view(t: torch.Tensor) -> bool:
-    """Whether t's leading dimensions view as one of rows (as_rows makes no copy): each
-    (of more than one element) a whole number of the next one's steps."""
-    lead = [
-        (size, step) for size, step in zip(t.shape[:-1], t.stride()[:-1], strict=True) if size != 1
-    ]
-    return all(a == b * size for (_, a), (size, b) in zip(lead, lead[1:], strict=False))
+def takes_heads(
+    x: torch.Tensor, cfg: Optional[Config] = None, weight: Optional[torch.Tensor] = None
+) -> bool:
+    """Whether rms_norm's launch for x is the heads kernel's (x head rows, head_rows, or a
+    weight row a head): the default config (cfg None) of a width the fused tile holds."""
+    per_head = weight is not None and weight.dim() == 2
+    return (
+        cfg is None
+        and int(x.shape[-1]) <= FUSED_MAX_N[x.element_size()]
+        and (per_head or head_rows(x) is not None)
+    )
 
 
-def head_rows(x: torch.Tensor) -> Optional[torch.Tensor]:
-    """x as (T, H, N) heads, where its rows share no one stride but its dimensions before
-    the heads merge (q = qkv[:, :H*D].view(T, H, D) of a packed projection, strides
-    (3HD, D, 1)): the heads kernel reads them where they lie. None for rows as_rows views,
-    and for leading dimensions that would need a copy anyway."""
-    if x.dim() < 3 or rows_view(x):
-        return None
-    lead = x[..., 0, :]  # the dimensions before the heads
-    if not rows_view(lead):
-        return None
-    return x.view(-1, x.shape[-2], x.shape[-1])
+def heads_view(x: torch.Tensor) -> torch.Tensor:
+    """x as (T, H, N): its head rows where they lie (head_rows), else its rows (copied only
+    where its leading dimensions do not merge)."""
+    x3 = head_rows(x)
+    return x3 if x3 is not None else x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
 def _heads_launch(x3: torch.Tensor, weight, eps, y: torch.Tensor, weight_offset: float) -> Launch:
     """The heads kernel's launch: the fused kernel's tile for the width (its latency rule
-    where the rows take fewer programs than SMs), y (new, contiguous) as x's heads."""
+    where the rows take fewer programs than SMs), y as x's heads (new and contiguous, or x
+    itself: out=x)."""
     t, h, n = x3.shape
     m = t * h
-    y3 = y.view(t, h, n)
+    y3 = y.view(t, h, n) if y.is_contiguous() else head_rows(y)
     cfg = fused_tile(n, x3.element_size())
     if x3.is_cuda and triton.cdiv(m, cfg.block_m) < sm_count(x3.device.index):
         cfg = latency_config(cfg, x3.element_size())
     _, meta = kernel_for("rms_norm", cfg, x3.element_size(), weight is not None, n, False,
                          weight_offset)  # fmt: skip
+    meta["W_HEADS"] = weight is not None and weight.dim() == 2
     w = weight.contiguous() if weight is not None else x3
     args = (x3, w, y3, x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1), m, n, h, eps)
     return Launch(cfg, _rms_norm_fwd_heads, (triton.cdiv(m, cfg.block_m),), args, meta)
@@ -146,10 +146,8 @@ def plan(
     the weight offset as a constant of the compile (meta)."""
     x = ins[0]
     n = int(x.shape[-1])
-    if op == "rms_norm" and cfg is None and n <= FUSED_MAX_N[x.element_size()]:
-        x3 = head_rows(x)
-        if x3 is not None and outs[0].is_contiguous():
-            return _heads_launch(x3, weight, eps, outs[0], weight_offset)
+    if op == "rms_norm" and takes_heads(x, cfg, weight):
+        return _heads_launch(heads_view(x), weight, eps, outs[0], weight_offset)
     # Block shape and warps are compile-time choices: under dynamic-shape tracing this
     # specialises on the row width (a guard), while M may stay symbolic.
     in2 = tuple(as_rows(t) for t in ins)

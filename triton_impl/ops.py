@@ -40,11 +40,12 @@ from rmsnorm_api import (
     check_in_place,
     check_inputs,
     check_out,
+    head_rows,
 )
 from triton_impl.configs import Config
 from triton_impl.eager import HOST, eager_forward
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import has_work, launch, op, plan
+from triton_impl.launch import has_work, launch, op, plan, takes_heads
 
 _IMPL = "triton_impl.rms_norm"
 _FUSED = "triton_impl.fused_add_rms_norm"
@@ -65,6 +66,23 @@ def _run(
     if not has_work(ins[0]):
         return
     op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
+    if op_name == "rms_norm" and weight is not None and weight.dim() == 2:
+        if not takes_heads(ins[0], cfg, weight):
+            # a weight row a head on rows the heads kernel does not take: each head's rows
+            # with its row (H launches)
+            for h in range(weight.shape[0]):
+                o = outs[0][..., h, :]
+                launch(
+                    plan(op_name, (ins[0][..., h, :],), weight[h], eps, (o,), cfg, weight_offset)
+                )
+            return
+    if op_name == "rms_norm" and head_rows(outs[0]) is not None and not takes_heads(ins[0], cfg):
+        # out=x on head rows the heads kernel does not take (wider than its tile, or a
+        # forced config): normalised into a new tensor, then copied into x
+        fresh = torch.empty(outs[0].shape, dtype=outs[0].dtype, device=outs[0].device)
+        launch(plan(op_name, ins, weight, eps, (fresh,), cfg, weight_offset))
+        outs[0].copy_(fresh)
+        return
     if any(o is i for o in outs for i in ins) and is_fake(ins[0]):
         fresh = tuple(torch.empty_like(o) for o in outs)
         launch(plan(op_name, ins, weight, eps, fresh, cfg, weight_offset))

@@ -30,6 +30,8 @@ template <typename T, typename W, typename R>
 KernelFn<T, W, R> kernel_at(int i);
 template <typename T, typename R>
 KernelFn<T, T, R> kernel_plus_one_at(int i);
+template <typename T>
+KernelFn<T, T, void> kernel_heads_at(int i, bool one);
 
 // SMs of a device, asked once per device.
 int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
@@ -237,7 +239,7 @@ void launch(const at::Tensor& x2, const at::Tensor& weight, at::Tensor& y2, floa
   launch_kernel(kImpl, kConfigs<PlainTable>[plan.config], plan.ranks, M, 16, kernel,
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
-                nullptr, nullptr, int64_t{0}, int64_t{0}, M);
+                nullptr, nullptr, int64_t{0}, int64_t{0}, M, int64_t{0}, int64_t{0});
 }
 
 template <typename T, typename W, typename R>
@@ -253,10 +255,10 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
   const bool vectors = sizeof(R) == sizeof(T) && row_vectors<T>(x2, weight) &&
                        rows_aligned<T>(y2) && rows_aligned<R>(r2) && rows_aligned<R>(ro2);
   const Plan plan = plan_for<T, FusedTable>(kImpl, x2, forced, vectors);
-  if (one && kernel_for<T, W, R>(plan.config, true) == nullptr)  // one, without its kernel here
+  const KernelFn<T, W, R> kernel = kernel_for<T, W, R>(plan.config, one);
+  if (one && kernel == nullptr)  // one, without its kernel here
     return launch_fused<T, float, R>(x2, r2, weight_as_read(weight, 1.0), y2, ro2, eps, forced,
                                      false);
-  const KernelFn<T, W, R> kernel = kernel_for<T, W, R>(plan.config, one);
   // only a forced config can be one the default build leaves out for this dtype
   TORCH_CHECK_VALUE(kernel != nullptr, "cuda_impl.fused_add_rms_norm_with_config: config (",
                     num(kConfigs<FusedTable>[plan.config].row_threads), ", ",
@@ -268,7 +270,8 @@ void launch_fused(const at::Tensor& x2, const at::Tensor& r2, const at::Tensor& 
                 reinterpret_cast<const T*>(x2.const_data_ptr()), w,
                 reinterpret_cast<T*>(y2.mutable_data_ptr()), x2.stride(0), y2.stride(0), N, eps,
                 reinterpret_cast<const R*>(r2.const_data_ptr()),
-                reinterpret_cast<R*>(ro2.mutable_data_ptr()), r2.stride(0), ro2.stride(0), M);
+                reinterpret_cast<R*>(ro2.mutable_data_ptr()), r2.stride(0), ro2.stride(0), M,
+                int64_t{0}, int64_t{0});
 }
 
 // The things done per (x dtype, weight dtype[, residual dtype]): launching either op, and
@@ -331,15 +334,81 @@ void dispatch(at::ScalarType x_type, const at::Tensor& w, Args&&... args) {
   }
 }
 
-// Dispatch on x's dtype and the weight's (x's dtype, fp32, or none).
+// rms_norm of head rows x into y (new and contiguous, or x itself: out=x) with the head-row
+// kernel of the default plan's config, a weight of x's dtype or none; false (nothing
+// launched) where that config has none (rows of more than kHeadsMaxVecs vectors, another
+// weight dtype): the caller then copies x into rows.
+template <typename T>
+bool launch_heads(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, float eps, bool one) {
+  const int64_t H = x.size(-2), N = x.size(-1);
+  const at::Tensor x3 = x.view({-1, H, N});  // head rows, or rows (a weight row a head)
+  const at::Tensor y3 = y.view({-1, H, N});
+  const int64_t M = x3.size(0) * H;
+  const int vecs = static_cast<int>(N) / kVec<T>;
+  const int device = x.device().index();
+  const Plan plan = default_plan<PlainTable>(vecs, sizeof(T), M, sm_count(device), false,
+                                             has_clusters(device));
+  if (plan.config < 0 || kConfigs<PlainTable>[plan.config].cluster ||
+      vecs > capacity<PlainTable>(plan))
+    return false;
+  const KernelFn<T, T, void> kernel = kernel_heads_at<T>(plan.config, one);
+  if (kernel == nullptr) return false;
+  const T* wp = w.defined() ? reinterpret_cast<const T*>(w.const_data_ptr()) : nullptr;
+  // the fused add's residual arguments carry x's step between heads and the heads (kHeads)
+  launch_kernel("cuda_impl.rms_norm", kConfigs<PlainTable>[plan.config], 1, M, 16, kernel,
+                reinterpret_cast<const T*>(x3.const_data_ptr()), wp,
+                reinterpret_cast<T*>(y3.mutable_data_ptr()), x3.stride(0), y3.stride(0),
+                static_cast<int>(N), eps, nullptr, nullptr, x3.stride(1), H, M, y3.stride(1),
+                w.defined() && w.dim() == 2 ? N : int64_t{0});
+  return true;
+}
+
+bool run_heads(const at::Tensor& x, const at::Tensor& w, at::Tensor& y, float eps, bool one) {
+  if (w.defined() && w.scalar_type() != x.scalar_type()) return false;
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      return launch_heads<float>(x, w, y, eps, one);
+    case at::kHalf:
+      return launch_heads<__half>(x, w, y, eps, one);
+    case at::kBFloat16:
+      return launch_heads<__nv_bfloat16>(x, w, y, eps, one);
+    default:
+      return false;
+  }
+}
+
+// Dispatch on x's dtype and the weight's (x's dtype, fp32, or none); head rows (a default
+// plan) to their kernel where it has one. Into head rows (out=x) the kernel does not
+// reach: normalised into a new tensor, then copied into y.
 void run(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
          double weight_offset, at::Tensor& y, const std::optional<Plan>& plan = std::nullopt) {
   if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor y2 = y.view({-1, x.size(-1)});
+  const bool per_head = weight && weight->dim() == 2;  // a weight row a head
+  if (per_head && !plan && views_as_heads(x)) {  // heads the kernel addresses in place
+    const bool one = weight_offset == 1.0;
+    const at::Tensor w = weight_as_read(weight, one ? 0.0 : weight_offset);
+    if (run_heads(x, w, y, static_cast<float>(eps), one)) return;
+  }
+  if (per_head) {  // else each head's rows with its row
+    for (int64_t h = 0; h < weight->size(0); ++h) {
+      at::Tensor y_h = y.select(-2, h);
+      run(x.select(-2, h), weight->select(0, h), eps, weight_offset, y_h, plan);
+    }
+    return;
+  }
   const bool one = weight_offset == 1.0;
   const at::Tensor w = weight_as_read(weight, one ? 0.0 : weight_offset);
+  if (!plan && head_rows(x) && run_heads(x, w, y, static_cast<float>(eps), one)) return;
+  if (head_rows(y)) {
+    at::Tensor fresh =
+        at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
+    run(x, weight, eps, weight_offset, fresh, plan);
+    y.copy_(fresh);
+    return;
+  }
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y2 = y.view({-1, x.size(-1)});
   dispatch<Launch>(x.scalar_type(), w, x2, w, y2, static_cast<float>(eps), plan, one);
 }
 

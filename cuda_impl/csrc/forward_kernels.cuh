@@ -301,7 +301,8 @@ __device__ __forceinline__ void staged_slice(const T* __restrict__ xr, const R* 
     if constexpr (kFused) {
 #pragma unroll
       for (int q = 0; q < NH; ++q)
-        copy_async_ca(&sh[(k * NH + q) * BLOCK + t], reinterpret_cast<const uint4*>(rr) + j * NH + q);
+        copy_async_ca(&sh[(k * NH + q) * BLOCK + t],
+                      reinterpret_cast<const uint4*>(rr) + j * NH + q);
     }
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -640,7 +641,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
                     const R* __restrict__ res, R* __restrict__ res_out,
                     int64_t stride_r,   // ... of residual (fused add)
                     int64_t stride_ro,  // ... of residual_out (fused add)
-                    int64_t M) {
+                    int64_t M,
+                    int64_t stride_yh,    // kHeads: y's step between heads
+                    int64_t stride_wh) {  // kHeads: the weight's (a row a head, or 0)
   constexpr bool kFused = !std::is_void_v<R>;
   using H = std::conditional_t<kFused, R, T>;  // what a thread holds a row's values as
   constexpr int VEC = kVec<T>;
@@ -655,6 +658,9 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   static_assert((VARIANT & kReread) == 0 || (VARIANT & kRowChunks) != 0,
                 "reread: a variant of the row chunks");
   constexpr bool ONE = (VARIANT & kPlusOne) != 0;
+  constexpr bool HEADS = (VARIANT & kHeads) != 0;
+  static_assert(!HEADS || (!kFused && !CLUSTER && (VARIANT & kRowChunks) == 0),
+                "head rows: rms_norm's general body");
   if constexpr ((VARIANT & kRowChunks) != 0) {
     static_assert(!kFused && !CLUSTER, "row chunks: rms_norm, one CTA a row");
     row_chunks<T, W, ROW_THREADS, VPT, (VARIANT & kReread) == 0, ONE>(x, w, y, stride_x,
@@ -680,6 +686,12 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
   const int64_t r0 = row_ok ? row : 0;
   const T* xr = x + r0 * stride_x;
   T* yr = y + r0 * stride_y;
+  if constexpr (HEADS) {  // stride_ro: the heads; stride_r, stride_yh: x's, y's steps between them
+    const int64_t tok = r0 / stride_ro, head = r0 - tok * stride_ro;
+    xr = x + tok * stride_x + head * stride_r;
+    yr = y + tok * stride_y + head * stride_yh;
+    if (w != nullptr) w += head * stride_wh;
+  }
   const RowSplit sp = split_row(xr, N);
 
   // A CTA may write into a peer's shared memory only once the peer runs, its mbarrier
@@ -751,8 +763,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
     }
   }
   Pack<W> wv[VPT];
-  const bool w_early =
-      sizeof(H) == sizeof(T) && load_weight_early<T, W, BLOCK, VPT, VARIANT>(w, sp, g, G, row_ok, wv);
+  const bool w_early = sizeof(H) == sizeof(T) &&
+                       load_weight_early<T, W, BLOCK, VPT, VARIANT>(w, sp, g, G, row_ok, wv);
   const float xh = edge_value<T, R>(xr, rr, ro, g, row_ok && g < sp.head);
   const float xt = edge_value<T, R>(xr, rr, ro, sp.tail0 + g, row_ok && g < sp.tail);
 
@@ -774,7 +786,8 @@ __global__ void __launch_bounds__(block_threads(ROW_THREADS),
         asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
       }
   }
-  if (row_ok) scale_store<T, W, Lanes<T, H>, VPT, ONE>(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
+  if (row_ok)
+    scale_store<T, W, Lanes<T, H>, VPT, ONE>(v, xh, xt, sp, g, G, rstd, w, yr, wv, w_early);
 }
 
 // Config I's kernel for this dtype combination: rms_norm compiles every config of its table
@@ -787,7 +800,8 @@ template <typename T, typename W, typename R, size_t I, int FLAGS>
 constexpr KernelFn<T, W, R> kernel_of() {
   using C = TableOf<R>;
   constexpr bool shipped = I < static_cast<size_t>(kNumShipped<C>);
-  constexpr bool named = shipped && used_by<C>(I, sizeof(T));
+  constexpr bool named = shipped && ((FLAGS & kHeads) != 0 ? takes_heads<C>(I, sizeof(T))
+                                                             : used_by<C>(I, sizeof(T)));
   if constexpr (FLAGS != 0 ? named : std::is_void_v<R> || !shipped || named) {
     return &rms_norm_kernel<T, W, R, kConfigs<C>[I].row_threads, kConfigs<C>[I].vpt,
                             kConfigs<C>[I].cluster, kConfigs<C>[I].variant | FLAGS>;
@@ -822,6 +836,20 @@ KernelFn<T, T, R> kernel_plus_one_at(int i) {
   return table[i];
 }
 
+// ... of rms_norm on head rows (kHeads), a weight of x's dtype (one: read as weight + 1,
+// for 16-bit x): null for a config rows of at most kHeadsMaxVecs vectors do not climb to.
+template <typename T>
+KernelFn<T, T, void> kernel_heads_at(int i, bool one) {
+  constexpr size_t kNum = kNumConfigs<PlainTable>;
+  static const auto table = make_kernels<T, T, void, kHeads>(std::make_index_sequence<kNum>{});
+  if constexpr (sizeof(T) == 2) {
+    static const auto plus_one =
+        make_kernels<T, T, void, kHeads | kPlusOne>(std::make_index_sequence<kNum>{});
+    if (one) return plus_one[i];
+  }
+  return one ? nullptr : table[i];
+}
+
 }  // namespace cuda_impl
 
 // A unit's instantiations. Each weight (and residual) dtype is x's or fp32, so a 16-bit x
@@ -831,9 +859,13 @@ KernelFn<T, T, R> kernel_plus_one_at(int i) {
 // A 16-bit x with a weight (and residual) of its dtype has its plus-one kernels too.
 #define CUDA_IMPL_PLUS_ONE_AT(T, R) \
   template cuda_impl::KernelFn<T, T, R> cuda_impl::kernel_plus_one_at<T, R>(int);
+// ... and rms_norm its head-row kernels.
+#define CUDA_IMPL_HEADS_AT(T) \
+  template cuda_impl::KernelFn<T, T, void> cuda_impl::kernel_heads_at<T>(int, bool);
 #define CUDA_IMPL_RMS_NORM_UNIT_16(T)   \
   CUDA_IMPL_FORWARD_AT(T, T, void)      \
   CUDA_IMPL_PLUS_ONE_AT(T, void)        \
+  CUDA_IMPL_HEADS_AT(T)                 \
   CUDA_IMPL_FORWARD_AT(T, float, void)
 #define CUDA_IMPL_FUSED_ADD_UNIT_16(T)  \
   CUDA_IMPL_FORWARD_AT(T, T, T)         \

@@ -3,3 +3,4 @@
 #include "forward_kernels.cuh"
 
 CUDA_IMPL_FORWARD_AT(float, float, void)
+CUDA_IMPL_HEADS_AT(float)

@@ -60,6 +60,17 @@ constexpr int kStagedRow = 128;
 //   weight of x's dtype and the fused add's residual of x's dtype; any other offset, or
 //   dtype, reads an fp32 weight + offset made by the launcher.
 constexpr int kPlusOne = 256;
+// - kHeads: a launch's flag (rms_norm, the many-row and few-row bodies): rows that share no
+//   one stride, heads of a packed projection (QK-norm's q = qkv[:, :H*D].view(T, H, D)),
+//   row r read (and written) at token r / H, head r % H, where they lie: y is new and
+//   contiguous, or x itself (out=x). The fused add's residual arguments, which an rms_norm
+//   call leaves unused, carry them: stride_r is x's step between heads and stride_ro the
+//   heads H; stride_yh, the kernel's last but one, y's step between heads, and stride_wh,
+//   its last, the weight's (N: a row a head; 0: one row for all). Compiled for the configs
+//   rows of at most kHeadsMaxVecs vectors climb to, with a weight of x's dtype; wider head
+//   rows, or another weight, are copied into rows first.
+constexpr int kHeads = 512;
+constexpr int kHeadsMaxVecs = 64;
 // The variant bits by name, in bit order (bit i is 1 << i; "" for a bit not in use), for
 // cuda_impl/configs.py: the one copy of them.
 constexpr const char* kVariantNames[] = {"plain_loads", "lean_regs", "reread", "", "late_weight",
@@ -272,18 +283,20 @@ constexpr bool valid_table() {
 template <typename Tb>
 constexpr bool no_launch_flags() {
   for (int i = 0; i < kNumConfigs<Tb>; ++i)
-    if ((kConfigs<Tb>[i].variant & kPlusOne) != 0) return false;
+    if ((kConfigs<Tb>[i].variant & (kPlusOne | kHeads)) != 0) return false;
   return true;
 }
 static_assert(no_launch_flags<PlainTable>() && no_launch_flags<FusedTable>(),
-              "kPlusOne is a launch's flag, not a config's");
-static_assert(valid_table<PlainTable>(), "each config compiled once; rungs hold their rows, in order");
-static_assert(valid_table<FusedTable>(), "each config compiled once; rungs hold their rows, in order");
+              "kPlusOne and kHeads are a launch's flags, not a config's");
+static_assert(valid_table<PlainTable>(),
+              "each config compiled once; rungs hold their rows, in order");
+static_assert(valid_table<FusedTable>(),
+              "each config compiled once; rungs hold their rows, in order");
 
 // ---- dispatch: one table of kernels a dtype combination, indexed like the op's configs ----
 template <typename T, typename W, typename R>
 using KernelFn = void (*)(const T*, const W*, T*, int64_t, int64_t, int, float, const R*, R*,
-                          int64_t, int64_t, int64_t);
+                          int64_t, int64_t, int64_t, int64_t, int64_t);
 
 template <typename R>
 using TableOf = std::conditional_t<std::is_void_v<R>, PlainTable, FusedTable>;
@@ -305,6 +318,23 @@ constexpr bool used_by(int i, int elem) {
   return false;
 }
 
+
+// Whether config i of table Tb is one a row of at most kHeadsMaxVecs vectors of elem-byte
+// elements climbs to: a many-row or few-row rung (of elem's ladders) whose ladder's rung
+// before it takes fewer vectors (kHeads' configs).
+template <typename Tb>
+constexpr bool takes_heads(int i, int elem) {
+  const Ladder many = elem == 4 ? Ladder::kMany32 : Ladder::kMany16;
+  for (int r = 0; r < kNumRungs<Tb>; ++r) {
+    const Ladder l = Tb::kRungs[r].ladder;
+    if ((l != many && l != Ladder::kFew) || !same(Tb::kRungs[r].config, kConfigs<Tb>[i])) continue;
+    int below = 0;  // the widest row of the ladder's rung before this one
+    for (int q = 0; q < r; ++q)
+      if (Tb::kRungs[q].ladder == l) below = Tb::kRungs[q].max_vecs;
+    if (below < kHeadsMaxVecs) return true;
+  }
+  return false;
+}
 
 }  // namespace
 }  // namespace cuda_impl

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <torch/library.h>
 
@@ -184,11 +185,34 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-// A tensor an op writes: viewable as rows in place, no negative bit and no two elements at
-// one address (rmsnorm_api's _check_written, in its order).
-void check_written(const at::Tensor& t, const char* name, const char* impl, const std::string& hint) {
+// Whether no two of t's elements share an address: its dimensions of more than one element,
+// in order of stride, each steps past the whole of the one before it (rmsnorm_api's
+// _distinct).
+bool distinct(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (dims[i].first < dims[i - 1].first * dims[i - 1].second) return false;
+  return true;
+}
+
+// A tensor an op writes: viewable as rows in place (heads: or head rows, which rms_norm's
+// out=x writes where they lie), no negative bit and no two elements at one address
+// (rmsnorm_api's _check_written, in its order).
+void check_written(const at::Tensor& t, const char* name, const char* impl, const std::string& hint,
+                   bool heads = false) {
   Rows r;
   const bool layout = rows_of(t, r);
+  if (t.numel() > 1 && !layout && heads && head_rows(t)) {
+    TORCH_CHECK_VALUE(!t.is_neg(), impl, ": ", name,
+                      " is a negative view (torch._neg_view) and is written; ", hint);
+    TORCH_CHECK_VALUE(distinct(t), impl, ": ", name,
+                      " has elements that share memory (more than one element of a written-to "
+                      "tensor refers to a single memory location); ", hint);
+    return;
+  }
   TORCH_CHECK_VALUE(t.numel() <= 1 || layout, impl, ": ", name,
                     "'s leading dimensions cannot be viewed as rows in place (the op writes "
                     "into ", name, "); call ", name, ".contiguous() first");
@@ -316,10 +340,23 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
              {{"of", name_at(op, r.shape_of)}, {"got", shape_str(t->sizes())},
               {"want", shape_str(of.sizes())}});
     }
-    if (r.shape == spec::Shape::kRowOf && (t->dim() != 1 || t->size(0) != of.size(-1))) {
+    const bool row = t->dim() == 1 && t->size(0) == of.size(-1);
+    if (r.shape == spec::Shape::kRowOf && !row) {
       refuse(spec::kShapeRowOf, impl, r.name,
              {{"of", name_at(op, r.shape_of)}, {"got", shape_str(t->sizes())},
               {"n", num(of.size(-1))}});
+    }
+    // or a row a head: of's last two dimensions (H, N)
+    const bool heads = of.dim() >= 2 && t->dim() == 2 && t->size(0) == of.size(-2) &&
+                       t->size(1) == of.size(-1);
+    if (r.shape == spec::Shape::kRowOrHeadsOf && !row && !heads) {
+      // a row a head: the rows' last two dimensions, (H, N)
+      const std::string want = of.dim() >= 2 ? shape_str(of.sizes().slice(of.dim() - 2))
+                                             : "none, " + std::string(name_at(op, r.shape_of)) +
+                                                   " is 1-D";
+      refuse(spec::kShapeRowOrHeadsOf, impl, r.name,
+             {{"of", name_at(op, r.shape_of)}, {"got", shape_str(t->sizes())},
+              {"n", num(of.size(-1))}, {"want", want}});
     }
   }
   if (r.stride == spec::Stride::kRow && t->numel() > 0 && t->stride(-1) != 1) {
@@ -413,17 +450,38 @@ void check_in_place(const at::Tensor& x, const at::Tensor& residual,
               {{"x", &x}, {"residual", &residual}, {"weight", weight ? &*weight : nullptr}});
 }
 
+bool head_rows(const at::Tensor& x) {
+  if (x.dim() < 3) return false;
+  Rows r;
+  return !rows_of(x, r) && rows_of(x.select(-2, 0), r);
+}
+
+bool views_as_heads(const at::Tensor& x) {
+  Rows r;
+  return x.dim() >= 2 && rows_of(x.select(-2, 0), r);
+}
+
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight) {
-  const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr, nullptr};
-  check_tensor(spec::kRmsNormOut, rule_of(spec::kRmsNormOut, "out"), args, kImpl);
-  if (out.device() != x.device()) {
-    refuse(spec::kDeviceOf, kImpl, "out",
-           {{"of", "x"}, {"got", out.device().str()}, {"want", x.device().str()}});
+  // out=x itself (one storage, offset, shape and strides) normalises in place, any layout
+  // the kernels write where it lies (check_written says which)
+  const bool in_place = out.is_same(x) ||
+                        (out.sizes() == x.sizes() && out.strides() == x.strides() &&
+                         out.storage_offset() == x.storage_offset() &&
+                         out.scalar_type() == x.scalar_type() && out.device() == x.device() &&
+                         out.is_alias_of(x));
+  if (!in_place) {
+    const at::Tensor* args[] = {&out, &x, maybe(weight), nullptr, nullptr};
+    check_tensor(spec::kRmsNormOut, rule_of(spec::kRmsNormOut, "out"), args, kImpl);
+    if (out.device() != x.device()) {
+      refuse(spec::kDeviceOf, kImpl, "out",
+             {{"of", "x"}, {"got", out.device().str()}, {"want", x.device().str()}});
+    }
   }
-  check_written(out, "out", kImpl, "pass a plain tensor (out.resolve_neg() is a copy)");
+  check_written(out, "out", kImpl, "pass a plain tensor (out.resolve_neg() is a copy)", in_place);
   // a row written while another program still reads it gives wrong rows; out=x is safe
-  const bool same_as_x = out.storage_offset() == x.storage_offset() && x.is_contiguous();
+  const bool same_as_x =
+      in_place || (out.storage_offset() == x.storage_offset() && x.is_contiguous());
   TORCH_CHECK_VALUE(!overlaps(out, x) || same_as_x, kImpl,
                     ": out partially overlaps x in memory; pass a separate tensor, or out=x "
                     "itself to normalise in place");

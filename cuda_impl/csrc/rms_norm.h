@@ -54,6 +54,13 @@ constexpr bool offset_ok(double offset) {
 at::Tensor weight_as_read(const std::optional<at::Tensor>& weight, double weight_offset);
 void check_out(const at::Tensor& out, const at::Tensor& x,
                const std::optional<at::Tensor>& weight);
+// Whether x is head rows: rows that share no one stride, whose dimensions before the heads
+// (x's second to last) merge (QK-norm's q = qkv[:, :H*D].view(T, H, D)); as
+// rmsnorm_api.head_rows, which the heads kernels read and out=x writes where they lie.
+bool head_rows(const at::Tensor& x);
+// Whether x (at least 2-D) views as (T, H, N) in place: its dimensions before the heads merge
+// (head rows, or rows of one stride).
+bool views_as_heads(const at::Tensor& x);
 void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
                         const std::optional<at::Tensor>& weight, double eps, double weight_offset,
                         const char* impl);

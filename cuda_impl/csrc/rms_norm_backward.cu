@@ -186,6 +186,37 @@ struct BwdArgs {
   const void* w_t;  // the staged kernel's weight in T (WT), or null
 };
 
+// The HEADS kernels' arguments (rms_norm's (T, H, N)): M counts tokens, and s, dy and ds
+// step head_* elements from head to head, the weight head_w (N: a row a head; 0: one row for
+// all). A type of their own: four more fields in BwdArgs moved every other kernel's
+// registers (ptxas), one of them to spills.
+struct HeadArgs : BwdArgs {
+  int heads;
+  int64_t head_s, head_dy, head_ds, head_w;
+};
+template <bool HEADS>
+using ArgsOf = std::conditional_t<HEADS, HeadArgs, BwdArgs>;
+
+// HEADS (a kernel's flag, compiled for the configs head rows take: heads_twin): the host
+// runs a multiple of H CTAs, so all the rows of one are of one head, first_row % H, at
+// tokens first_row / H, + row_step / H, ...: its tensors moved to that head, its rows
+// counted in tokens. dweight's partials row stays the CTA's, whose head is its index % H.
+// A flag, not a run-time test: beside every kernel the test and its 64-bit divisions took
+// registers (the 16-bit edge kernels' 80 to 123).
+template <bool HEADS, typename S, typename T>
+__device__ __forceinline__ void to_head(ArgsOf<HEADS>& a, int64_t& first_row, int64_t& row_step) {
+  if constexpr (HEADS) {
+    const int64_t h = first_row % a.heads;
+    a.s = static_cast<const S*>(a.s) + h * a.head_s;
+    a.dy = static_cast<const T*>(a.dy) + h * a.head_dy;
+    a.ds = static_cast<T*>(a.ds) + h * a.head_ds;
+    if (a.w) a.w += h * a.head_w;
+    if (a.w_t) a.w_t = static_cast<const T*>(a.w_t) + h * a.head_w;
+    first_row /= a.heads;
+    row_step /= a.heads;
+  }
+}
+
 // The phase of s's row `row`: its elements before the 16-byte boundary at or before its
 // start (the same in every tensor and in every row a CTA takes where the host picked a
 // kernel that keeps one phase a CTA).
@@ -276,11 +307,12 @@ __device__ __forceinline__ float2 cluster_sums2(float2 v, float2 (*slots)[kMaxCl
 // after it), fewer than VEC each, are one element a thread for the first head + tail
 // threads, which own those columns in every row as they own their groups'.
 template <typename T, typename S, int THREADS, int VPT, int VEC, bool CHUNKED, bool EDGES = false,
-          bool CLUSTER = false>
-__global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
+          bool CLUSTER = false, bool HEADS = false>
+__global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(ArgsOf<HEADS> a) {
   static_assert(!EDGES || (!CHUNKED && sizeof(S) == sizeof(T) && 2 * VEC <= THREADS),
                 "one phase in s and dy; a thread for each edge element");
   static_assert(!CLUSTER || (!CHUNKED && !EDGES), "aligned rows held in registers");
+  static_assert(!HEADS || (!CHUNKED && !CLUSTER), "a CTA's rows of one head");
   constexpr int kElems = VPT * VEC;
   constexpr int kChunk = THREADS * kElems;
   __shared__ float red[2 * (THREADS / 32)];
@@ -291,17 +323,18 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(BwdArgs a) {
   uint32_t parity = 0;
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) cluster_start<2>(rank, ranks, sum_bars);
-  const int64_t first_row = blockIdx.x / ranks;  // this CTA's (cluster's) first row
-  const int64_t row_step = gridDim.x / ranks;
+  int64_t first_row = blockIdx.x / ranks;  // this CTA's (cluster's) first row
+  int64_t row_step = gridDim.x / ranks;
   const int t = threadIdx.x;
   const int N = a.N;
   const float inv_n = 1.f / static_cast<float>(N);
   float* dwp = a.dwp + first_row * N;
+  to_head<HEADS, S, T>(a, first_row, row_step);
   float dw[kElems];
   // the body's first column and groups; this thread's edge column (-1: none)
   int head = CLUSTER ? rank * (N / ranks) : 0, body = N / ranks / VEC, xc = -1;
   if constexpr (EDGES) {
-    const int phase = row_phase<S>(a, blockIdx.x);
+    const int phase = row_phase<S>(a, first_row);
     head = min(N, (VEC - phase) % VEC);
     body = (N - head) / VEC;
     const int tail = N - head - body * VEC;
@@ -518,11 +551,12 @@ int staged_smem_bytes(int cap, int stages, int w_bytes) {
 // (docs/notebook/14-the-narrow-backward-and-the-shared-dresidual.md, v47). IN_TURN: the
 // CTA sums' form (block_sum2).
 template <typename T, typename S, int THREADS, int VPT, int STAGES, bool CLUSTER, bool WT,
-          bool KEEP = false, bool IN_TURN = false>
+          bool KEEP = false, bool IN_TURN = false, bool HEADS = false>
 __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THREADS)
-    rms_norm_bwd_staged(BwdArgs a) {
+    rms_norm_bwd_staged(ArgsOf<HEADS> a) {
   static_assert(STAGES >= 2, "a row in flight while one is reduced");
   static_assert(!KEEP || (!CLUSTER && !WT && THREADS <= 512), "one CTA a row, an fp32 weight");
+  static_assert(!HEADS || !CLUSTER, "a CTA's rows of one head");
   constexpr int VEC = kVec<T>;
   extern __shared__ uint4 smem_raw[];
   __shared__ float red[2 * (THREADS / 32)];
@@ -549,12 +583,14 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
   // (docs/notebook/05-the-backward.md, v18).
   float* const w_sm = reinterpret_cast<float*>(dy_sm + STAGES * stage_elems);
   T* const wt_sm = dy_sm + STAGES * stage_elems;
-  const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
 
   int rank = 0, ranks = 1;
   if constexpr (CLUSTER) cluster_start<SETS>(rank, ranks, sum_bars);
-  const int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
-  const int64_t row_step = gridDim.x / ranks;    // the clusters
+  int64_t first_row = blockIdx.x / ranks;  // this CTA's cluster's first row
+  int64_t row_step = gridDim.x / ranks;    // the clusters
+  const int64_t part_row = first_row;  // the cluster's partials row (HEADS: moved from)
+  to_head<HEADS, S, T>(a, first_row, row_step);
+  const T* const w_t = WT ? static_cast<const T*>(a.w_t) : nullptr;
   const int g0 = rank * cap;                     // this CTA's first group of a row
   const S* s_base = static_cast<const S*>(a.s);
   const T* dy_base = static_cast<const T*>(a.dy);
@@ -764,7 +800,7 @@ __global__ void __launch_bounds__(THREADS, (KEEP && VPT > 1 ? 512 : 1024) / THRE
     }
   }
   if (a.w == nullptr && w_t == nullptr) return;
-  float* dwp = a.dwp + first_row * N;  // the cluster's partials row, this CTA's columns
+  float* dwp = a.dwp + part_row * N;  // this CTA's columns of it
   each_lane([&](int k, int, int i, int col) {
     if (col >= 0 && col < N) dwp[col] = dw[k * VEC + i];
   });
@@ -813,6 +849,7 @@ void reduce_dweight(const float* dwp, W* dw, int P, int N, int sms, cudaStream_t
 
 // ---- launch ---------------------------------------------------------------------------
 using KernelPtr = void (*)(BwdArgs);
+using HeadsKernelPtr = void (*)(HeadArgs);
 
 // The most shared memory a CTA may ask for on a device, asked once per device.
 int smem_optin(int device) {
@@ -821,6 +858,7 @@ int smem_optin(int device) {
 
 struct Launch {
   KernelPtr kernel = nullptr;
+  HeadsKernelPtr heads = nullptr;  // the kernel's HEADS twin, run in its place (heads_twin)
   int threads = 0;
   int smem = 0;   // dynamic shared memory bytes
   int cap = 0;    // the staged kernel's groups a stage holds (0: another kernel)
@@ -842,14 +880,15 @@ cudaLaunchConfig_t cluster_config(const Launch& l, int walkers, cudaStream_t str
 // the clusters that fit, whose second half then waits for the first to finish.
 int persistent_walkers(const Launch& l, int64_t M, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<KernelPtr, int, int, int>, int> fit_of;
+  static std::map<std::tuple<const void*, int, int, int>, int> fit_of;
   int fit = 0;
+  const void* k = l.heads ? reinterpret_cast<const void*>(l.heads)
+                          : reinterpret_cast<const void*>(l.kernel);
   {
     const std::lock_guard<std::mutex> lock(mu);
-    auto it = fit_of.find({l.kernel, device, l.smem, l.ranks});
+    auto it = fit_of.find({k, device, l.smem, l.ranks});
     if (it == fit_of.end()) {
       if (l.smem > 0) {  // staged rows: as much shared memory as the SM has, L1 the rest
-        const void* k = reinterpret_cast<const void*>(l.kernel);
         cudaFuncAttributes fa;
         C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));  // its static shared memory counts too
         const int dynamic_max = smem_optin(device) - static_cast<int>(fa.sharedSizeBytes);
@@ -865,10 +904,10 @@ int persistent_walkers(const Launch& l, int64_t M, int device) {
       } else {
         int per_sm = 0;
         C10_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, l.threads, l.smem));
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, l.threads, l.smem));
         fit = per_sm * sm_count(device);
       }
-      fit_of[{l.kernel, device, l.smem, l.ranks}] = fit;
+      fit_of[{k, device, l.smem, l.ranks}] = fit;
     } else {
       fit = it->second;
     }
@@ -1113,6 +1152,26 @@ Launch pick(const Rows& r) {
   return l;
 }
 
+// The HEADS twin of kernel k (rms_norm's T rows, picked by pick for one head's row), or
+// null where there is none: built for the 64-thread kernels (rows to 128 groups: every head
+// width models use) that head rows of one phase take, the staged one of aligned 16-bit rows,
+// the register one of aligned fp32 rows, and the register one with edges. Rows that take
+// another (a cluster's, the chunked kernel of differing phases) go head by head or as rows.
+template <typename T>
+HeadsKernelPtr heads_twin(KernelPtr k) {
+  constexpr int V = kVec<T>;
+  if (k == rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, true>)
+    return rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, true, false, true>;
+  if constexpr (sizeof(T) == 2) {
+    if (k == rms_norm_bwd_staged<T, T, 64, kVpt, 4, false, false, true>)
+      return rms_norm_bwd_staged<T, T, 64, kVpt, 4, false, false, true, false, true>;
+  } else {
+    if (k == rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, false>)
+      return rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, false, false, true>;
+  }
+  return nullptr;
+}
+
 // The rows after which rows `stride_bytes` apart come back to the same 16-byte phase.
 int phase_period(int64_t stride_bytes) {
   const int64_t bytes = stride_bytes % 16;
@@ -1121,40 +1180,60 @@ int phase_period(int64_t stride_bytes) {
 
 at::Tensor rows_of(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
-// ds (and ds2) for s's rows; returns dweight (undefined without a weight).
+// t as (T, H, N) heads: a view where its leading dimensions merge (head rows' do)
+at::Tensor heads_of(const at::Tensor& t) { return t.reshape({-1, t.size(-2), t.size(-1)}); }
+
+// ds (and ds2) for s's rows; returns dweight (undefined without a weight). heads (rms_norm's):
+// s, dy and ds as (T, H, N) heads, s's where they lie, the weight a row or a row a head
+// (dweight of its shape), in one launch of H x the CTAs' rows, each CTA's of one head, where
+// the kernel picked has a HEADS twin (heads_twin); other rows go head by head (a row a head)
+// or are copied into rows (a row).
 at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
                         const std::optional<at::Tensor>& weight, double eps,
                         double weight_offset, const std::optional<at::Tensor>& dro_in,
-                        at::Tensor& ds, at::Tensor* ds2) {
+                        at::Tensor& ds, at::Tensor* ds2, bool heads = false) {
+  // heads are rms_norm's: HEADS kernels move s, dy, ds and the weight to a head, not the
+  // fused add's d_residual_out or dresidual
+  TORCH_INTERNAL_ASSERT(!heads || (!dro_in && ds2 == nullptr), "heads with the fused add");
   const int N = static_cast<int>(s_in.size(-1));
-  const at::Tensor dy = rows_of(dy_in.stride(-1) == 1 ? dy_in : dy_in.contiguous());
-  const at::Tensor s = rows_of(s_in);
+  const at::Tensor dy_n = dy_in.stride(-1) == 1 ? dy_in : dy_in.contiguous();
+  const at::Tensor s = heads ? heads_of(s_in) : rows_of(s_in);
+  const at::Tensor dy = heads ? dy_n.reshape(s.sizes()) : rows_of(dy_n);
   const at::Tensor dro =
       dro_in ? rows_of(dro_in->stride(-1) == 1 ? *dro_in : dro_in->contiguous()) : at::Tensor();
-  const at::Tensor ds_rows = ds.view({-1, N});
+  const at::Tensor ds_rows = heads ? ds.view(s.sizes()) : ds.view({-1, N});
   const at::Tensor ds2_rows = ds2 ? ds2->view({-1, N}) : at::Tensor();
-  const int64_t M = s.size(0);
+  const int64_t M = s.size(0);  // rows, or (heads) tokens
+  const int64_t H = heads ? s.size(1) : 1;
   const bool has_w = weight.has_value() && weight->defined();
+  const bool w_heads = has_w && weight->dim() == 2;
 
-  // every row tensor: its address and row stride in bytes, for the alignment checks
-  std::vector<std::pair<uintptr_t, int64_t>> rows;
+  // every row tensor: its address, row stride and head stride in bytes, for the alignment
+  // checks (a CTA's rows are of one head: its head stride moves them all alike)
+  struct RowTensor {
+    uintptr_t addr;
+    int64_t stride, head;
+  };
+  std::vector<RowTensor> rows;
   auto add = [&](const at::Tensor& t, int64_t stride) {
-    rows.push_back({reinterpret_cast<uintptr_t>(t.data_ptr()), stride * t.element_size()});
+    const int64_t e = t.element_size();
+    rows.push_back({reinterpret_cast<uintptr_t>(t.data_ptr()), stride * e,
+                    heads ? t.stride(1) * e : 0});
   };
   add(s, s.stride(0));
   add(dy, dy.stride(0));
-  add(ds_rows, N);
+  add(ds_rows, ds_rows.stride(0));
   if (dro.defined()) add(dro, dro.stride(0));
   if (ds2) add(ds2_rows, N);
   const int vec = 16 / static_cast<int>(dy.element_size());
   bool vec_ok = N % vec == 0;
   bool one_phase = true;
   int period = 1;
-  for (const auto& [addr, stride] : rows) {
-    vec_ok = vec_ok && addr % 16 == 0 && stride % 16 == 0;
-    one_phase =
-        one_phase && addr % 16 == rows[0].first % 16 && stride % 16 == rows[0].second % 16;
-    period = std::max(period, phase_period(stride));
+  for (const auto& r : rows) {
+    vec_ok = vec_ok && r.addr % 16 == 0 && r.stride % 16 == 0 && r.head % 16 == 0;
+    one_phase = one_phase && r.addr % 16 == rows[0].addr % 16 &&
+                r.stride % 16 == rows[0].stride % 16 && r.head % 16 == rows[0].head % 16;
+    period = std::max(period, phase_period(r.stride));
   }
   const bool same_width = s.element_size() == dy.element_size();
   const bool staged = same_width ? one_phase : vec_ok;
@@ -1183,15 +1262,35 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
   }
   // the weight as the kernel reads it: in its dtype (the staged kernel's WT), else fp32,
   // the offset added there (weight_as_read)
+  if (heads) {
+    const bool same = s.scalar_type() == dt;
+    l.heads = !same || l.ranks > 1 ? nullptr
+              : dt == at::kFloat   ? heads_twin<float>(l.kernel)
+              : dt == at::kHalf    ? heads_twin<__half>(l.kernel)
+                                   : heads_twin<__nv_bfloat16>(l.kernel);
+  }
+  if (heads && l.heads == nullptr) {  // no HEADS kernel for these rows: head by head, or rows
+    if (!w_heads) return run_backward(dy_in, s_in, weight, eps, weight_offset, dro_in, ds, ds2);
+    at::Tensor dw = at::empty(weight->sizes(), weight->options());
+    for (int64_t h = 0; h < H; ++h) {
+      at::Tensor ds_h = ds_rows.select(1, h);
+      dw.select(0, h).copy_(run_backward(dy.select(1, h), s.select(1, h), weight->select(0, h),
+                                         eps, weight_offset, std::nullopt, ds_h, nullptr));
+    }
+    return dw;
+  }
   const bool wt = l.wt;
   const at::Tensor w = !has_w ? at::Tensor()
                        : wt   ? weight->contiguous()
                               : weight_as_read(weight, weight_offset).to(at::kFloat).contiguous();
-  int walkers = persistent_walkers(l, M, device);
-  // the staged and register kernels' CTAs each keep one phase: a whole number of periods
-  // of walkers (the chunked kernel, which takes rows of differing phases, does not mind)
-  if (walkers < M)
-    walkers = static_cast<int>(std::min<int64_t>(M, std::max(period, walkers / period * period)));
+  const int64_t all_rows = M * H;
+  int walkers = persistent_walkers(l, all_rows, device);
+  // the staged and register kernels' CTAs each keep one phase, and (heads) one head: a
+  // whole number of H x periods of walkers (the chunked kernel, which takes rows of
+  // differing phases, does not mind)
+  const int unit = static_cast<int>(H) * period;
+  if (walkers < all_rows)
+    walkers = static_cast<int>(std::min<int64_t>(all_rows, std::max(unit, walkers / unit * unit)));
   at::Tensor dwp = at::empty({has_w ? walkers : 1, N}, s.options().dtype(at::kFloat));
   auto stream = at::cuda::getCurrentCUDAStream();
   if (M > 0) {
@@ -1205,14 +1304,18 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
               s.stride(0),
               dy.stride(0),
               dro.defined() ? dro.stride(0) : 0,
-              N,
+              ds_rows.stride(0),
               N,
               M,
               N,
               static_cast<float>(eps),
               l.cap,
               wt ? w.data_ptr() : nullptr};
-    if (l.ranks > 1) {
+    if (l.heads) {
+      const HeadArgs ha{a, static_cast<int>(H), s.stride(1), dy.stride(1), ds_rows.stride(1),
+                        w_heads ? N : 0};
+      l.heads<<<walkers, l.threads, l.smem, stream>>>(ha);
+    } else if (l.ranks > 1) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(l, walkers, stream, &attr);
       C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, l.kernel, a));
@@ -1222,20 +1325,24 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (!has_w) return at::Tensor();
-  at::Tensor dw = at::empty({N}, weight->options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor dw =
+      at::empty(weight->sizes(), weight->options().memory_format(at::MemoryFormat::Contiguous));
   if (M == 0) return dw.zero_();
   const int sms = sm_count(device);
+  // a row a head: CTA c's partials row is head c % H's, so the rows sum as (P / H, H x N)
+  const int parts = w_heads ? walkers / static_cast<int>(H) : walkers;
+  const int cols = w_heads ? static_cast<int>(H) * N : N;
   switch (weight->scalar_type()) {
     case at::kFloat:
-      reduce_dweight(dwp.data_ptr<float>(), dw.data_ptr<float>(), walkers, N, sms, stream);
+      reduce_dweight(dwp.data_ptr<float>(), dw.data_ptr<float>(), parts, cols, sms, stream);
       break;
     case at::kHalf:
-      reduce_dweight(dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), walkers, N,
+      reduce_dweight(dwp.data_ptr<float>(), reinterpret_cast<__half*>(dw.data_ptr()), parts, cols,
                      sms, stream);
       break;
     default:
       reduce_dweight(dwp.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(dw.data_ptr()),
-                     walkers, N, sms, stream);
+                     parts, cols, sms, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return dw;
@@ -1250,7 +1357,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0 && !weight) return {dx, x.new_empty({0})};
-  at::Tensor dw = run_backward(dy, x, weight, eps, weight_offset, std::nullopt, dx, nullptr);
+  // heads (a weight row a head, or x's head rows where they lie): one launch
+  const bool heads = x.numel() > 0 && ((weight && weight->dim() == 2) || head_rows(x));
+  at::Tensor dw =
+      run_backward(dy, x, weight, eps, weight_offset, std::nullopt, dx, nullptr, heads);
   return {dx, dw.defined() ? dw : x.new_empty({0})};
 }
 

@@ -9,7 +9,7 @@
 namespace cuda_impl::spec {
 
 enum class Dtype { kFloat, kOf, kOfOrFloat32 };
-enum class Shape { kRows, kOf, kRowOf };
+enum class Shape { kRows, kOf, kRowOf, kRowOrHeadsOf };
 enum class Stride { kAny, kRow, kDense };
 // A tensor argument: its index among the op's arguments, its name, whether it may be
 // None, and its rules (dtype_of, shape_of: the index of the argument a rule names, or
@@ -37,13 +37,13 @@ constexpr double kEpsMax = 3.4028234663852886e+38;
 
 constexpr Tensor kRmsNorm[] = {
     {0, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
-    {1, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
+    {1, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOrHeadsOf, 0, Stride::kAny},
 };
 constexpr const char* kRmsNormSchema = "rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor";
 constexpr Tensor kRmsNormOut[] = {
     {1, "x", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kRow},
     {0, "out", false, Dtype::kOf, 1, Shape::kOf, 1, Stride::kDense},
-    {2, "weight", true, Dtype::kOfOrFloat32, 1, Shape::kRowOf, 1, Stride::kAny},
+    {2, "weight", true, Dtype::kOfOrFloat32, 1, Shape::kRowOrHeadsOf, 1, Stride::kAny},
 };
 constexpr const char* kRmsNormOutSchema = "rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> ()";
 constexpr Tensor kFusedAddRmsNorm[] = {
@@ -61,7 +61,7 @@ constexpr const char* kFusedAddRmsNormInPlaceSchema = "fused_add_rms_norm_(Tenso
 constexpr Tensor kRmsNormBackward[] = {
     {0, "dy", false, Dtype::kFloat, -1, Shape::kRows, -1, Stride::kAny},
     {1, "x", false, Dtype::kOf, 0, Shape::kOf, 0, Stride::kRow},
-    {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOf, 0, Stride::kAny},
+    {2, "weight", true, Dtype::kOfOrFloat32, 0, Shape::kRowOrHeadsOf, 0, Stride::kAny},
 };
 constexpr const char* kRmsNormBackwardSchema = "rms_norm_backward(Tensor dy, Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)";
 constexpr Tensor kFusedAddRmsNormBackward[] = {
@@ -85,6 +85,7 @@ constexpr Message kNMin = {"{impl}: {name}'s last dimension is {got}; expected N
 constexpr Message kNMax = {"{impl}: {name}'s last dimension is {got}; the supported maximum is N = {want}", false};
 constexpr Message kShapeOf = {"{impl}: {name} has shape {got} but {of} has shape {want}", false};
 constexpr Message kShapeRowOf = {"{impl}: {name} has shape {got} but {of}'s last dimension is {n}; expected ({n},)", false};
+constexpr Message kShapeRowOrHeadsOf = {"{impl}: {name} has shape {got} but {of}'s last dimension is {n}; expected ({n},), or a row a head: {want}", false};
 constexpr Message kStrideRow = {"{impl}: {name} has stride {got} in its last dimension; expected 1 (call {name}.contiguous() first; rows may have any stride)", false};
 constexpr Message kStrideDense = {"{impl}: {name} must be contiguous", false};
 constexpr Message kDeviceOf = {"{impl}: {name} is on device '{got}' but {of} is on '{want}'", false};
