@@ -169,3 +169,94 @@ def grad_scale(s: torch.Tensor, weight: Optional[torch.Tensor], dy: torch.Tensor
     rstd = torch.rsqrt(s64.square().mean(dim=-1) + 1e-6).max() if s.numel() else 1.0
     g = dy.detach().double() * (1.0 if weight is None else weight.detach().double())
     return float(g.abs().max() * rstd) if g.numel() else 1.0
+
+
+def quantise_ref(
+    y: torch.Tensor,
+    out_dtype: torch.dtype,
+    scale: Optional[torch.Tensor] = None,
+    group_size: int = 0,
+    scale_ub: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, scales, v) of fp32 y quantised as the quantised ops define it: v = y / s saturated
+    to the dtype's max, q = v rounded to nearest even in out_dtype (torch's cast); s the
+    static scale, or a row's (group's of group_size columns) max|y| / max, clamped above by
+    scale_ub and below by rmsnorm_api.fp8_min_scale; scales as the ops return them (the
+    static scale as given; dynamic ones x's shape with a last dimension of 1 or N /
+    group_size). v, fp32, is what q_close judges ties by."""
+    from rmsnorm_api import fp8_min_scale
+
+    top = torch.finfo(out_dtype).max
+    if scale is not None:
+        s = scale.float().reshape(())
+        v = (y / s).clamp(-top, top)
+        return v.to(out_dtype), scale, v
+    g = group_size or y.shape[-1]
+    yg = y.unflatten(-1, (-1, g))
+    amax = yg.abs().amax(dim=-1, keepdim=True)
+    if scale_ub is not None:
+        amax = amax.clamp(max=scale_ub.float().reshape(()))
+    s = (amax / top).clamp(min=fp8_min_scale(out_dtype))
+    v = (yg / s).clamp(-top, top).flatten(-2)
+    return v.to(out_dtype), s.squeeze(-1), v
+
+
+def rms_norm_quant_ref(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    **quant,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, scales, v): the fp32 norm (rms_norm_ref's, before its cast) quantised
+    (quantise_ref; quant: its keywords)."""
+    y = rms_norm_ref(x.float(), weight, eps, weight_offset)
+    return quantise_ref(y, **quant)
+
+
+def fused_add_rms_norm_quant_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    **quant,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, residual_out, scales, v): residual_out as fused_add_rms_norm_ref's, the fp32 norm
+    of it quantised."""
+    residual_out = (x.float() + residual.float()).to(residual.dtype)
+    q, scales, v = rms_norm_quant_ref(residual_out, weight, eps, weight_offset, **quant)
+    return q, residual_out, scales, v
+
+
+#: How far (relative) a kernel's fp32 y / s may lie from the reference's: y's own TOL in
+#: fp32 (the order of the row's sum), the scale's rounding and the product by its inverse
+QUANT_REL = 4e-5
+
+
+def q_close(got: torch.Tensor, want: torch.Tensor, v: torch.Tensor, what: str = "y") -> None:
+    """Assert quantised outputs equal the reference's (quantise_ref's q) bit for bit, except
+    where the reference's fp32 value v lies within QUANT_REL of a tie between two
+    neighbouring fp8 values, where either neighbour is correct."""
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
+    assert got.shape == want.shape, (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
+    g, w = got.float(), want.float()
+    bad = g != w
+    if not bad.any():
+        return
+    vb, gb, wb = v[bad].float(), g[bad], w[bad]
+    # a tie: both values equally far from v, up to v's own uncertainty
+    near_tie = ((gb - vb).abs() - (wb - vb).abs()).abs() <= 2 * QUANT_REL * vb.abs() + 1e-30
+    # and neighbours: nothing of the format lies strictly between them
+    lo, hi = torch.minimum(gb, wb), torch.maximum(gb, wb)
+    mid = ((lo + hi) / 2).to(got.dtype).float()
+    neighbours = (mid == lo) | (mid == hi)
+    ok = near_tie & neighbours
+    if not ok.all():
+        i = (~ok).nonzero()[0]
+        raise AssertionError(
+            f"{what}: {int((~ok).sum())} of {got.numel()} elements differ beyond a tie, first"
+            f" got {float(gb[i])} want {float(wb[i])} (fp32 value {float(vb[i])})"
+        )

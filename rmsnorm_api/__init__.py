@@ -134,6 +134,7 @@ def _rules(a: _spec.Arg) -> tuple:
         a.shape_of,
         row_of,
         a.stride,
+        (a.dtype, a.shape) == ("float32", "one"),
     )
 
 
@@ -153,7 +154,7 @@ _OUT_RULES = next(r for r in _PLANS["rms_norm_out"][0] if r[0] == "out")
 def _check_tensor(rules: tuple, values: dict, impl: str) -> None:
     """One tensor argument against its rules (_rules): its type and layout, dtype, shape and
     stride."""
-    name, optional, dtype_of, fp32_too, rows, shape_of, row_of, stride = rules
+    name, optional, dtype_of, fp32_too, rows, shape_of, row_of, stride, exact = rules
     t = values[name]
     if t is None and optional:
         return
@@ -165,6 +166,12 @@ def _check_tensor(rules: tuple, values: dict, impl: str) -> None:
     if t.layout != torch.strided:
         _refuse("layout", impl=impl, name=name, got=t.layout)
     dtype = t.dtype
+    if exact:  # a scale: one fp32 element
+        if dtype != torch.float32:
+            _refuse("dtype_fp32", impl=impl, name=name, got=dtype)
+        if t.numel() != 1:
+            _refuse("shape_one", impl=impl, name=name, got=tuple(t.shape))
+        return
     if not dtype_of:
         if dtype not in DTYPES:
             _refuse("dtype_float", impl=impl, name=name, got=dtype)
@@ -231,12 +238,92 @@ def _check_op(
         _check_scalar(a, values[a.name], impl)
         if a.needs and values[a.needs] is None and values[a.name] != a.default:
             _refuse("needs", impl=impl, name=a.name, of=a.needs, got=repr(float(values[a.name])))
+    if "out_dtype" in values:
+        _check_quant(values, values[rows], impl)
     if device.type not in ("cuda", "meta") and not (allow_cpu and device.type == "cpu"):
         hint = device_hint
         if hint is None:
             hint = " (Triton runs CPU tensors only under TRITON_INTERPRET=1)" * ("triton" in impl)
             hint = " (or a CPU tensor, under the Triton interpreter)" if allow_cpu else hint
         _refuse("device", impl=impl, name=rows, got=device, hint=hint)
+
+
+#: The quantised outputs' dtypes (the ops' out_dtype), and the group sizes of group scales.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+GROUP_SIZES = (16, 1024)
+
+
+def fp8_min_scale(dtype: torch.dtype) -> float:
+    """The least dynamic scale of an fp8 dtype, 1 / (its max * 512) (vLLM's floor): a row or
+    group of zeros divides by it, not by zero."""
+    return 1.0 / (torch.finfo(dtype).max * 512.0)
+
+
+def scales_shape(x_shape: Sequence[int], scale: object, group_size: int) -> tuple[int, ...]:
+    """The shape of a quantised op's scales: (0,) for a static scale (the caller's), x's
+    shape with a last dimension of 1 for a scale a row, of N / group_size for a group's."""
+    if scale is not None:
+        return (0,)
+    return (*x_shape[:-1], x_shape[-1] // group_size if group_size else 1)
+
+
+def _check_quant(values: dict, x: torch.Tensor, impl: str) -> None:
+    """A quantised op's own rules (after the tensors'): out_dtype an fp8 dtype the device
+    converts to, group_size 0 or a power of two in GROUP_SIZES dividing N, one way of
+    scaling (a static scale, or dynamic scales a row with an optional upper bound, or a
+    group's), and the scales' values positive and finite (check_scale_value)."""
+    dtype, group = values["out_dtype"], values["group_size"]
+    if dtype not in FP8_DTYPES:
+        _refuse("dtype_fp8", impl=impl, name="out_dtype", got=dtype)
+    if isinstance(group, bool) or not isinstance(group, int):
+        _refuse("int", impl=impl, name="group_size", got=_type_name(group))
+    lo, hi = GROUP_SIZES
+    if group and not (lo <= group <= hi and group & (group - 1) == 0):
+        _refuse("group", impl=impl, name="group_size", got=group, want=f"{lo}, {hi}")
+    if group and x.shape[-1] % group:
+        _refuse("group_of", impl=impl, name="group_size", got=group, of="x", n=x.shape[-1])
+    scale, bound = values["scale"], values["scale_ub"]
+    if scale is not None and group:
+        hint = "a static scale is one for the whole tensor (group_size 0)"
+        _refuse("quant_mode", impl=impl, name="group_size", of="scale", hint=hint)
+    if bound is not None and (scale is not None or group):
+        hint = "scale_ub bounds the dynamic scale of a row (scale None, group_size 0)"
+        of = "scale" if scale is not None else "group_size"
+        _refuse("quant_mode", impl=impl, name="scale_ub", of=of, hint=hint)
+    if dtype == torch.float8_e4m3fn and x.is_cuda:
+        cap = torch.cuda.get_device_capability(x.device)
+        if cap < (8, 9):
+            sm = f"sm_{cap[0]}{cap[1]}"
+            _refuse("fp8_device", impl=impl, name="out_dtype", got=dtype, of="x's GPU", want=sm)
+    for name in ("scale", "scale_ub"):
+        if values[name] is not None:
+            check_scale_value(values[name], name, impl)
+
+
+#: scale tensors whose value was read, with the version read: each is read once a version
+_SCALES_READ = None
+
+
+def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
+    """A scale's value positive and finite, read from the tensor (a GPU tensor: one
+    synchronisation) once for each version of it (a calibrated scale is read on its first
+    call only); not while tracing (fake tensors, torch.compile) or capturing a CUDA graph,
+    where a value cannot be read: there the caller vouches for it."""
+    global _SCALES_READ
+    if is_fake(t) or t.device.type == "meta" or torch.compiler.is_compiling():
+        return
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if _SCALES_READ is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        _SCALES_READ = WeakIdKeyDictionary()
+    if _SCALES_READ.get(t) == t._version:
+        return
+    v = float(t.reshape(()))
+    if not (math.isfinite(v) and v > 0.0):
+        _refuse("scale_value", impl=impl, name=name, got=v)
+    _SCALES_READ[t] = t._version
 
 
 def _type_name(v: object) -> str:
@@ -318,7 +405,13 @@ def _empty(o: _spec.Out, values: dict, device: torch.device) -> torch.Tensor:
     empty (0,) tensor where the argument it depends on is absent (None or False)."""
     if o.unless and (values[o.unless] is None or values[o.unless] is False):
         return torch.empty(0, dtype=values[o.empty_dtype].dtype, device=device)
-    return torch.empty(values[o.shape].shape, dtype=values[o.dtype].dtype, device=device)
+    dtype = values[o.dtype] if o.dtype != "float32" else torch.float32
+    dtype = dtype if isinstance(dtype, torch.dtype) else dtype.dtype
+    if o.shape == "scales":
+        shape = scales_shape(values["x"].shape, values["scale"], values["group_size"])
+    else:
+        shape = values[o.shape].shape
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def empty_outputs(op: str, **values: object) -> tuple[torch.Tensor, ...]:
@@ -582,19 +675,23 @@ def check_in_place(
     weight: Optional[torch.Tensor],
     *,
     impl: str = "fused_add_rms_norm_",
+    x_written: bool = True,
 ) -> None:
-    """The in-place fused add writes y into x and residual_out into residual: both must be
-    viewable as rows in place, apart from each other and from weight in memory, and not
-    require grad (run after check_fused_inputs)."""
+    """The in-place fused add writes y into x and residual_out into residual (x_written
+    False: the quantised form, residual only, y a new fp8 tensor): a tensor written must be
+    viewable as rows in place, apart from the others and from weight in memory, and none
+    may require grad (run after check_fused_inputs)."""
     _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
     if _memory_checked_later():
         return
-    for name, t in (("x", x), ("residual", residual)):
+    written = (("x", x), ("residual", residual))[not x_written :]
+    for name, t in written:
         _check_written(t, name, impl, f"pass {name}.clone() (the in-place form writes {name})")
+    which = "both are" if x_written else "residual is"
     if _overlaps(x, residual):
-        raise ValueError(f"{impl}: x and residual overlap in memory; both are written")
+        raise ValueError(f"{impl}: x and residual overlap in memory; {which} written")
     if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
-        raise ValueError(f"{impl}: weight overlaps x or residual in memory; both are written")
+        raise ValueError(f"{impl}: weight overlaps x or residual in memory; {which} written")
 
 
 def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from rmsnorm_api import EPS_MAX, EPS_MIN
 
 #: No default: the argument must be given.
@@ -25,14 +27,17 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class Arg:
-    """One argument: name, torch schema type ("Tensor", "float", "bool"), whether it may be
+    """One argument: name, torch schema type ("Tensor", "float", "bool", "SymInt",
+    "ScalarType"), whether it may be
     None, whether the op writes it, and its default (REQUIRED: none); a tensor's rules, each
     naming the argument it is judged against (the op's rows: x, or dy in the backward):
 
-    - dtype: "float" (float32, float16 or bfloat16), "A" (A's dtype) or "A|float32";
-    - shape: "rows" (at least 1-D, its last dimension N in [1, MAX_N]), "A" (A's shape),
-      "row of A" ((N,), N A's last dimension) or "row or heads of A" ((N,), or A's last two
-      dimensions (H, N): a weight row a head, H A's second to last dimension);
+    - dtype: "float" (float32, float16 or bfloat16), "float32", "A" (A's dtype) or
+      "A|float32";
+    - shape: "rows" (at least 1-D, its last dimension N in [1, MAX_N]), "one" (one element:
+      a scale), "A" (A's shape), "row of A" ((N,), N A's last dimension) or "row or heads
+      of A" ((N,), or A's last two dimensions (H, N): a weight row a head, H A's second to
+      last dimension);
     - stride: "any", "row" (stride 1 in the last dimension, rows any stride) or "dense"
       (contiguous).
 
@@ -55,13 +60,13 @@ class Arg:
 
     @property
     def dtype_of(self) -> str:
-        """The argument whose dtype this one's rule names ("" for "float")."""
-        return "" if self.dtype == "float" else self.dtype.split("|")[0]
+        """The argument whose dtype this one's rule names ("" for "float" and "float32")."""
+        return "" if self.dtype in ("float", "float32") else self.dtype.split("|")[0]
 
     @property
     def shape_of(self) -> str:
-        """The argument whose shape this one's rule names ("" for "rows")."""
-        if self.shape == "rows":
+        """The argument whose shape this one's rule names ("" for "rows" and "one")."""
+        if self.shape in ("rows", "one"):
             return ""
         return self.shape.removeprefix("row or heads of ").removeprefix("row of ")
 
@@ -71,6 +76,8 @@ class Arg:
         kind = self.kind + (f"({alias}!)" if self.written else "") + ("?" if self.optional else "")
         if self.default is REQUIRED:
             return f"{kind} {self.name}"
+        if isinstance(self.default, torch.dtype):  # as torch.library writes a dtype
+            return f"{kind} {self.name}={str(self.default).removeprefix('torch.')}"
         return f"{kind} {self.name}={self.default!r}"
 
 
@@ -147,10 +154,15 @@ MESSAGES = {
     "dtype_of": "{impl}: {name} has dtype {got} but {of} has dtype {want}",
     "dtype_of_or_fp32": "{impl}: {name} has dtype {got}; expected {of}'s dtype ({want}) or float32",
     "dtype_of_fp32": "{impl}: {name} has dtype {got}; expected {of}'s dtype, torch.float32",
+    "dtype_fp32": "{impl}: {name} has dtype {got}; expected torch.float32",
+    "dtype_fp8": "{impl}: {name} is {got}; expected torch.float8_e4m3fn or torch.float8_e5m2",
+    "fp8_device": "{impl}: {name} is {got}, which {of} ({want}) cannot convert to; it needs"
+    " sm_89 or newer",
     "rank": "{impl}: {name} is 0-dimensional; expected at least 1 dimension",
     "n_min": "{impl}: {name}'s last dimension is {got}; expected N >= 1",
     "n_max": "{impl}: {name}'s last dimension is {got}; the supported maximum is N = {want}",
     "shape_of": "{impl}: {name} has shape {got} but {of} has shape {want}",
+    "shape_one": "{impl}: {name} has shape {got}; expected one element (shape () or (1,))",
     "shape_row_of": "{impl}: {name} has shape {got} but {of}'s last dimension is {n};"
     " expected ({n},)",
     "shape_row_or_heads_of": "{impl}: {name} has shape {got} but {of}'s last dimension is"
@@ -164,10 +176,15 @@ MESSAGES = {
     "range": "{impl}: {name} is {got}; expected a number in float32's normal range [{want}]",
     "range_finite": "{impl}: {name} is {got}; expected a finite number in float32's range",
     "needs": "{impl}: {name} is {got} but {of} is None; {name} applies to a {of}",
+    "int": "{impl}: {name} must be an int, got {got}",
+    "group": "{impl}: {name} is {got}; expected 0 (a scale a row) or a power of two in [{want}]",
+    "group_of": "{impl}: {name} is {got}, which does not divide {of}'s last dimension {n}",
+    "quant_mode": "{impl}: {name} is given with {of}; {hint}",
+    "scale_value": "{impl}: {name} is {got}; expected a positive finite number",
 }
 MESSAGE_TYPE_ERRORS = frozenset(
     ("tensor", "tensor_or_none", "nested", "layout", "dtype_float", "dtype_of")
-    + ("dtype_of_or_fp32", "dtype_of_fp32", "real")
+    + ("dtype_of_or_fp32", "dtype_of_fp32", "real", "dtype_fp32", "dtype_fp8", "int")
 )
 
 
@@ -207,6 +224,26 @@ def _dweight(empty_dtype: str) -> Out:
     return Out("dweight", "weight", "weight", "weight", empty_dtype)
 
 
+def _scale(name: str) -> Arg:
+    """A quantised output's scale (the static one, or the dynamic scales' upper bound): one
+    fp32 element on the rows' device, or None."""
+    return Arg(name, optional=True, default=None, dtype="float32", shape="one", stride="any")
+
+
+#: The quantised output's arguments (the forward's fp8 epilogue), after eps: the caller's
+#: static scale, or (None) dynamic scales, a row's (group_size 0) or each group_size
+#: columns' (a power of two dividing N), the row's clamped above by scale_ub; the output's
+#: fp8 dtype
+_QUANT = (
+    _scale("scale"),
+    Arg("group_size", "SymInt", default=0),
+    _scale("scale_ub"),
+    Arg("out_dtype", "ScalarType", default=torch.float8_e4m3fn),
+)
+#: Quantised outputs: y in out_dtype, x's shape; the dynamic scales (a row's: x's shape with
+#: a last dimension of 1; a group's: of N / group_size), empty (0,) for a static scale
+_Y_Q, _SCALES = Out("y", "out_dtype", "x"), Out("scales", "float32", "scales")
+
 _X, _WEIGHT, _EPS = _rows("x"), _weight("x"), _eps()
 _HEAD_WEIGHT = _weight("x", heads=True)
 _Y = Out("y", "x", "x")
@@ -233,6 +270,24 @@ OPS = {
                 _EPS,
                 _OFFSET,
             ),
+        ),
+        OpSpec("rms_norm_quant", (_X, _WEIGHT, _EPS, *_QUANT, _OFFSET), (_Y_Q, _SCALES)),
+        OpSpec(
+            "fused_add_rms_norm_quant",
+            (_X, _like("residual", "x", "x|float32", "row"), _WEIGHT, _EPS, *_QUANT, _OFFSET),
+            (_Y_Q, Out("residual_out", "residual", "x"), _SCALES),
+        ),
+        OpSpec(
+            "fused_add_rms_norm_quant_",
+            (
+                _X,
+                _like("residual", "x", "x|float32", "row", written=True),
+                _WEIGHT,
+                _EPS,
+                *_QUANT,
+                _OFFSET,
+            ),
+            (_Y_Q, _SCALES),
         ),
         OpSpec(
             "rms_norm_backward",
@@ -267,9 +322,10 @@ OPS = {
 
 
 _ENUMS = {
-    "dtype": {"float": "kFloat", "A": "kOf", "A|float32": "kOfOrFloat32"},
+    "dtype": {"float": "kFloat", "float32": "kFloat32", "A": "kOf", "A|float32": "kOfOrFloat32"},
     "shape": {
         "rows": "kRows",
+        "one": "kOne",
         "A": "kOf",
         "row of A": "kRowOf",
         "row or heads of A": "kRowOrHeadsOf",
@@ -300,8 +356,8 @@ def header() -> str:
         "",
         "namespace cuda_impl::spec {",
         "",
-        "enum class Dtype { kFloat, kOf, kOfOrFloat32 };",
-        "enum class Shape { kRows, kOf, kRowOf, kRowOrHeadsOf };",
+        "enum class Dtype { kFloat, kFloat32, kOf, kOfOrFloat32 };",
+        "enum class Shape { kRows, kOne, kOf, kRowOf, kRowOrHeadsOf };",
         "enum class Stride { kAny, kRow, kDense };",
         "// A tensor argument: its index among the op's arguments, its name, whether it may be",
         "// None, and its rules (dtype_of, shape_of: the index of the argument a rule names, or",

@@ -181,6 +181,18 @@ def default_config(
     return cfg
 
 
+def quant_config(cfg: Config, n: int, element_size: int) -> Config:
+    """The config of a forward with a quantised output, from the op's: only the fused and
+    looped kernels have the quantising epilogue, so the split kernel's rows (odd widths up
+    to FUSED_MAX_N) take the fused tile, and the sharded kernel's (the widest) the looped
+    kernel in chunks of LOOPED_CHUNK_BYTES, on 32 warps."""
+    if cfg.kernel == "split":
+        return fused_tile(n, element_size)
+    if cfg.kernel == "sharded":
+        return Config("looped", LOOPED_CHUNK_BYTES // element_size, 32)
+    return cfg
+
+
 def shards(cfg: Config, n: int) -> int:
     """Programs a row of n elements takes: its block_n-wide shards (sharded kernel), else 1."""
     return triton.cdiv(n, cfg.block_n) if cfg.kernel == "sharded" else 1
@@ -209,16 +221,24 @@ def kernel_for(
     n: int,
     round_by_hand: bool = False,
     weight_offset: float = 0.0,
+    quant: Optional[dict] = None,
 ) -> tuple:
     """(kernel, meta) of forward op ``op`` for a config and rows of n elements: the
     @triton.jit function (kernels.FORWARD_KERNELS) and its compile-time arguments
     (constexprs and num_warps), shared by the launch and scripts/triton_ptx.py.
     round_by_hand, the fused add's: residual_out is bf16 and the kernel runs in the
     interpreter (kernels._round_to). weight_offset: a constant of the compile (one kernel
-    an offset a model uses; 0.0 compiles to the kernel without it)."""
+    an offset a model uses; 0.0 compiles to the kernel without it). quant: the quantised
+    output's constexprs (launch.quant_meta), for the fused and looped kernels."""
     kernels = FORWARD_KERNELS[op]
     if cfg.kernel not in kernels:
         raise ValueError(f"{op}: no {cfg.kernel!r} kernel; expected one of {sorted(kernels)}")
+    if quant and (cfg.kernel not in ("fused", "looped") or cfg.block_n % quant["GROUP"]):
+        raise ValueError(
+            f"{op}: a quantised output with the {cfg.kernel} kernel of block_n {cfg.block_n};"
+            f" the fused and looped kernels quantise, in tiles of whole groups"
+            f" ({quant['GROUP']} columns)"
+        )
     fused_add = op == "fused_add_rms_norm"
     if fused_add and cfg.weight_first:
         raise ValueError("fused add: weight_first is set; only rms_norm's fused kernel has it")
@@ -236,6 +256,8 @@ def kernel_for(
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
         meta.update(_sharded_meta(cfg, n))
+    if quant:
+        meta.update(quant)
     return kernels[cfg.kernel], meta
 
 

@@ -59,6 +59,83 @@ def _weight(w, W_OFFSET: tl.constexpr):
     return w
 
 
+# ---- the quantised output (fp8) ---------------------------------------------------------
+# The epilogue of the fused and looped kernels, a constant of the compile (QUANT): 0 y in
+# its own dtype; 1 quantised by the caller's scale (q_in, fp32); 2 by a scale a row, max|y|
+# / Q_MAX, clamped above by the caller's bound where Q_UB (q_in) and below by 1 / (Q_MAX *
+# 512) (a row of zeros divides by a finite scale; vLLM's floor); 3 by a scale a group of
+# GROUP columns, likewise. Scales are stored fp32 at q_out, stride_q elements between rows;
+# y / s is saturated to +-Q_MAX and rounded to nearest even in y's fp8 dtype.
+
+
+@triton.jit
+def _fp8(v, dtype: tl.constexpr, Q_MANT: tl.constexpr, Q_TINY: tl.constexpr,
+         BY_HAND: tl.constexpr):  # fmt: skip
+    # v (fp32, saturated) to nearest even in the fp8 dtype. The GPU's cast does that;
+    # Triton's interpreter does not, so there (BY_HAND) v is first rounded to the format's
+    # grid here: normal values by their bits (Q_MANT mantissa bits kept, ties to even),
+    # subnormal ones (below Q_TINY, the smallest normal) by an fp32 add whose ulp is the
+    # subnormal step; the cast of a value on the grid is exact
+    if BY_HAND:
+        DROP: tl.constexpr = 23 - Q_MANT
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)) >> DROP << DROP
+        BIG: tl.constexpr = Q_TINY * 1.5 * (1 << DROP)
+        sub = (v + BIG) - BIG
+        v = tl.where(tl.abs(v) < Q_TINY, sub, bits.to(tl.float32, bitcast=True))
+    return v.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _quantised(y, inv, dtype: tl.constexpr, Q_MAX: tl.constexpr, Q_MANT: tl.constexpr,
+               Q_TINY: tl.constexpr, BY_HAND: tl.constexpr):  # fmt: skip
+    v = tl.minimum(tl.maximum(y * inv, -Q_MAX), Q_MAX)
+    return _fp8(v, dtype, Q_MANT, Q_TINY, BY_HAND)
+
+
+@triton.jit
+def _scale_of(amax, q_in, Q_MAX: tl.constexpr, Q_UB: tl.constexpr):
+    # a dynamic scale from its rows' (groups') max|y|, and its inverse (both rounded once)
+    if Q_UB:
+        amax = tl.minimum(amax, tl.load(q_in).to(tl.float32))
+    s = tl.maximum(tl.math.div_rn(amax, Q_MAX), 1.0 / (Q_MAX * 512.0))
+    return s, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+
+
+@triton.jit
+def _store_y(ptrs, y, mask, rows, row_ok, q_in, q_out, stride_q, N,
+             QUANT: tl.constexpr, GROUP: tl.constexpr, Q_MAX: tl.constexpr,
+             Q_MANT: tl.constexpr, Q_TINY: tl.constexpr, Q_UB: tl.constexpr,
+             Q_BY_HAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             COL0=0):  # fmt: skip
+    # a (BLOCK_M, BLOCK_N) tile of y (fp32), of rows `rows` (row_ok: (BLOCK_M, 1)) from
+    # column COL0, stored in y's dtype, quantised by QUANT with its scales
+    if QUANT == 0:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
+    elif QUANT == 1:
+        inv = tl.math.div_rn(tl.full([1, 1], 1.0, tl.float32), tl.load(q_in).to(tl.float32))
+        tl.store(
+            ptrs,
+            _quantised(y, inv, ptrs.dtype.element_ty, Q_MAX, Q_MANT, Q_TINY, Q_BY_HAND),
+            mask=mask,
+        )
+    elif QUANT == 2:
+        s, inv = _scale_of(tl.max(tl.abs(y), axis=1, keep_dims=True), q_in, Q_MAX, Q_UB)
+        tl.store(q_out + rows[:, None] * stride_q, s, mask=row_ok)
+        tl.store(
+            ptrs,
+            _quantised(y, inv, ptrs.dtype.element_ty, Q_MAX, Q_MANT, Q_TINY, Q_BY_HAND),
+            mask=mask,
+        )
+    else:
+        yg = tl.reshape(y, (BLOCK_M, BLOCK_N // GROUP, GROUP))
+        s, inv = _scale_of(tl.max(tl.abs(yg), axis=2), q_in, Q_MAX, False)
+        g = COL0 // GROUP + tl.arange(0, BLOCK_N // GROUP)[None, :]
+        tl.store(q_out + rows[:, None] * stride_q + g, s, mask=row_ok & (g < N // GROUP))
+        q = _quantised(yg, inv[:, :, None], ptrs.dtype.element_ty, Q_MAX, Q_MANT, Q_TINY, Q_BY_HAND)
+        tl.store(ptrs, tl.reshape(q, (BLOCK_M, BLOCK_N)), mask=mask)
+
+
 # fmt: off
 @triton.jit
 def _rms_norm_fwd_fused(
@@ -68,6 +145,11 @@ def _rms_norm_fwd_fused(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     W_OFFSET: tl.constexpr,  # added to each weight element in fp32 (Gemma's 1 + w: 1.0)
     W_FIRST: tl.constexpr,  # the weight loaded beside x, before the reduction
+
+    q_in=None, q_out=None, stride_q=None,  # the quantised output's (QUANT; _store_y)
+    QUANT: tl.constexpr = 0, GROUP: tl.constexpr = 1, Q_MAX: tl.constexpr = 1.0,
+    Q_MANT: tl.constexpr = 3, Q_TINY: tl.constexpr = 1.0, Q_UB: tl.constexpr = False,
+    Q_BY_HAND: tl.constexpr = False,
 ):
     # fmt: on
     # one program per BLOCK_M rows; the whole tile lives in registers
@@ -89,12 +171,10 @@ def _rms_norm_fwd_fused(
         if not W_FIRST:  # many rows: the weight's registers stay free through the sum
             w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
         y = y * w[None, :]
-    # one cast, at the store
-    tl.store(
-        y_ptr + rows[:, None] * stride_y + cols[None, :],
-        y.to(y_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    # one cast (or the quantisation), at the store
+    _store_y(y_ptr + rows[:, None] * stride_y + cols[None, :], y, mask, rows, (rows < M)[:, None],
+             q_in, q_out, stride_q, N,
+             QUANT, GROUP, Q_MAX, Q_MANT, Q_TINY, Q_UB, Q_BY_HAND, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -161,14 +241,32 @@ def _looped_store(ptrs, v, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _looped_amax(amx, s, w_ptr, c, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
+                 N: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # the first sweep's running max|s w| of a scale a row: rstd > 0, so the row's max|y| is
+    # it times rstd, and the second sweep stores each chunk with the row's scale known
+    if HAS_WEIGHT:
+        s = s * _weight(_looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last"), W_OFFSET)
+    return tl.maximum(amx, tl.abs(s))
+
+
+@triton.jit
 def _looped_scale(
     s_rows, w_ptr, y_rows, acc, row_ok, cols, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     MASKED: tl.constexpr,
+    rows, amx, q_in, q_out, stride_q,
+    QUANT: tl.constexpr, GROUP: tl.constexpr, Q_MAX: tl.constexpr, Q_MANT: tl.constexpr,
+    Q_TINY: tl.constexpr, Q_UB: tl.constexpr, Q_BY_HAND: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     # the looped kernels' second sweep: rstd from the first sweep's per-lane sums, the rows
-    # s_rows (x, or the fused add's residual_out) read again, scaled and stored as y
+    # s_rows (x, or the fused add's residual_out) read again, scaled and stored as y (or
+    # quantised: a scale a row from the first sweep's max|s w| (amx), a group's chunk by
+    # chunk)
     rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
+    if QUANT == 2:
+        s, inv = _scale_of(tl.max(amx, axis=1, keep_dims=True) * rstd, q_in, Q_MAX, Q_UB)
+        tl.store(q_out + rows[:, None] * stride_q, s, mask=row_ok)
     for start in tl.range(0, N, BLOCK_N):
         c = start + cols
         ok = row_ok & (c < N)
@@ -176,7 +274,15 @@ def _looped_scale(
         if HAS_WEIGHT:
             w = _looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last")
             y = y * _weight(w, W_OFFSET)
-        _looped_store(y_rows + c, y.to(y_rows.dtype.element_ty), ok, MASKED)
+        if QUANT == 0:
+            _looped_store(y_rows + c, y.to(y_rows.dtype.element_ty), ok, MASKED)
+        elif QUANT == 2:
+            q = _quantised(y, inv, y_rows.dtype.element_ty, Q_MAX, Q_MANT, Q_TINY, Q_BY_HAND)
+            _looped_store(y_rows + c, q, ok, MASKED)
+        else:
+            _store_y(y_rows + c, y, ok, rows, row_ok, q_in, q_out, stride_q, N,
+                     QUANT, GROUP, Q_MAX, Q_MANT, Q_TINY, Q_UB, Q_BY_HAND,
+                     BLOCK_M, BLOCK_N, start)  # fmt: skip
 
 
 # fmt: off
@@ -188,6 +294,11 @@ def _rms_norm_fwd_looped(
     N: tl.constexpr,  # the row width, a constant: one compile a width
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     W_OFFSET: tl.constexpr,
+
+    q_in=None, q_out=None, stride_q=None,  # the quantised output's (QUANT; _store_y)
+    QUANT: tl.constexpr = 0, GROUP: tl.constexpr = 1, Q_MAX: tl.constexpr = 1.0,
+    Q_MANT: tl.constexpr = 3, Q_TINY: tl.constexpr = 1.0, Q_UB: tl.constexpr = False,
+    Q_BY_HAND: tl.constexpr = False,
 ):
     # fmt: on
     # BLOCK_M rows a program in BLOCK_N chunks, swept twice: the first sums x^2 and lets x
@@ -204,12 +315,17 @@ def _rms_norm_fwd_looped(
     x_rows = x_ptr + rows[:, None] * stride_x
     y_rows = y_ptr + rows[:, None] * stride_y
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    amx = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start in tl.range(0, N, BLOCK_N):
         c = start + cols
         x = _looped_load(x_rows + c, row_ok & (c < N), MASKED, "evict_last").to(tl.float32)
         acc += x * x
+        if QUANT == 2:
+            amx = _looped_amax(amx, x, w_ptr, c, HAS_WEIGHT, W_OFFSET, N, BLOCK_N)
     _looped_scale(x_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT,
-                  W_OFFSET, MASKED)  # fmt: skip
+                  W_OFFSET, MASKED, rows, amx, q_in, q_out, stride_q,
+                  QUANT, GROUP, Q_MAX, Q_MANT, Q_TINY, Q_UB, Q_BY_HAND,
+                  BLOCK_M)  # fmt: skip
 
 
 # fmt: off
@@ -409,6 +525,10 @@ def _fused_add_rms_norm_fwd_fused(
     M, N, eps,  # rows, true row width, eps (fp32)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
+    q_in=None, q_out=None, stride_q=None,  # the quantised output's (QUANT; _store_y)
+    QUANT: tl.constexpr = 0, GROUP: tl.constexpr = 1, Q_MAX: tl.constexpr = 1.0,
+    Q_MANT: tl.constexpr = 3, Q_TINY: tl.constexpr = 1.0, Q_UB: tl.constexpr = False,
+    Q_BY_HAND: tl.constexpr = False,
 ):
     # fmt: on
     # one program per BLOCK_M rows; the tile of sums lives in registers
@@ -428,8 +548,9 @@ def _fused_add_rms_norm_fwd_fused(
     if HAS_WEIGHT:
         w = _weight(tl.load(w_ptr + cols, mask=col_ok, other=0.0), W_OFFSET)
         y = y * w[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)  # fmt: skip
+    _store_y(y_ptr + rows[:, None] * stride_y + cols[None, :], y, mask, rows, (rows < M)[:, None],
+             q_in, q_out, stride_q, N,
+             QUANT, GROUP, Q_MAX, Q_MANT, Q_TINY, Q_UB, Q_BY_HAND, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -511,6 +632,11 @@ def _fused_add_rms_norm_fwd_looped(
     N: tl.constexpr,  # the row width, a constant: one compile a width
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
+
+    q_in=None, q_out=None, stride_q=None,  # the quantised output's (QUANT; _store_y)
+    QUANT: tl.constexpr = 0, GROUP: tl.constexpr = 1, Q_MAX: tl.constexpr = 1.0,
+    Q_MANT: tl.constexpr = 3, Q_TINY: tl.constexpr = 1.0, Q_UB: tl.constexpr = False,
+    Q_BY_HAND: tl.constexpr = False,
 ):
     # fmt: on
     # the plain op's looped form: the first sweep adds, stores residual_out and sums its
@@ -527,6 +653,7 @@ def _fused_add_rms_norm_fwd_looped(
     y_rows = y_ptr + rows[:, None] * stride_y
     ro_rows = ro_ptr + rows[:, None] * stride_ro
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    amx = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start in tl.range(0, N, BLOCK_N):
         c = start + cols
         ok = row_ok & (c < N)
@@ -536,8 +663,12 @@ def _fused_add_rms_norm_fwd_looped(
         _looped_store(ro_rows + c, s, ok, MASKED)
         s = s.to(tl.float32)
         acc += s * s
+        if QUANT == 2:
+            amx = _looped_amax(amx, s, w_ptr, c, HAS_WEIGHT, W_OFFSET, N, BLOCK_N)
     _looped_scale(ro_rows, w_ptr, y_rows, acc, row_ok, cols, eps, N, BLOCK_N, HAS_WEIGHT,
-                  W_OFFSET, MASKED)  # fmt: skip
+                  W_OFFSET, MASKED, rows, amx, q_in, q_out, stride_q,
+                  QUANT, GROUP, Q_MAX, Q_MANT, Q_TINY, Q_UB, Q_BY_HAND,
+                  BLOCK_M)  # fmt: skip
 
 
 # fmt: off

@@ -9,6 +9,7 @@ runs.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,7 +19,14 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from rmsnorm_api import DTYPE_NAMES, as_rows, head_rows
-from triton_impl.configs import Config, default_config, fused_tile, kernel_for, latency_config
+from triton_impl.configs import (
+    Config,
+    default_config,
+    fused_tile,
+    kernel_for,
+    latency_config,
+    quant_config,
+)
 from triton_impl.kernels import INTERPRET, _rms_norm_fwd_heads
 from triton_impl.tuning import FUSED_MAX_N
 
@@ -129,6 +137,38 @@ def _heads_launch(x3: torch.Tensor, weight, eps, y: torch.Tensor, weight_offset:
     return Launch(cfg, _rms_norm_fwd_heads, (triton.cdiv(m, cfg.block_m),), args, meta)
 
 
+@dataclass(frozen=True)
+class Quant:
+    """A quantised output (the fused and looped kernels' epilogue, kernels._store_y): the
+    caller's static scale, or dynamic scales written to `scales` (a row's, group 0, under
+    an optional upper bound `bound`; or a group's of `group` columns)."""
+
+    scale: Optional[torch.Tensor]
+    group: int
+    bound: Optional[torch.Tensor]
+    scales: torch.Tensor
+
+
+def quant_meta(q: Quant, dtype: torch.dtype) -> dict:
+    """The kernels' constexprs of a quantised output in fp8 dtype `dtype`: the mode (1
+    static, 2 a row's scale, 3 a group's), the group, the dtype's largest value, mantissa
+    bits and smallest normal, whether a bound clamps the row's scale, and whether the
+    rounding to fp8 is done by hand (the interpreter's cast truncates)."""
+    mode = 1 if q.scale is not None else 3 if q.group else 2
+    fi = torch.finfo(dtype)
+    mant = round(-math.log2(fi.eps))  # eps: 2^-(mantissa bits)
+    return dict(QUANT=mode, GROUP=q.group or 1, Q_MAX=float(fi.max), Q_MANT=mant,
+                Q_TINY=float(fi.tiny), Q_UB=q.bound is not None, Q_BY_HAND=INTERPRET)  # fmt: skip
+
+
+def _quant_args(q: Quant, n: int) -> dict:
+    """The kernels' runtime arguments of a quantised output: the scale or the bound read
+    (q_in), the scales written (q_out) and their row stride."""
+    q_in = q.scale if q.scale is not None else q.bound
+    stride = (n // q.group if q.group else 1) if q.scale is None else 0
+    return dict(q_in=q_in, q_out=q.scales, stride_q=stride)
+
+
 def plan(
     op: str,
     ins: tuple,
@@ -137,16 +177,18 @@ def plan(
     outs: tuple,
     cfg: Optional[Config] = None,
     weight_offset: float = 0.0,
+    quant: Optional[Quant] = None,
 ) -> Launch:
     """The launch of forward op ``op`` (kernels.FORWARD_KERNELS' name) reading the row
     tensors ins (x, and the fused add's residual) and writing outs (y, and the fused add's
     residual_out; any row strides: the in-place form passes ins themselves): the op's
     default rule (the latency rule included, on a GPU), or a forced ``cfg``. The kernels
     of both ops take (ins, weight, outs, [workspace,] their row strides, [M,] N, eps), and
-    the weight offset as a constant of the compile (meta)."""
+    the weight offset as a constant of the compile (meta). quant: y quantised (y an fp8
+    tensor), by the fused or looped kernel (configs.quant_config)."""
     x = ins[0]
     n = int(x.shape[-1])
-    if op == "rms_norm" and takes_heads(x, cfg, weight):
+    if op == "rms_norm" and quant is None and takes_heads(x, cfg, weight):
         return _heads_launch(heads_view(x), weight, eps, outs[0], weight_offset)
     # Block shape and warps are compile-time choices: under dynamic-shape tracing this
     # specialises on the row width (a guard), while M may stay symbolic.
@@ -164,8 +206,13 @@ def plan(
         cfg = default_config(
             n, x.element_size(), op, split_ok=split_ok(*rows), dtype=dtype, rows=rows_at, sms=sms
         )
+    q_meta = None
+    if quant is not None:
+        cfg = quant_config(cfg, n, x.element_size())
+        q_meta = {**quant_meta(quant, outs[0].dtype), **_quant_args(quant, n)}
     by_hand = INTERPRET and outs[-1].dtype == torch.bfloat16
-    kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand, weight_offset)
+    kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand, weight_offset,
+                              q_meta)  # fmt: skip
     tensors = (*in2, w, *out2)
     strides = tuple(t.stride(0) for t in rows)
     if cfg.kernel == "split":

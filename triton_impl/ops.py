@@ -45,7 +45,7 @@ from rmsnorm_api import (
 from triton_impl.configs import Config
 from triton_impl.eager import HOST, eager_forward
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import has_work, launch, op, plan, takes_heads
+from triton_impl.launch import Quant, has_work, launch, op, plan, takes_heads
 
 _IMPL = "triton_impl.rms_norm"
 _FUSED = "triton_impl.fused_add_rms_norm"
@@ -53,7 +53,13 @@ _FUSED_ = "triton_impl.fused_add_rms_norm_"
 
 
 def _run(
-    ins: tuple, weight, eps, outs: tuple, cfg: Optional[Config] = None, weight_offset: float = 0.0
+    ins: tuple,
+    weight,
+    eps,
+    outs: tuple,
+    cfg: Optional[Config] = None,
+    weight_offset: float = 0.0,
+    quant: Optional[Quant] = None,
 ) -> None:
     """The forward op of ins (x, or x and residual) into outs (checked by the caller); no
     launch for an empty x.
@@ -62,7 +68,8 @@ def _run(
     inputs (the in-place fused add, out=x) are written to new tensors and copied back:
     given one tensor as two arguments of a Triton kernel, Inductor's functional form of the
     kernel can write y into a clone of x and never copy it back (the split kernel, torch
-    2.11 on the H200), and a compiled out=x or in-place call would leave x as it was."""
+    2.11 on the H200), and a compiled out=x or in-place call would leave x as it was.
+    quant: y quantised (triton_impl.quant's ops; y a new fp8 tensor)."""
     if not has_work(ins[0]):
         return
     op_name = "rms_norm" if len(ins) == 1 else "fused_add_rms_norm"
@@ -85,11 +92,11 @@ def _run(
         return
     if any(o is i for o in outs for i in ins) and is_fake(ins[0]):
         fresh = tuple(torch.empty_like(o) for o in outs)
-        launch(plan(op_name, ins, weight, eps, fresh, cfg, weight_offset))
+        launch(plan(op_name, ins, weight, eps, fresh, cfg, weight_offset, quant))
         for o, f in zip(outs, fresh, strict=True):
             o.copy_(f)
         return
-    launch(plan(op_name, ins, weight, eps, outs, cfg, weight_offset))
+    launch(plan(op_name, ins, weight, eps, outs, cfg, weight_offset, quant))
 
 
 def _fused_outputs(x, residual) -> tuple[torch.Tensor, torch.Tensor]:
