@@ -1,0 +1,271 @@
+"""The forward with a quantised output (fp8): rms_norm_quant, the fused add and its in-place
+form, each scale form (static, a scale a row with and without its upper bound, a scale a
+group), both fp8 dtypes, all three input dtypes, odd and wide widths (every kernel kind the
+quantised launch takes), the weight's offset and an fp32 weight beside 16-bit x, against
+the fp32 norm quantised (harness.reference.quantise_ref): bit for bit but at ties. And
+the refusals: every bad argument named."""
+
+import importlib
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from conftest import DEVICE, HAS_GPU, impl_or_skip
+from harness.reference import (
+    QUANT_REL,
+    fused_add_rms_norm_quant_ref,
+    q_close,
+    quantise_ref,
+    rms_norm_quant_ref,
+)
+from triton_impl.kernels import INTERPRET, _fp8
+
+BACKENDS = ["triton"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+EPS = 1e-6
+#: the fused tile (1, 128, 1000: odd ones the split kernel would take), the looped kernel
+#: (4096 16-bit, 8192 fp32) and the widest rows, past the sharded kernel's bound
+WIDTHS = [1, 128, 1000, 4096, 8192] + ([12288, 20480, 40960, 65536, 131072] if HAS_GPU else [])
+MODES = {
+    "static": dict(scale=0.02),
+    "token": dict(),
+    "bounded": dict(scale_ub=0.004),
+    "group128": dict(group_size=128),
+    "group64": dict(group_size=64),
+}
+
+
+def backend(name: str):
+    impl_or_skip(name)
+    return importlib.import_module(f"{name}_impl")
+
+
+def quant_kw(mode: str, out_dtype, n: int) -> dict:
+    """The quantised ops' keywords of a mode at width n (None: the mode does not apply)."""
+    kw = dict(MODES[mode], out_dtype=out_dtype)
+    if kw.get("group_size") and n % kw["group_size"]:
+        return None
+    for k in ("scale", "scale_ub"):
+        if k in kw:
+            kw[k] = torch.tensor(kw[k], device=DEVICE)
+    return kw
+
+
+def inputs(m: int, n: int, dtype, wkind: str = "dtype") -> tuple:
+    x = torch.randn(m, n, device=DEVICE).to(dtype)
+    r = torch.randn(m, n, device=DEVICE).to(dtype)
+    w = torch.randn(n, device=DEVICE)
+    return x, r, (w if wkind == "fp32" else w.to(dtype))
+
+
+def scales_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=QUANT_REL, atol=0)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("out_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forms_match_reference(name, dtype, out_dtype, mode):
+    """Each form against the reference at every width: y bit for bit but at ties, the
+    scales to fp32 rounding, residual_out exactly, the in-place form's residual too."""
+    mod = backend(name)
+    for n in WIDTHS:
+        kw = quant_kw(mode, out_dtype, n)
+        if kw is None:
+            continue
+        m = 3 if n > 8192 else 5
+        x, r, w = inputs(m, n, dtype)
+        say = f"N={n}"
+        q, s = mod.rms_norm_quant(x, w, EPS, **kw)
+        q_ref, s_ref, v = rms_norm_quant_ref(x, w, EPS, **kw)
+        q_close(q, q_ref, v, say)
+        scales_close(s, s_ref)
+        q, ro, s = mod.fused_add_rms_norm_quant(x, r, w, EPS, **kw)
+        q_ref, ro_ref, s_ref, v = fused_add_rms_norm_quant_ref(x, r, w, EPS, **kw)
+        q_close(q, q_ref, v, say)
+        torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0)
+        scales_close(s, s_ref)
+        xi, ri = x.clone(), r.clone()
+        q, s = mod.fused_add_rms_norm_quant_(xi, ri, w, EPS, **kw)
+        q_close(q, q_ref, v, say)
+        torch.testing.assert_close(ri, ro_ref, rtol=0, atol=0)
+        assert torch.equal(xi, x), "the in-place form wrote x"
+        scales_close(s, s_ref)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_scales_shapes_and_static_scale_returned(name):
+    """Scales a row: x's shape with a last dimension of 1 (any leading dimensions); a group's:
+    of N / group_size; a static scale comes back as the caller's own tensor."""
+    mod = backend(name)
+    x = torch.randn(2, 3, 256, device=DEVICE).to(torch.bfloat16)
+    assert mod.rms_norm_quant(x)[1].shape == (2, 3, 1)
+    assert mod.rms_norm_quant(x, group_size=64)[1].shape == (2, 3, 4)
+    scale = torch.tensor([0.5], device=DEVICE)
+    y, s = mod.rms_norm_quant(x, scale=scale)
+    assert s is scale and y.dtype == torch.float8_e4m3fn and y.shape == x.shape
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_offset_mixed_weight_and_no_weight(name):
+    """Gemma's offset, an fp32 weight beside bf16 x, and no weight, in each scale form."""
+    mod = backend(name)
+    for n in (1000, 4096):
+        x, r, w = inputs(4, n, torch.bfloat16, "fp32")
+        for mode in ("static", "token", "group128"):
+            kw = quant_kw(mode, torch.float8_e4m3fn, n)
+            if kw is None:
+                continue
+            for weight, offset in ((w, 1.0), (None, 0.0)):
+                q, s = mod.rms_norm_quant(x, weight, EPS, weight_offset=offset, **kw)
+                q_ref, s_ref, v = rms_norm_quant_ref(x, weight, EPS, offset, **kw)
+                q_close(q, q_ref, v, f"N={n} {mode} offset {offset}")
+                scales_close(s, s_ref)
+                q, ro, s = mod.fused_add_rms_norm_quant(x, r, weight, EPS, weight_offset=offset,
+                                                        **kw)  # fmt: skip
+                q_ref, _, s_ref, v = fused_add_rms_norm_quant_ref(x, r, weight, EPS, offset, **kw)
+                q_close(q, q_ref, v, f"fused add N={n} {mode} offset {offset}")
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_zero_rows_saturation_and_bound(name):
+    """A row of zeros divides by the least scale (its y is 0, its scale the floor); a static
+    scale far too small saturates every element to +-max; a bound below the rows' scales
+    clamps them to it, the largest elements saturating."""
+    from rmsnorm_api import fp8_min_scale
+
+    mod = backend(name)
+    dt = torch.float8_e4m3fn
+    x = torch.randn(4, 512, device=DEVICE).to(torch.bfloat16)
+    x[1] = 0
+    q, s = mod.rms_norm_quant(x)
+    assert float(s[1, 0]) == pytest.approx(fp8_min_scale(dt), rel=1e-6)
+    assert not q[1].float().any()
+    q, _ = mod.rms_norm_quant(x[[0]], scale=torch.tensor(1e-6, device=DEVICE))
+    assert q.float().abs().eq(torch.finfo(dt).max).sum() >= 500  # all but zeros and ties
+    ub = torch.tensor(0.5, device=DEVICE)
+    q, s = mod.rms_norm_quant(x, scale_ub=ub)
+    assert torch.equal(s[[0, 2, 3]], torch.full_like(s[[0, 2, 3]], 0.5 / 448))
+    assert q[0].float().abs().max() == 448
+
+
+def test_reference_rounds_to_nearest_even():
+    """quantise_ref's rounding is torch's cast after the clamp: a tie between two e4m3
+    values goes to the even one (subnormals too), past the max saturates."""
+    y = torch.tensor([[1.0625, 1.1875, 500.0, -1e9, 2.0**-10, 3 * 2.0**-11]])
+    q, _, _ = quantise_ref(y, torch.float8_e4m3fn, scale=torch.tensor(1.0))
+    assert q.float().tolist() == [[1.0, 1.25, 448.0, -448.0, 0.0, 2.0**-9]]
+
+
+@triton.jit
+def _cast(v_ptr, q_ptr, n, MANT: tl.constexpr, TINY: tl.constexpr, BY_HAND: tl.constexpr):
+    # kernels._fp8 alone, on 1024 values a program
+    c = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    v = tl.load(v_ptr + c, mask=c < n, other=0.0)
+    tl.store(q_ptr + c, _fp8(v, q_ptr.dtype.element_ty, MANT, TINY, BY_HAND), mask=c < n)
+
+
+@pytest.mark.parametrize("out_dtype", FP8, ids=str)
+def test_triton_fp8_rounding_is_torchs(out_dtype):
+    """The Triton kernels' fp8 rounding (kernels._fp8: by hand under the interpreter, whose
+    cast does not round to nearest even; the GPU's cvt.rn otherwise) is torch's cast, on
+    every midpoint between neighbouring values of the format (ties: to even), a value just
+    either side of each, and random values, normal and subnormal."""
+    impl_or_skip("triton")
+    fi = torch.finfo(out_dtype)
+    grid = torch.arange(256, dtype=torch.uint8).view(out_dtype).float()
+    grid = grid[grid.isfinite() & (grid >= 0)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2  # exact in fp32
+    near = torch.cat([mids, mids.nextafter(torch.tensor(0.0)), mids.nextafter(grid[-1:] * 2)])
+    rand = torch.cat([torch.randn(4096) * 100, torch.randn(4096) * fi.tiny]).clamp(-fi.max, fi.max)
+    v = torch.cat([near, -near, grid, rand]).to(DEVICE)
+    q = torch.empty(v.shape, dtype=out_dtype, device=DEVICE)
+    mant = round(-math.log2(fi.eps))
+    _cast[(triton.cdiv(v.numel(), 1024),)](v, q, v.numel(), mant, float(fi.tiny), INTERPRET)
+    want = v.to(out_dtype)
+    bad = q.float() != want.float()
+    assert not bad.any(), (v[bad][:5].tolist(), q[bad][:5].float().tolist())
+
+
+def _bad_calls(mod):
+    """(call, exception, words the message must hold) for each refused argument."""
+    x = torch.randn(4, 256, device=DEVICE).to(torch.bfloat16)
+    r = torch.randn(4, 256, device=DEVICE).to(torch.bfloat16)
+    one = torch.tensor(0.5, device=DEVICE)
+    q = mod.rms_norm_quant
+    return [
+        (lambda: q(x, out_dtype=torch.bfloat16), TypeError, "out_dtype"),
+        (lambda: q(x, out_dtype=torch.int8), TypeError, "out_dtype"),
+        (lambda: q(x, group_size=100), ValueError, "group_size is 100"),
+        (lambda: q(x, group_size=512), ValueError, "does not divide"),
+        (lambda: q(x, group_size=2048), ValueError, "power of two"),
+        (lambda: q(x, group_size=64.0), TypeError, "group_size must be an int"),
+        (lambda: q(x, group_size=True), TypeError, "group_size must be an int"),
+        (lambda: q(x, scale=one, group_size=64), ValueError, "group_size is given with scale"),
+        (lambda: q(x, scale=one, scale_ub=one), ValueError, "scale_ub is given with scale"),
+        (lambda: q(x, group_size=64, scale_ub=one), ValueError, "scale_ub is given with group"),
+        (lambda: q(x, scale=one.double()), TypeError, "scale has dtype torch.float64"),
+        (lambda: q(x, scale=one.repeat(2)), ValueError, "scale has shape (2,)"),
+        (lambda: q(x, scale=0.5), TypeError, "scale must be a torch.Tensor or None"),
+        (lambda: q(x, scale=torch.tensor(0.0, device=DEVICE)), ValueError, "scale is 0.0"),
+        (lambda: q(x, scale=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale is -1.0"),
+        (lambda: q(x, scale=torch.tensor(float("nan"), device=DEVICE)), ValueError, "positive"),
+        (lambda: q(x, scale_ub=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale_ub is"),
+        (lambda: q(x, weight_offset=1.0), ValueError, "weight_offset"),
+        (lambda: q(x, torch.randn(255, device=DEVICE)), ValueError, "weight has shape"),
+        (
+            lambda: q(x.view(4, 2, 128), torch.randn(2, 128, device=DEVICE)),
+            ValueError,
+            "weight has shape",
+        ),  # fmt: skip
+        (lambda: mod.fused_add_rms_norm_quant(x, r[:, :128]), ValueError, "residual has shape"),
+        (lambda: mod.fused_add_rms_norm_quant_(x, x), ValueError, "overlap"),
+        (
+            lambda: mod.fused_add_rms_norm_quant_(x, r.expand(2, 4, 256)[0].t().contiguous().t()),
+            ValueError,
+            "residual",
+        ),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_bad_arguments_refused(name):
+    mod = backend(name)
+    for i, (call, error, words) in enumerate(_bad_calls(mod)):
+        with pytest.raises(error) as e:
+            call()
+        assert words in str(e.value), (i, str(e.value))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_scale_read_again_when_written(name):
+    """A scale is read once a version: one written in place to an invalid value after a
+    good call is refused on the next."""
+    mod = backend(name)
+    x = torch.randn(2, 64, device=DEVICE)
+    scale = torch.tensor(0.5, device=DEVICE)
+    mod.rms_norm_quant(x, scale=scale)
+    scale.fill_(0.0)
+    with pytest.raises(ValueError, match="scale is 0.0"):
+        mod.rms_norm_quant(x, scale=scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BACKENDS)
+def test_compiled_matches_eager(name):
+    """Under torch.compile (fullgraph) each form gives the eager call's bits."""
+    mod = backend(name)
+    x, r, w = inputs(8, 4096, torch.bfloat16)
+    for kw in (dict(), dict(group_size=128), dict(scale=torch.tensor(0.02, device=DEVICE))):
+        for fn, args in ((mod.rms_norm_quant, (x, w)), (mod.fused_add_rms_norm_quant, (x, r, w))):
+            want = fn(*args, **kw)
+            got = torch.compile(lambda *a, fn=fn, kw=kw: fn(*a, **kw), fullgraph=True)(*args)
+            for g, e in zip(got, want, strict=True):
+                assert torch.equal(g.view(torch.uint8) if g.element_size() == 1 else g,
+                                   e.view(torch.uint8) if e.element_size() == 1 else e)  # fmt: skip
+        torch._dynamo.reset()
