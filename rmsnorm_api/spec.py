@@ -343,7 +343,7 @@ def _camel(key: str) -> str:
 def header() -> str:
     """cuda_impl/csrc/spec_rules.h: each op's tensor rules, in check order, and the checks'
     wording, for the C++ op's checks (tests/test_spec.py holds the committed file to this)."""
-    from rmsnorm_api import MAX_N
+    from rmsnorm_api import GROUP_SIZES, MAX_N
 
     out = [
         "// Written from rmsnorm_api/spec.py by its header() (tests/test_spec.py holds this file",
@@ -382,6 +382,8 @@ def header() -> str:
         f"constexpr int64_t kMaxN = {MAX_N};",
         f"constexpr double kEpsMin = {EPS_MIN!r};",
         f"constexpr double kEpsMax = {EPS_MAX!r};",
+        f"constexpr int64_t kGroupMin = {GROUP_SIZES[0]};",
+        f"constexpr int64_t kGroupMax = {GROUP_SIZES[1]};",
         "",
     ]
     for op in OPS.values():

@@ -311,6 +311,13 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
   if (t == nullptr || !t->defined()) refuse(spec::kTensor, impl, r.name, {{"got", "None"}});
   if (t->is_nested()) refuse(spec::kNested, impl, r.name);
   if (t->layout() != at::kStrided) refuse(spec::kLayout, impl, r.name, {{"got", layout_str(t->layout())}});
+  if (r.dtype == spec::Dtype::kFloat32) {  // a scale: one fp32 element
+    if (t->scalar_type() != at::kFloat) {
+      refuse(spec::kDtypeFp32, impl, r.name, {{"got", dtype_str(t->scalar_type())}});
+    }
+    if (t->numel() != 1) refuse(spec::kShapeOne, impl, r.name, {{"got", shape_str(t->sizes())}});
+    return;
+  }
   if (r.dtype == spec::Dtype::kFloat) {
     if (!supported(t->scalar_type())) {
       refuse(spec::kDtypeFloat, impl, r.name, {{"got", dtype_str(t->scalar_type())}});
@@ -369,11 +376,11 @@ void check_tensor(const spec::Tensor (&op)[K], const spec::Tensor& r,
 
 // An op's arguments against its rules (rmsnorm_api's _check_op, in its order): every
 // tensor's, the others' devices beside the rows', eps, the weight offset (finite, and other
-// than 0 only with a weight), and last the rows' device, so every other check also runs on
-// a machine without a GPU.
-template <size_t K>
+// than 0 only with a weight), the op's own (more: the quantised ops'), and last the rows'
+// device, so every other check also runs on a machine without a GPU.
+template <size_t K, typename More = void (*)()>
 void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double eps,
-              double weight_offset, const char* impl) {
+              double weight_offset, const char* impl, More more = [] {}) {
   for (const auto& r : op) check_tensor(op, r, args, impl);
   const at::Tensor& rows = *args[op[0].arg];
   for (size_t i = 1; i < K; ++i) {
@@ -391,7 +398,35 @@ void check_op(const spec::Tensor (&op)[K], const at::Tensor* const* args, double
     refuse(spec::kNeeds, impl, "weight_offset",
            {{"of", "weight"}, {"got", py_float(weight_offset)}});
   }
+  more();
   if (!rows.is_cuda()) refuse(spec::kDevice, impl, op[0].name, {{"got", rows.device().str()}});
+}
+
+// A quantised op's own rules (rmsnorm_api's _check_quant, but the scales' values, which the
+// Python functions read): out_dtype an fp8 dtype, group_size 0 or a power of two in
+// [kGroupMin, kGroupMax] dividing N, and one way of scaling.
+void check_quant(const at::Tensor& x, bool scale, int64_t group, bool bound,
+                 at::ScalarType out_dtype, const char* impl) {
+  if (out_dtype != at::kFloat8_e4m3fn && out_dtype != at::kFloat8_e5m2) {
+    refuse(spec::kDtypeFp8, impl, "out_dtype", {{"got", dtype_str(out_dtype)}});
+  }
+  if (group != 0 && (group < spec::kGroupMin || group > spec::kGroupMax || (group & (group - 1)))) {
+    refuse(spec::kGroup, impl, "group_size",
+           {{"got", num(group)}, {"want", num(spec::kGroupMin) + ", " + num(spec::kGroupMax)}});
+  }
+  if (group != 0 && x.size(-1) % group != 0) {
+    refuse(spec::kGroupOf, impl, "group_size",
+           {{"got", num(group)}, {"of", "x"}, {"n", num(x.size(-1))}});
+  }
+  if (scale && group != 0) {
+    refuse(spec::kQuantMode, impl, "group_size",
+           {{"of", "scale"}, {"hint", "a static scale is one for the whole tensor (group_size 0)"}});
+  }
+  if (bound && (scale || group != 0)) {
+    refuse(spec::kQuantMode, impl, "scale_ub",
+           {{"of", scale ? "scale" : "group_size"},
+            {"hint", "scale_ub bounds the dynamic scale of a row (scale None, group_size 0)"}});
+  }
 }
 
 const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : nullptr; }
@@ -416,6 +451,37 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
                         const char* impl) {
   const at::Tensor* args[] = {&x, &residual, maybe(weight), nullptr, nullptr};
   check_op(spec::kFusedAddRmsNorm, args, eps, weight_offset, impl);
+}
+
+void check_quant_inputs(const at::Tensor& x, const at::Tensor* residual,
+                        const std::optional<at::Tensor>& weight, double eps,
+                        const std::optional<at::Tensor>& scale, int64_t group_size,
+                        const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype,
+                        double weight_offset, const char* impl) {
+  const auto more = [&] {
+    check_quant(x, scale.has_value(), group_size, scale_ub.has_value(), out_dtype, impl);
+  };
+  if (residual == nullptr) {
+    const at::Tensor* args[] = {&x,      maybe(weight), nullptr, maybe(scale),
+                                nullptr, maybe(scale_ub), nullptr, nullptr};
+    check_op(spec::kRmsNormQuant, args, eps, weight_offset, impl, more);
+  } else {
+    const at::Tensor* args[] = {&x,      residual, maybe(weight),   nullptr, maybe(scale),
+                                nullptr, maybe(scale_ub), nullptr, nullptr};
+    check_op(spec::kFusedAddRmsNormQuant, args, eps, weight_offset, impl, more);
+  }
+}
+
+void check_quant_in_place(const at::Tensor& x, const at::Tensor& residual,
+                          const std::optional<at::Tensor>& weight, const char* impl) {
+  refuse_grad("the in-place form", impl,
+              {{"x", &x}, {"residual", &residual}, {"weight", weight ? &*weight : nullptr}});
+  check_written(residual, "residual", impl,
+                "pass residual.clone() (the in-place form writes residual)");
+  TORCH_CHECK_VALUE(!overlaps(x, residual), impl,
+                    ": x and residual overlap in memory; residual is written");
+  TORCH_CHECK_VALUE(!weight.has_value() || (!overlaps(x, *weight) && !overlaps(residual, *weight)),
+                    impl, ": weight overlaps x or residual in memory; residual is written");
 }
 
 // The backward ops' arguments: saved is x, or the fused add's residual_out.
@@ -549,6 +615,55 @@ void fused_add_rms_norm__checked(at::Tensor& x, at::Tensor& residual,
   unreachable();
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_quant_checked(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+    const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, nullptr, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kQuantImpl);
+  unreachable();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_quant_checked(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kFusedQuantImpl);
+  unreachable();
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_quant__checked(
+    const at::Tensor& x, at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kFusedQuantImplInPlace);
+  check_quant_in_place(x, residual, weight, kFusedQuantImplInPlace);
+  unreachable();
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_quant__versioned(
+    const at::Tensor& x, at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cuda_impl::fused_add_rms_norm_quant_", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, double,
+              const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&,
+              at::ScalarType, double)>();
+  std::tuple<at::Tensor, at::Tensor> out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = op.call(x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                  weight_offset);
+  }
+  torch::autograd::impl::bump_version(residual);
+  return out;
+}
+
 // The ops that write their arguments bump those tensors' versions (the ADInplaceOrView key),
 // so autograd notices when a tensor it saved was overwritten instead of using stale values.
 void rms_norm_out_versioned(at::Tensor& out, const at::Tensor& x,
@@ -605,7 +720,9 @@ TORCH_LIBRARY(cuda_impl, m) {
   // store dresidual (autograd's call where it would equal dx: dx serves as both).
   for (const char* schema : {spec::kRmsNormSchema, spec::kRmsNormOutSchema,
                              spec::kFusedAddRmsNormSchema, spec::kFusedAddRmsNormInPlaceSchema,
-                             spec::kRmsNormBackwardSchema, spec::kFusedAddRmsNormBackwardSchema}) {
+                             spec::kRmsNormBackwardSchema, spec::kFusedAddRmsNormBackwardSchema,
+                             spec::kRmsNormQuantSchema, spec::kFusedAddRmsNormQuantSchema,
+                             spec::kFusedAddRmsNormQuantInPlaceSchema}) {
     m.def(schema);
   }
   m.def("fused_add_default_config(int n, int element_size) -> int[]", &fused_add_default_config);
@@ -637,6 +754,9 @@ void register_checked(torch::Library& m) {
   m.impl("fused_add_rms_norm_with_config", &fused_add_rms_norm_with_config_checked);
   m.impl("rms_norm_backward", &rms_norm_backward_checked);
   m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward_checked);
+  m.impl("rms_norm_quant", &rms_norm_quant_checked);
+  m.impl("fused_add_rms_norm_quant", &fused_add_rms_norm_quant_checked);
+  m.impl("fused_add_rms_norm_quant_", &fused_add_rms_norm_quant__checked);
 }
 
 TORCH_LIBRARY_IMPL(cuda_impl, CompositeExplicitAutograd, m) { register_checked(m); }
@@ -644,6 +764,7 @@ TORCH_LIBRARY_IMPL(cuda_impl, AutogradNestedTensor, m) { register_checked(m); }
 TORCH_LIBRARY_IMPL(cuda_impl, ADInplaceOrView, m) {
   m.impl("rms_norm_out", &rms_norm_out_versioned);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__versioned);
+  m.impl("fused_add_rms_norm_quant_", &fused_add_rms_norm_quant__versioned);
 }
 
 }  // namespace cuda_impl

@@ -33,6 +33,9 @@ constexpr const char* kFusedImpl = "cuda_impl.fused_add_rms_norm";
 constexpr const char* kFusedImplInPlace = "cuda_impl.fused_add_rms_norm_";
 constexpr const char* kBwdImpl = "cuda_impl.rms_norm_backward";
 constexpr const char* kFusedBwdImpl = "cuda_impl.fused_add_rms_norm_backward";
+constexpr const char* kQuantImpl = "cuda_impl.rms_norm_quant";
+constexpr const char* kFusedQuantImpl = "cuda_impl.fused_add_rms_norm_quant";
+constexpr const char* kFusedQuantImplInPlace = "cuda_impl.fused_add_rms_norm_quant_";
 
 // The argument checks of rmsnorm_api (check_inputs, check_out, check_fused_inputs,
 // check_in_place), repeated for direct torch.ops callers: TypeError / ValueError in Python,
@@ -66,6 +69,16 @@ void check_fused_inputs(const at::Tensor& x, const at::Tensor& residual,
                         const char* impl);
 void check_in_place(const at::Tensor& x, const at::Tensor& residual,
                     const std::optional<at::Tensor>& weight, const char* impl);
+// The quantised ops' arguments (rmsnorm_api's check_call of rms_norm_quant, or with a
+// residual the fused add's), but the scales' values, which the Python functions read; and
+// the in-place form's (residual written, x read).
+void check_quant_inputs(const at::Tensor& x, const at::Tensor* residual,
+                        const std::optional<at::Tensor>& weight, double eps,
+                        const std::optional<at::Tensor>& scale, int64_t group_size,
+                        const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype,
+                        double weight_offset, const char* impl);
+void check_quant_in_place(const at::Tensor& x, const at::Tensor& residual,
+                          const std::optional<at::Tensor>& weight, const char* impl);
 // rmsnorm_api.check_backward_inputs: saved is x, or (fused) the fused add's residual_out.
 void check_backward_inputs(const at::Tensor& dy, const at::Tensor& saved,
                            const std::optional<at::Tensor>& weight, double eps,

@@ -1,0 +1,414 @@
+// The forward with a quantised output (fp8, for inference): rms_norm and the fused residual
+// add whose y is written in float8_e4m3fn or float8_e5m2 in the same pass, scaled by the
+// caller's static scale, by a scale a row (max|y| / the format's max, clamped above by an
+// optional bound and below by 1 / (max * 512)), or by a scale a group of `group`
+// consecutive columns; rmsnorm_api and triton_impl.quant say what each form computes.
+//
+// One kernel body for every form, one CTA a row, in two sweeps over the row as 16-byte
+// slots of VEC elements (thread t takes slots t, t + blockDim, ...): the first loads x (the
+// fused add: x and residual, stores residual_out = x + residual rounded once to its dtype),
+// sums the squares and, for a scale a row, the max of |s w|, which times rstd > 0 is the
+// row's max|y|; the second reads the row again (from L1 or L2, where the first sweep just
+// put it; the fused add reads back its own residual_out), scales it, takes each group's
+// max where the scales are a group's, and stores y quantised. Nothing of the row is held
+// through the sum, so any width takes the same kernel (the form of Triton's looped kernel
+// and of Inductor's). A slot is one 16-byte load where every row is aligned and N a whole
+// number of slots, else VEC scalar loads, masked. The form, the weight's dtype and the fp8
+// dtype are arguments of the launch, uniform branches: 8 kernels (x's dtype, and the
+// residual's: none, x's or fp32).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "rms_norm.h"
+#include "rms_norm_device.cuh"
+
+namespace cuda_impl {
+namespace {
+
+enum QuantMode : int { kStatic = 1, kToken = 2, kGroup = 3 };
+
+struct QuantArgs {
+  const void* x;
+  const void* r;  // the fused add's residual, else null
+  const void* w;  // the weight (x's dtype or fp32), or null
+  uint8_t* y;     // fp8, contiguous rows of N
+  void* ro;       // the fused add's residual_out (residual itself in place), else null
+  float* scales;  // dynamic scales, `cols` a row; null for a static scale
+  const float* q_in;  // the static scale, or the bound of a row's scale, or null
+  int64_t sx, sr, sro;  // row strides in elements (y's is N)
+  int n, cols, group;
+  float eps, offset, top, least;  // top: the fp8 max; least: the least dynamic scale
+  int mode;
+  bool w_fp32, e4m3, vec;
+};
+
+template <typename T>
+constexpr int kSlot = 16 / sizeof(T);
+
+// Slot j of a row of E (VEC of x's elements) as floats, 0 past N: whole 16-byte loads
+// where vec (two for an fp32 residual beside 16-bit x), else scalar loads.
+template <typename E, int VEC>
+__device__ __forceinline__ void load_slot(const E* __restrict__ row, int j, int n, bool vec,
+                                          float (&out)[VEC]) {
+  const int e0 = j * VEC;
+  if (vec) {
+    constexpr int kPer = kVec<E>;
+#pragma unroll
+    for (int h = 0; h < VEC / kPer; ++h) {
+      Pack<E> p;
+      p.raw = reinterpret_cast<const uint4*>(row + e0)[h];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) out[h * kPer + i] = to_float(p.e[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = e0 + i < n ? to_float(row[e0 + i]) : 0.f;
+  }
+}
+
+// Slot j's weight elements in fp32 plus the offset (added in fp32: Gemma's 1 + w), 1
+// without a weight; VEC of x's elements, whatever the weight's dtype.
+template <typename T>
+__device__ __forceinline__ void weight_slot(const QuantArgs& a, int j, float (&w)[kSlot<T>]) {
+  constexpr int VEC = kSlot<T>;
+  if (a.w == nullptr) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) w[i] = 1.f;
+    return;
+  }
+  const int e0 = j * VEC;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const bool ok = e0 + i < a.n;
+    const float v = !ok       ? 0.f
+                    : a.w_fp32 ? __ldg(static_cast<const float*>(a.w) + e0 + i)
+                               : to_float(__ldg(static_cast<const T*>(a.w) + e0 + i));
+    w[i] = a.offset != 0.f ? v + a.offset : v;  // no add for none: a -0.0 keeps its sign
+  }
+}
+
+// Slot j of a row of E written from floats (E's rounding), as load_slot reads it.
+template <typename E, int VEC>
+__device__ __forceinline__ void store_slot(E* __restrict__ row, int j, int n, bool vec,
+                                           const float (&v)[VEC]) {
+  const int e0 = j * VEC;
+  if (vec) {
+    constexpr int kPer = kVec<E>;
+#pragma unroll
+    for (int h = 0; h < VEC / kPer; ++h) {
+      Pack<E> p;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) p.e[i] = from_float<E>(v[h * kPer + i]);
+      reinterpret_cast<uint4*>(row + e0)[h] = p.raw;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      if (e0 + i < n) row[e0 + i] = from_float<E>(v[i]);
+  }
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float v, bool e4m3) {
+  // saturated before: the cast rounds to nearest even (cvt.rn.satfinite on sm_89+)
+  return static_cast<uint8_t>(
+      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+// Slot j of y quantised by inv (y * inv saturated to +-top, rounded in the fp8 dtype).
+template <int VEC>
+__device__ __forceinline__ void store_quantised(const QuantArgs& a, uint8_t* __restrict__ yr,
+                                                int j, const float (&y)[VEC], float inv) {
+  uint8_t q[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) q[i] = to_fp8(fminf(fmaxf(y[i] * inv, -a.top), a.top), a.e4m3);
+  const int e0 = j * VEC;
+  if (a.vec) {
+    if constexpr (VEC == 8) {
+      uint2 u;
+      u.x = q[0] | q[1] << 8 | q[2] << 16 | static_cast<uint32_t>(q[3]) << 24;
+      u.y = q[4] | q[5] << 8 | q[6] << 16 | static_cast<uint32_t>(q[7]) << 24;
+      *reinterpret_cast<uint2*>(yr + e0) = u;
+    } else {
+      *reinterpret_cast<uint32_t*>(yr + e0) =
+          q[0] | q[1] << 8 | q[2] << 16 | static_cast<uint32_t>(q[3]) << 24;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      if (e0 + i < a.n) yr[e0 + i] = q[i];
+  }
+}
+
+// The block's sum (MAX: max) of v, every thread's; red holds a float a warp. Every thread of
+// the block must call it.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = MAX ? fmaxf(v, o) : v + o;
+  }
+  const int warps = blockDim.x / 32;
+  __syncthreads();  // red's last readers are done
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int i = 1; i < warps; ++i) v = MAX ? fmaxf(v, red[i]) : v + red[i];
+  return v;
+}
+
+// A dynamic scale from its max|y|: at most the bound (ub), over top, at least least; IEEE
+// divides, so it is the reference's to the rounding of amax.
+__device__ __forceinline__ float scale_of(float amax, const QuantArgs& a, bool ub) {
+  if (ub) amax = fminf(amax, __ldg(a.q_in));
+  return fmaxf(__fdiv_rn(amax, a.top), a.least);
+}
+
+// The group max of v over the `lanes` slots of one group (a power of two): threads
+// t .. t + lanes - 1 of an aligned run; past a warp, through red (a float a warp), every
+// thread of the block calling.
+__device__ __forceinline__ float group_max(float v, int lanes, float* red) {
+  const int in_warp = lanes < 32 ? lanes : 32;
+  for (int off = in_warp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  if (lanes > 32) {
+    const int warp = threadIdx.x / 32, per = lanes / 32, first = warp / per * per;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[warp] = v;
+    __syncthreads();
+    v = red[first];
+    for (int i = 1; i < per; ++i) v = fmaxf(v, red[first + i]);
+  }
+  return v;
+}
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(1024) quant_kernel(const QuantArgs a) {
+  constexpr bool kFused = !std::is_void_v<R>;
+  constexpr int VEC = kSlot<T>;
+  using S = std::conditional_t<kFused, R, T>;  // what the sum and the scale read
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = static_cast<const T*>(a.x) + row * a.sx;
+  S* sr = nullptr;  // the fused add's residual_out row, read back by the second sweep
+  if constexpr (kFused) sr = static_cast<R*>(a.ro) + row * a.sro;
+  uint8_t* yr = a.y + row * a.n;
+  const int slots = (a.n + VEC - 1) / VEC;
+  const int t = threadIdx.x, B = blockDim.x;
+  // the first sweep: the sum of squares (and the max of |s w| for a scale a row)
+  float ss = 0.f, amx = 0.f;
+  for (int j = t; j < slots; j += B) {
+    float s[VEC];
+    load_slot<T, VEC>(xr, j, a.n, a.vec, s);
+    if constexpr (kFused) {
+      float r[VEC];
+      load_slot<R, VEC>(static_cast<const R*>(a.r) + row * a.sr, j, a.n, a.vec, r);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[i] = to_float(from_float<R>(s[i] + r[i]));
+      store_slot<R, VEC>(sr, j, a.n, a.vec, s);
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(s[i], s[i], ss);
+    if (a.mode == kToken) {
+      float w[VEC];
+      weight_slot<T>(a, j, w);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) amx = fmaxf(amx, fabsf(s[i] * w[i]));
+    }
+  }
+  const float rstd = rsqrtf(block_reduce<false>(ss, red) / static_cast<float>(a.n) + a.eps);
+  float inv = 0.f;
+  if (a.mode == kStatic) {
+    inv = __fdiv_rn(1.f, __ldg(a.q_in));
+  } else if (a.mode == kToken) {
+    const float s = scale_of(block_reduce<true>(amx, red) * rstd, a, a.q_in != nullptr);
+    if (t == 0) a.scales[row] = s;
+    inv = __fdiv_rn(1.f, s);
+  }
+  // the second sweep: the row again, scaled and stored quantised; a group's slots are
+  // consecutive threads, so every thread runs every round (the group max's barriers)
+  const int lanes = a.mode == kGroup ? a.group / VEC : 1;
+  const int rounds = (slots + B - 1) / B;
+  for (int k = 0; k < rounds; ++k) {
+    const int j = t + k * B;
+    float y[VEC], w[VEC];
+    if (j < slots) {
+      if constexpr (kFused) {
+        load_slot<R, VEC>(sr, j, a.n, a.vec, y);
+      } else {
+        load_slot<T, VEC>(xr, j, a.n, a.vec, y);
+      }
+      weight_slot<T>(a, j, w);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) y[i] = y[i] * rstd * w[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) y[i] = 0.f;
+    }
+    float q_inv = inv;
+    if (a.mode == kGroup) {
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) m = fmaxf(m, fabsf(y[i]));
+      const float s = scale_of(group_max(m, lanes, red), a, false);
+      if (j < slots && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
+      q_inv = __fdiv_rn(1.f, s);
+    }
+    if (j < slots) store_quantised<VEC>(a, yr, j, y, q_inv);
+  }
+}
+
+template <typename T, typename R>
+void launch(QuantArgs& a, int64_t M) {
+  constexpr int VEC = kSlot<T>;
+  const int slots = (a.n + VEC - 1) / VEC;
+  // a thread a slot up to 1024 threads (a warp at least; a whole number of a group's
+  // slots, which consecutive threads hold)
+  int threads = 32;
+  while (threads < slots && threads < 1024) threads *= 2;
+  if (a.mode == kGroup) threads = std::max(threads, a.group / VEC);
+  TORCH_CHECK_VALUE(M <= INT32_MAX, "cuda_impl: x has ", num(M),
+                    " rows, more than one launch can cover");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  quant_kernel<T, R><<<static_cast<unsigned>(M), threads, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Whether every row of t (rows of N at stride s) starts 16-byte aligned.
+bool rows_aligned(const at::Tensor& t, int64_t s) {
+  return aligned(t.const_data_ptr()) && (s * t.element_size()) % 16 == 0;
+}
+
+// The quantised forward of x (and residual: the fused add) into y (fp8) and residual_out,
+// the scales into `scales` (dynamic forms); the arguments checked.
+void run_quant(const at::Tensor& x, const at::Tensor* residual, const at::Tensor* residual_out,
+               const std::optional<at::Tensor>& weight, double eps,
+               const std::optional<at::Tensor>& scale, int64_t group,
+               const std::optional<at::Tensor>& scale_ub, double weight_offset, at::Tensor& y,
+               at::Tensor& scales) {
+  if (x.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, n});
+  const at::Tensor r2 = residual ? residual->reshape({-1, n}) : at::Tensor();
+  at::Tensor ro2 = residual_out ? residual_out->view({-1, n}) : at::Tensor();
+  const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
+  const bool e4m3 = y.scalar_type() == at::kFloat8_e4m3fn;
+  QuantArgs a = {};
+  a.x = x2.const_data_ptr();
+  a.r = residual ? r2.const_data_ptr() : nullptr;
+  a.w = w.defined() ? w.const_data_ptr() : nullptr;
+  a.y = static_cast<uint8_t*>(y.mutable_data_ptr());
+  a.ro = residual_out ? ro2.mutable_data_ptr() : nullptr;
+  a.scales = scale ? nullptr : scales.mutable_data_ptr<float>();
+  a.q_in = scale ? scale->const_data_ptr<float>()
+           : scale_ub ? scale_ub->const_data_ptr<float>()
+                      : nullptr;
+  a.sx = x2.stride(0);
+  a.sr = residual ? r2.stride(0) : 0;
+  a.sro = residual_out ? ro2.stride(0) : 0;
+  a.n = static_cast<int>(n);
+  a.group = static_cast<int>(group);
+  a.cols = group ? static_cast<int>(n / group) : 1;
+  a.eps = static_cast<float>(eps);
+  a.offset = w.defined() ? static_cast<float>(weight_offset) : 0.f;
+  a.top = e4m3 ? 448.f : 57344.f;
+  a.least = 1.f / (a.top * 512.f);
+  a.mode = scale ? kStatic : group ? kGroup : kToken;
+  a.w_fp32 = w.defined() && w.scalar_type() == at::kFloat;
+  a.e4m3 = e4m3;
+  const int vec = 16 / static_cast<int>(x.element_size());
+  a.vec = n % vec == 0 && rows_aligned(x2, a.sx) && aligned(a.y) &&
+          (!residual || (rows_aligned(r2, a.sr) && rows_aligned(ro2, a.sro)));
+  const int64_t M = x2.size(0);
+  const bool r_fp32 = residual && residual->scalar_type() == at::kFloat;
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      return residual ? launch<float, float>(a, M) : launch<float, void>(a, M);
+    case at::kHalf:
+      if (!residual) return launch<__half, void>(a, M);
+      return r_fp32 ? launch<__half, float>(a, M) : launch<__half, __half>(a, M);
+    case at::kBFloat16:
+      if (!residual) return launch<__nv_bfloat16, void>(a, M);
+      return r_fp32 ? launch<__nv_bfloat16, float>(a, M)
+                    : launch<__nv_bfloat16, __nv_bfloat16>(a, M);
+    default:
+      TORCH_CHECK_TYPE(false, "cuda_impl: unsupported dtype ", x.scalar_type());
+  }
+}
+
+// The scales a quantised op returns: (0,) for a static scale; x's shape with a last
+// dimension of 1 (a row's) or N / group (a group's), fp32 (rmsnorm_api.scales_shape).
+at::Tensor new_scales(const at::Tensor& x, const std::optional<at::Tensor>& scale,
+                      int64_t group) {
+  const auto opts = x.options().dtype(at::kFloat);
+  if (scale) return at::empty({0}, opts);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = group ? shape.back() / group : 1;
+  return at::empty(shape, opts);
+}
+
+at::Tensor new_y(const at::Tensor& x, at::ScalarType out_dtype) {
+  return at::empty(x.sizes(), x.options().dtype(out_dtype).memory_format(at::MemoryFormat::Contiguous));
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_quant(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+    const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, nullptr, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kQuantImpl);
+  at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
+  run_quant(x, nullptr, nullptr, weight, eps, scale, group_size, scale_ub, weight_offset, y,
+            scales);
+  return {y, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_quant(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kFusedQuantImpl);
+  at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
+  at::Tensor residual_out =
+      at::empty(x.sizes(), x.options()
+                               .dtype(residual.scalar_type())
+                               .memory_format(at::MemoryFormat::Contiguous));
+  run_quant(x, &residual, &residual_out, weight, eps, scale, group_size, scale_ub,
+            weight_offset, y, scales);
+  return {y, residual_out, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_quant_(
+    const at::Tensor& x, at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps, const std::optional<at::Tensor>& scale, int64_t group_size,
+    const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
+  check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                     weight_offset, kFusedQuantImplInPlace);
+  check_quant_in_place(x, residual, weight, kFusedQuantImplInPlace);
+  at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
+  run_quant(x, &residual, &residual, weight, eps, scale, group_size, scale_ub, weight_offset, y,
+            scales);
+  return {y, scales};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuda_impl, CUDA, m) {
+  m.impl("rms_norm_quant", &rms_norm_quant);
+  m.impl("fused_add_rms_norm_quant", &fused_add_rms_norm_quant);
+  m.impl("fused_add_rms_norm_quant_", &fused_add_rms_norm_quant_);
+}
+
+}  // namespace cuda_impl
