@@ -29,6 +29,7 @@ from rmsnorm_api import (
     host,
     register_autograd,
 )
+from rmsnorm_api.quant import quant_functions
 from rmsnorm_api.spec import OPS as DESCRIBED
 from rmsnorm_api.spec import REQUIRED
 
@@ -71,10 +72,14 @@ for _op, _impl in (
     ("fused_add_rms_norm_", _FUSED_),
     ("rms_norm_backward", _BWD),
     ("fused_add_rms_norm_backward", _FUSED_BWD),
+    ("rms_norm_quant", "cuda_impl.rms_norm_quant"),
+    ("fused_add_rms_norm_quant", "cuda_impl.fused_add_rms_norm_quant"),
+    ("fused_add_rms_norm_quant_", "cuda_impl.fused_add_rms_norm_quant_"),
 ):
     _register_fake(_op, _impl)
 
 register_autograd("cuda_impl")
+rms_norm_quant, fused_add_rms_norm_quant, fused_add_rms_norm_quant_ = quant_functions("cuda_impl")
 
 _FUSED_OP = torch.ops.cuda_impl.fused_add_rms_norm.default
 _FUSED_OP_ = torch.ops.cuda_impl.fused_add_rms_norm_.default

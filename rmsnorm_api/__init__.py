@@ -59,10 +59,13 @@ BACKEND_API = (
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
     "fused_add_rms_norm_backward",
+    "fused_add_rms_norm_quant",
+    "fused_add_rms_norm_quant_",
     "fused_add_rms_norm_with_config",
     "kernel_info",
     "rms_norm",
     "rms_norm_backward",
+    "rms_norm_quant",
     "rms_norm_with_config",
     "search_space",
 )
@@ -447,6 +450,10 @@ def check_call(op: str, impl: str, values: dict, *, allow_cpu: bool = False) -> 
     elif op == "fused_add_rms_norm_":
         _check_op("fused_add_rms_norm", impl, allow_cpu, **rules)
         check_in_place(values["x"], values["residual"], values["weight"], impl=impl)
+    elif op == "fused_add_rms_norm_quant_":
+        _check_op(op, impl, allow_cpu, **rules)
+        check_in_place(values["x"], values["residual"], values["weight"], impl=impl,
+                       x_written=False)  # fmt: skip
     else:
         _check_op(op, impl, allow_cpu, **rules)
 

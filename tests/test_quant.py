@@ -23,7 +23,9 @@ from harness.reference import (
 )
 from triton_impl.kernels import INTERPRET, _fp8
 
-BACKENDS = ["triton"]
+BACKENDS = ["triton", pytest.param("cuda", marks=pytest.mark.gpu)]
+#: the refusals run before any device work: both backends on any machine
+CHECKED = ["triton", "cuda"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 EPS = 1e-6
@@ -192,51 +194,68 @@ def test_triton_fp8_rounding_is_torchs(out_dtype):
     assert not bad.any(), (v[bad][:5].tolist(), q[bad][:5].float().tolist())
 
 
-def _bad_calls(mod):
-    """(call, exception, words the message must hold) for each refused argument."""
+def _bad_calls(mod, memory: bool = True):
+    """(call, exception, words the message must hold) for each refused argument; memory:
+    the in-place form's memory checks too, which run after the device's (so not for CPU
+    tensors of a GPU backend)."""
     x = torch.randn(4, 256, device=DEVICE).to(torch.bfloat16)
     r = torch.randn(4, 256, device=DEVICE).to(torch.bfloat16)
+    x3 = torch.randn(2, 2, 256, device=DEVICE).to(torch.bfloat16)
+    apart = torch.randn(2, 3, 256, device=DEVICE).to(torch.bfloat16)[:, :2]  # not one stride
     one = torch.tensor(0.5, device=DEVICE)
     q = mod.rms_norm_quant
-    return [
-        (lambda: q(x, out_dtype=torch.bfloat16), TypeError, "out_dtype"),
-        (lambda: q(x, out_dtype=torch.int8), TypeError, "out_dtype"),
-        (lambda: q(x, group_size=100), ValueError, "group_size is 100"),
-        (lambda: q(x, group_size=512), ValueError, "does not divide"),
-        (lambda: q(x, group_size=2048), ValueError, "power of two"),
-        (lambda: q(x, group_size=64.0), TypeError, "group_size must be an int"),
-        (lambda: q(x, group_size=True), TypeError, "group_size must be an int"),
-        (lambda: q(x, scale=one, group_size=64), ValueError, "group_size is given with scale"),
-        (lambda: q(x, scale=one, scale_ub=one), ValueError, "scale_ub is given with scale"),
-        (lambda: q(x, group_size=64, scale_ub=one), ValueError, "scale_ub is given with group"),
-        (lambda: q(x, scale=one.double()), TypeError, "scale has dtype torch.float64"),
-        (lambda: q(x, scale=one.repeat(2)), ValueError, "scale has shape (2,)"),
-        (lambda: q(x, scale=0.5), TypeError, "scale must be a torch.Tensor or None"),
-        (lambda: q(x, scale=torch.tensor(0.0, device=DEVICE)), ValueError, "scale is 0.0"),
-        (lambda: q(x, scale=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale is -1.0"),
-        (lambda: q(x, scale=torch.tensor(float("nan"), device=DEVICE)), ValueError, "positive"),
-        (lambda: q(x, scale_ub=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale_ub is"),
-        (lambda: q(x, weight_offset=1.0), ValueError, "weight_offset"),
-        (lambda: q(x, torch.randn(255, device=DEVICE)), ValueError, "weight has shape"),
-        (
-            lambda: q(x.view(4, 2, 128), torch.randn(2, 128, device=DEVICE)),
-            ValueError,
-            "weight has shape",
-        ),  # fmt: skip
-        (lambda: mod.fused_add_rms_norm_quant(x, r[:, :128]), ValueError, "residual has shape"),
-        (lambda: mod.fused_add_rms_norm_quant_(x, x), ValueError, "overlap"),
-        (
-            lambda: mod.fused_add_rms_norm_quant_(x, r.expand(2, 4, 256)[0].t().contiguous().t()),
-            ValueError,
-            "residual",
-        ),  # fmt: skip
+    in_place = mod.fused_add_rms_norm_quant_
+    memory_calls = [
+        (lambda: in_place(x, x), ValueError, "x and residual overlap in memory; residual is"),
+        (lambda: in_place(x3, apart), ValueError, "residual's leading dimensions cannot"),
+        (lambda: in_place(x, r.clone().requires_grad_()), ValueError, "residual requires grad"),
     ]
+    return (
+        [
+            (lambda: q(x, out_dtype=torch.bfloat16), TypeError, "out_dtype"),
+            (lambda: q(x, out_dtype=torch.int8), TypeError, "out_dtype"),
+            (lambda: q(x, group_size=100), ValueError, "group_size is 100"),
+            (lambda: q(x, group_size=512), ValueError, "does not divide"),
+            (lambda: q(x, group_size=2048), ValueError, "power of two"),
+            (lambda: q(x, group_size=64.0), TypeError, "group_size must be an int"),
+            (lambda: q(x, group_size=True), TypeError, "group_size must be an int"),
+            (lambda: q(x, scale=one, group_size=64), ValueError, "group_size is given with scale"),
+            (lambda: q(x, scale=one, scale_ub=one), ValueError, "scale_ub is given with scale"),
+            (lambda: q(x, group_size=64, scale_ub=one), ValueError, "scale_ub is given with group"),
+            (lambda: q(x, scale=one.double()), TypeError, "scale has dtype torch.float64"),
+            (lambda: q(x, scale=one.repeat(2)), ValueError, "scale has shape (2,)"),
+            (lambda: q(x, scale=0.5), TypeError, "scale must be a torch.Tensor or None"),
+            (lambda: q(x, scale=torch.tensor(0.0, device=DEVICE)), ValueError, "scale is 0.0"),
+            (lambda: q(x, scale=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale is -1.0"),
+            (lambda: q(x, scale=torch.tensor(float("nan"), device=DEVICE)), ValueError, "positive"),
+            (lambda: q(x, scale_ub=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale_ub is"),
+            (lambda: q(x, weight_offset=1.0), ValueError, "weight_offset"),
+            (lambda: q(x, torch.randn(255, device=DEVICE)), ValueError, "weight has shape"),
+            (
+                lambda: q(x.view(4, 2, 128), torch.randn(2, 128, device=DEVICE)),
+                ValueError,
+                "weight has shape",
+            ),  # fmt: skip
+            (lambda: mod.fused_add_rms_norm_quant(x, r[:, :128]), ValueError, "residual has shape"),
+        ]
+        + memory_calls * memory
+    )
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+def checked(name: str):
+    """A backend for its refusals: importable is enough (the CUDA extension's checks run on
+    a machine without a GPU)."""
+    try:
+        return importlib.import_module(f"{name}_impl")
+    except ImportError as e:
+        pytest.skip(f"{name}: {e}")
+
+
+@pytest.mark.parametrize("name", CHECKED)
 def test_bad_arguments_refused(name):
-    mod = backend(name)
-    for i, (call, error, words) in enumerate(_bad_calls(mod)):
+    mod = checked(name)
+    memory = name == "triton" or HAS_GPU
+    for i, (call, error, words) in enumerate(_bad_calls(mod, memory)):
         with pytest.raises(error) as e:
             call()
         assert words in str(e.value), (i, str(e.value))
@@ -269,3 +288,34 @@ def test_compiled_matches_eager(name):
                 assert torch.equal(g.view(torch.uint8) if g.element_size() == 1 else g,
                                    e.view(torch.uint8) if e.element_size() == 1 else e)  # fmt: skip
         torch._dynamo.reset()
+
+
+def test_cpp_op_refuses_in_the_contracts_words():
+    """The CUDA op called directly (torch.ops, no Python checks) refuses the quantised
+    forms' own rules as the contract does, in the same words after the function's name."""
+    import rmsnorm_api as api
+
+    checked("cuda")
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    one = torch.tensor(0.5)
+    base = dict(x=x, weight=None, eps=EPS, scale=None, group_size=0, scale_ub=None,
+                out_dtype=torch.float8_e4m3fn, weight_offset=0.0)  # fmt: skip
+    for bad in (
+        dict(out_dtype=torch.bfloat16),
+        dict(group_size=100),
+        dict(group_size=512),
+        dict(group_size=2048),
+        dict(scale=one, group_size=64),
+        dict(scale=one, scale_ub=one),
+        dict(group_size=64, scale_ub=one),
+        dict(scale=one.double()),
+        dict(scale_ub=one.repeat(3)),
+    ):
+        values = {**base, **bad}
+        with pytest.raises((TypeError, ValueError)) as e:
+            api.check_call("rms_norm_quant", "x", values, allow_cpu=True)
+        with pytest.raises((TypeError, ValueError)) as c:
+            torch.ops.cuda_impl.rms_norm_quant(*values.values())
+        assert type(c.value) is type(e.value), bad
+        got = str(c.value).splitlines()[0].split(": ", 1)[1]
+        assert got == str(e.value).split(": ", 1)[1], bad

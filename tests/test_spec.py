@@ -70,6 +70,10 @@ def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
     args = {a.name: (1e-6 if a.kind == "float" else a.default) for a in spec.args
             if a.kind != "Tensor"}  # fmt: skip
     pending = [a for a in spec.args if a.kind == "Tensor"]
+    scales = [a.name for a in pending if a.shape == "one"]
+    for name in scales:  # the first scale given (two together are refused: a quant mode)
+        args[name] = torch.tensor(0.5) if name == scales[0] else None
+    pending = [a for a in pending if a.shape != "one"]
     while pending:
         a = next(a for a in pending if {a.dtype_of, a.shape_of} - {""} <= set(args))
         pending.remove(a)
@@ -86,8 +90,11 @@ def _valid(spec, dtype=torch.bfloat16, rows=(3, 8)) -> dict:
 
 def _violations(spec, a) -> list:
     """(what, value) pairs breaking one rule of argument a each, the other arguments valid."""
-    out = []
     base = _valid(spec)[a.name]
+    if a.shape == "one":  # a scale: one fp32 element
+        base = torch.tensor(0.5)
+        return [("fp64", base.double()), ("bf16", base.bfloat16()), ("two", base.repeat(2))]
+    out = []
     if a.dtype == "float":
         out.append(("an int dtype", base.to(torch.int32)))
         # names C++ must print as Python does (c10's own spelling differs)

@@ -34,4 +34,4 @@ from triton_impl.quant import (
 # gradients of both functional ops, once the forward and backward ops are all registered
 register_autograd("triton_impl")
 
-__all__ = [*BACKEND_API, "fused_add_rms_norm_quant", "fused_add_rms_norm_quant_", "rms_norm_quant"]
+__all__ = list(BACKEND_API)

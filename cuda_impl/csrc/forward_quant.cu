@@ -295,9 +295,15 @@ void run_quant(const at::Tensor& x, const at::Tensor* residual, const at::Tensor
                const std::optional<at::Tensor>& weight, double eps,
                const std::optional<at::Tensor>& scale, int64_t group,
                const std::optional<at::Tensor>& scale_ub, double weight_offset, at::Tensor& y,
-               at::Tensor& scales) {
-  if (x.numel() == 0) return;
+               at::Tensor& scales, const char* impl) {
   const c10::cuda::CUDAGuard guard(x.device());
+  const int device = x.device().index();
+  const int sm = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
+                 device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+  TORCH_CHECK_VALUE(y.scalar_type() != at::kFloat8_e4m3fn || sm >= 89, impl,
+                    ": out_dtype is torch.float8_e4m3fn, which x's GPU (sm_", num(sm),
+                    ") cannot convert to; it needs sm_89 or newer");
+  if (x.numel() == 0) return;
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n});
   const at::Tensor r2 = residual ? residual->reshape({-1, n}) : at::Tensor();
@@ -370,7 +376,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_quant(
                      weight_offset, kQuantImpl);
   at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
   run_quant(x, nullptr, nullptr, weight, eps, scale, group_size, scale_ub, weight_offset, y,
-            scales);
+            scales, kQuantImpl);
   return {y, scales};
 }
 
@@ -386,7 +392,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_quant(
                                .dtype(residual.scalar_type())
                                .memory_format(at::MemoryFormat::Contiguous));
   run_quant(x, &residual, &residual_out, weight, eps, scale, group_size, scale_ub,
-            weight_offset, y, scales);
+            weight_offset, y, scales, kFusedQuantImpl);
   return {y, residual_out, scales};
 }
 
@@ -399,7 +405,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_quant_(
   check_quant_in_place(x, residual, weight, kFusedQuantImplInPlace);
   at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
   run_quant(x, &residual, &residual, weight, eps, scale, group_size, scale_ub, weight_offset, y,
-            scales);
+            scales, kFusedQuantImplInPlace);
   return {y, scales};
 }
 

@@ -1,0 +1,112 @@
+"""A backend's public functions of the forward with a quantised output (fp8, for inference:
+no gradients), over its ops ``<ns>::rms_norm_quant``, ``fused_add_rms_norm_quant`` and
+``fused_add_rms_norm_quant_``:
+
+    rms_norm_quant(x, weight=None, eps=1e-6, *, scale=None, group_size=0, scale_ub=None,
+                   out_dtype=torch.float8_e4m3fn, weight_offset=0.0) -> (y, scales)
+    fused_add_rms_norm_quant(x, residual, weight=None, eps=1e-6, *, ...)
+        -> (y, residual_out, scales)
+    fused_add_rms_norm_quant_(x, residual, weight=None, eps=1e-6, *, ...) -> (y, scales)
+        (residual_out into residual; x is read only)
+
+y = sat(RMSNorm(x) / s) rounded to nearest even in out_dtype (float8_e4m3fn or
+float8_e5m2), the norm computed as rms_norm's (fp32; one rounding, the quantisation's) and
+written in the same pass, so y is never stored in 16 bits first. s is:
+- the caller's static scale (``scale``: one fp32 element, positive and finite; returned as
+  ``scales`` as given);
+- dynamic, a scale a row (group_size 0): max|y_row| / max(out_dtype), clamped above by
+  ``scale_ub`` where given and below by 1 / (max(out_dtype) * 512) (rmsnorm_api.
+  fp8_min_scale: a row of zeros); ``scales`` fp32 of x's shape with a last dimension of 1;
+- dynamic, a scale a group of ``group_size`` consecutive columns (a power of two in
+  GROUP_SIZES dividing N: 128 for DeepSeek-V3's blockwise GEMMs), likewise; ``scales`` fp32
+  of x's shape with a last dimension of N / group_size.
+The fused add stores residual_out as fused_add_rms_norm does and quantises the norm of it.
+The scales' values are read (a GPU tensor: one synchronisation) once for each version of
+the tensor, outside tracing and CUDA-graph capture (rmsnorm_api.check_scale_value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+
+from rmsnorm_api import DEFAULT_EPS, check_call
+
+
+def quant_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable, Callable]:
+    """rms_norm_quant, fused_add_rms_norm_quant and fused_add_rms_norm_quant_ over the
+    ops of namespace ns: the arguments checked (check_call: the dispatcher would refuse a
+    wrong type in its own words), the op run, and a static scale returned as given.
+    allow_cpu: the backend runs on CPU tensors (the Triton interpreter)."""
+    ops = getattr(torch.ops, ns)
+
+    def run(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+            weight_offset) -> tuple:  # fmt: skip
+        values = dict(x=x, weight=weight, eps=eps, scale=scale, group_size=group_size,
+                      scale_ub=scale_ub, out_dtype=out_dtype,
+                      weight_offset=weight_offset)  # fmt: skip
+        head = (x,)
+        if residual is not None or op != "rms_norm_quant":
+            values["residual"] = residual
+            head = (x, residual)
+        check_call(op, f"{ns}.{op}", values, allow_cpu=allow_cpu)
+        outs = getattr(ops, op)(*head, weight, float(eps), scale, group_size, scale_ub,
+                                out_dtype, float(weight_offset))  # fmt: skip
+        return (*outs[:-1], scale if scale is not None else outs[-1])
+
+    def rms_norm_quant(
+        x: torch.Tensor,
+        weight: Optional[torch.Tensor] = None,
+        eps: float = DEFAULT_EPS,
+        *,
+        scale: Optional[torch.Tensor] = None,
+        group_size: int = 0,
+        scale_ub: Optional[torch.Tensor] = None,
+        out_dtype: torch.dtype = torch.float8_e4m3fn,
+        weight_offset: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, scales): RMSNorm of x quantised to out_dtype (rmsnorm_api.quant). Raises
+        TypeError/ValueError naming the argument for unsupported input."""
+        return run("rms_norm_quant", x, None, weight, eps, scale, group_size, scale_ub,
+                   out_dtype, weight_offset)  # fmt: skip
+
+    def fused_add_rms_norm_quant(
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: Optional[torch.Tensor] = None,
+        eps: float = DEFAULT_EPS,
+        *,
+        scale: Optional[torch.Tensor] = None,
+        group_size: int = 0,
+        scale_ub: Optional[torch.Tensor] = None,
+        out_dtype: torch.dtype = torch.float8_e4m3fn,
+        weight_offset: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, residual_out, scales): residual_out = x + residual as fused_add_rms_norm's,
+        y its RMSNorm quantised as rms_norm_quant's."""
+        return run("fused_add_rms_norm_quant", x, residual, weight, eps, scale, group_size,
+                   scale_ub, out_dtype, weight_offset)  # fmt: skip
+
+    def fused_add_rms_norm_quant_(
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: Optional[torch.Tensor] = None,
+        eps: float = DEFAULT_EPS,
+        *,
+        scale: Optional[torch.Tensor] = None,
+        group_size: int = 0,
+        scale_ub: Optional[torch.Tensor] = None,
+        out_dtype: torch.dtype = torch.float8_e4m3fn,
+        weight_offset: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, scales), residual <- x + residual (vLLM's fused_add_rms_norm with a quantised
+        output): x is read only, y a new fp8 tensor."""
+        return run("fused_add_rms_norm_quant_", x, residual, weight, eps, scale, group_size,
+                   scale_ub, out_dtype, weight_offset)  # fmt: skip
+
+    fns = (rms_norm_quant, fused_add_rms_norm_quant, fused_add_rms_norm_quant_)
+    for fn in fns:
+        fn.__module__, fn.__qualname__ = ns, fn.__name__
+    return fns
