@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call: build the extension, run the GPU test suite, the sanitizers, the
 # validation table and the benchmark, writing logs and records under $OUT.
-#   bash scripts/h200.sh [all|test|heads|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
+#   bash scripts/h200.sh [all|test|heads|quant|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
 #        BENCH_APPEND=1 appends to a copy of the committed records.
 # test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter) and
 #       the validation table (SKIP_VALIDATE=1: not it).
 # sanitizers: memcheck and racecheck of the CUDA forward (a call of their own: serial).
+# quant: memcheck and racecheck of test_quant's CUDA cases (the fp8 forward).
 # heads: memcheck of test_heads, then scripts/heads_probe.py forward, --backward and
 #        --backward --per-head (HEADS_PROBE_ARGS go to each).
 # exhaustive: the exhaustive tier (pytest -m exhaustive); test,exhaustive and sanitizers:
@@ -201,6 +202,22 @@ if mode heads; then
     # shellcheck disable=SC2086
     $PY scripts/heads_probe.py $args ${HEADS_PROBE_ARGS:-} 2>&1 || status=1
   done
+fi
+if mode quant; then
+  # quant: the quantised forward's CUDA kernels (rms_norm_quant_kernel) under memcheck, and
+  # racecheck of its forms whose barriers share memory (the row sums, a group's max past a
+  # warp)
+  step "memcheck of test_quant"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --kernel-regex kns=rms_norm \
+    $PY -m pytest -q -p no:cacheprovider -n 0 -m "" tests/test_quant.py -k cuda 2>&1 | tail -15
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+  step "racecheck of test_quant"
+  compute-sanitizer --tool racecheck --kernel-regex kns=rms_norm \
+    $PY -m pytest -q -p no:cacheprovider -n 0 -m "" tests/test_quant.py \
+    -k "cuda and (group or token or bounded)" 2>&1 | grep -v "^DEBUG" >/tmp/racecheck-quant.log ||
+    status=1
+  tail -6 /tmp/racecheck-quant.log
+  racecheck_verdict /tmp/racecheck-quant.log
 fi
 if mode all || mode sanitizers; then
   # only our kernels are instrumented (PyTorch's own reductions in the reference are not ours)

@@ -191,7 +191,7 @@ __device__ __forceinline__ float group_max(float v, int lanes, float* red) {
 }
 
 template <typename T, typename R>
-__global__ void __launch_bounds__(1024) quant_kernel(const QuantArgs a) {
+__global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a) {
   constexpr bool kFused = !std::is_void_v<R>;
   constexpr int VEC = kSlot<T>;
   using S = std::conditional_t<kFused, R, T>;  // what the sum and the scale read
@@ -278,7 +278,7 @@ void launch(QuantArgs& a, int64_t M) {
   TORCH_CHECK_VALUE(M <= INT32_MAX, "cuda_impl: x has ", num(M),
                     " rows, more than one launch can cover");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  quant_kernel<T, R><<<static_cast<unsigned>(M), threads, 0, stream>>>(a);
+  rms_norm_quant_kernel<T, R><<<static_cast<unsigned>(M), threads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
