@@ -55,9 +55,11 @@ template <typename T>
 constexpr int kSlot = 16 / sizeof(T);
 
 // Slot j of a row of E (VEC of x's elements) as floats, 0 past N: whole 16-byte loads
-// where vec (two for an fp32 residual beside 16-bit x), else scalar loads.
+// where vec (two for an fp32 residual beside 16-bit x), else scalar loads. Coherent loads
+// (no __restrict__, so never the read-only path): the fused add's second sweep reads back
+// residual_out, which in place is the residual its first sweep read.
 template <typename E, int VEC>
-__device__ __forceinline__ void load_slot(const E* __restrict__ row, int j, int n, bool vec,
+__device__ __forceinline__ void load_slot(const E* row, int j, int n, bool vec,
                                           float (&out)[VEC]) {
   const int e0 = j * VEC;
   if (vec) {
@@ -98,7 +100,7 @@ __device__ __forceinline__ void weight_slot(const QuantArgs& a, int j, float (&w
 
 // Slot j of a row of E written from floats (E's rounding), as load_slot reads it.
 template <typename E, int VEC>
-__device__ __forceinline__ void store_slot(E* __restrict__ row, int j, int n, bool vec,
+__device__ __forceinline__ void store_slot(E* row, int j, int n, bool vec,
                                            const float (&v)[VEC]) {
   const int e0 = j * VEC;
   if (vec) {
