@@ -65,7 +65,7 @@ def inputs(m: int, n: int, dtype, wkind: str = "dtype") -> tuple:
 
 
 def scales_close(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got, want, rtol=QUANT_REL, atol=0)
+    torch.testing.assert_close(got, want, rtol=QUANT_REL, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -319,3 +319,31 @@ def test_cpp_op_refuses_in_the_contracts_words():
         assert type(c.value) is type(e.value), bad
         got = str(c.value).splitlines()[0].split(": ", 1)[1]
         assert got == str(e.value).split(": ", 1)[1], bad
+
+
+# the interpreter's numpy warns of the NaN it computes with
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("mode", ["static", "token", "bounded", "group64"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_nonfinite_rows_stay_nan(name, mode):
+    """A NaN in a row makes its norm NaN (its sum is), and the quantised row and its scales
+    NaN, as the reference's: never a saturated value that hides it; an inf, as the
+    reference says too. Rows beside them are as without them. The fused add's too (a NaN
+    in the residual)."""
+    mod = backend(name)
+    for n in (256, 4096):
+        kw = quant_kw(mode, torch.float8_e4m3fn, n)
+        x, r, w = inputs(4, n, torch.bfloat16)
+        x[1, 7], x[2, n - 1] = float("nan"), float("inf")
+        r[3, 0] = float("nan")
+        q, s = mod.rms_norm_quant(x, w, EPS, **kw)
+        q_ref, s_ref, v = rms_norm_quant_ref(x, w, EPS, **kw)
+        assert q[1].float().isnan().all()  # (an inf row: its inf NaN, 0 / inf elsewhere)
+        q_close(q, q_ref, v, f"N={n}")
+        scales_close(s, s_ref)
+        q, ro, s = mod.fused_add_rms_norm_quant(x, r, w, EPS, **kw)
+        q_ref, ro_ref, s_ref, v = fused_add_rms_norm_quant_ref(x, r, w, EPS, **kw)
+        assert q[3].float().isnan().all()
+        q_close(q, q_ref, v, f"fused add N={n}")
+        scales_close(s, s_ref)
+        torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0, equal_nan=True)

@@ -83,22 +83,36 @@ def _fp8(v, dtype: tl.constexpr, Q_MANT: tl.constexpr, Q_TINY: tl.constexpr,
         BIG: tl.constexpr = Q_TINY * 1.5 * (1 << DROP)
         sub = (v + BIG) - BIG
         v = tl.where(tl.abs(v) < Q_TINY, sub, bits.to(tl.float32, bitcast=True))
+        # and NaN as the format's NaN (0x7f in both), which that cast also mistakes
+        nan = tl.full(v.shape, 0x7F, tl.uint8).to(dtype, bitcast=True)
+        return tl.where(v != v, nan, v.to(dtype))
     return v.to(dtype, fp_downcast_rounding="rtne")
 
 
 @triton.jit
 def _quantised(y, inv, dtype: tl.constexpr, Q_MAX: tl.constexpr, Q_MANT: tl.constexpr,
                Q_TINY: tl.constexpr, BY_HAND: tl.constexpr):  # fmt: skip
-    v = tl.minimum(tl.maximum(y * inv, -Q_MAX), Q_MAX)
+    # NaN stays NaN (the fp8 NaN), never a saturated value that would hide it
+    v = tl.clamp(y * inv, -Q_MAX, Q_MAX, propagate_nan=tl.PropagateNan.ALL)
     return _fp8(v, dtype, Q_MANT, Q_TINY, BY_HAND)
+
+
+@triton.jit
+def _amax(y, AXIS: tl.constexpr, KEEP: tl.constexpr):
+    # max|y| along AXIS, NaN where any element is (the reference's torch.amax): the max
+    # reduction itself may drop NaN
+    m = tl.max(tl.abs(y), axis=AXIS, keep_dims=KEEP)
+    nan = tl.max((y != y).to(tl.int32), axis=AXIS, keep_dims=KEEP)
+    return tl.where(nan > 0, float("nan"), m)
 
 
 @triton.jit
 def _scale_of(amax, q_in, Q_MAX: tl.constexpr, Q_UB: tl.constexpr):
     # a dynamic scale from its rows' (groups') max|y|, and its inverse (both rounded once)
     if Q_UB:
-        amax = tl.minimum(amax, tl.load(q_in).to(tl.float32))
-    s = tl.maximum(tl.math.div_rn(amax, Q_MAX), 1.0 / (Q_MAX * 512.0))
+        amax = tl.minimum(amax, tl.load(q_in).to(tl.float32), propagate_nan=tl.PropagateNan.ALL)
+    least = 1.0 / (Q_MAX * 512.0)
+    s = tl.maximum(tl.math.div_rn(amax, Q_MAX), least, propagate_nan=tl.PropagateNan.ALL)
     return s, tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
 
 
@@ -120,7 +134,7 @@ def _store_y(ptrs, y, mask, rows, row_ok, q_in, q_out, stride_q, N,
             mask=mask,
         )
     elif QUANT == 2:
-        s, inv = _scale_of(tl.max(tl.abs(y), axis=1, keep_dims=True), q_in, Q_MAX, Q_UB)
+        s, inv = _scale_of(_amax(y, 1, True), q_in, Q_MAX, Q_UB)
         tl.store(q_out + rows[:, None] * stride_q, s, mask=row_ok)
         tl.store(
             ptrs,
@@ -129,7 +143,7 @@ def _store_y(ptrs, y, mask, rows, row_ok, q_in, q_out, stride_q, N,
         )
     else:
         yg = tl.reshape(y, (BLOCK_M, BLOCK_N // GROUP, GROUP))
-        s, inv = _scale_of(tl.max(tl.abs(yg), axis=2), q_in, Q_MAX, False)
+        s, inv = _scale_of(_amax(yg, 2, False), q_in, Q_MAX, False)
         g = COL0 // GROUP + tl.arange(0, BLOCK_N // GROUP)[None, :]
         tl.store(q_out + rows[:, None] * stride_q + g, s, mask=row_ok & (g < N // GROUP))
         q = _quantised(yg, inv[:, :, None], ptrs.dtype.element_ty, Q_MAX, Q_MANT, Q_TINY, Q_BY_HAND)
@@ -247,7 +261,7 @@ def _looped_amax(amx, s, w_ptr, c, HAS_WEIGHT: tl.constexpr, W_OFFSET: tl.conste
     # it times rstd, and the second sweep stores each chunk with the row's scale known
     if HAS_WEIGHT:
         s = s * _weight(_looped_load(w_ptr + c, c < N, N % BLOCK_N != 0, "evict_last"), W_OFFSET)
-    return tl.maximum(amx, tl.abs(s))
+    return tl.maximum(amx, tl.abs(s), propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -265,7 +279,7 @@ def _looped_scale(
     # chunk)
     rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + tl.cast(eps, tl.float32))[:, None]
     if QUANT == 2:
-        s, inv = _scale_of(tl.max(amx, axis=1, keep_dims=True) * rstd, q_in, Q_MAX, Q_UB)
+        s, inv = _scale_of(_amax(amx, 1, True) * rstd, q_in, Q_MAX, Q_UB)
         tl.store(q_out + rows[:, None] * stride_q, s, mask=row_ok)
     for start in tl.range(0, N, BLOCK_N):
         c = start + cols

@@ -119,6 +119,10 @@ __device__ __forceinline__ void store_slot(E* row, int j, int n, bool vec,
   }
 }
 
+// max and min that keep NaN (the reference's torch.amax and clamp): fmaxf and fminf drop it
+__device__ __forceinline__ float max_nan(float a, float b) { return a > b || a != a ? a : b; }
+__device__ __forceinline__ float min_nan(float a, float b) { return a < b || a != a ? a : b; }
+
 __device__ __forceinline__ uint8_t to_fp8(float v, bool e4m3) {
   // saturated before: the cast rounds to nearest even (cvt.rn.satfinite on sm_89+)
   return static_cast<uint8_t>(
@@ -131,7 +135,10 @@ __device__ __forceinline__ void store_quantised(const QuantArgs& a, uint8_t* __r
                                                 int j, const float (&y)[VEC], float inv) {
   uint8_t q[VEC];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) q[i] = to_fp8(fminf(fmaxf(y[i] * inv, -a.top), a.top), a.e4m3);
+  for (int i = 0; i < VEC; ++i) {
+    const float v = y[i] * inv;  // NaN stays NaN (the fp8 NaN), never a saturated value
+    q[i] = to_fp8(v != v ? v : fminf(fmaxf(v, -a.top), a.top), a.e4m3);
+  }
   const int e0 = j * VEC;
   if (a.vec) {
     if constexpr (VEC == 8) {
@@ -157,22 +164,22 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
     const float o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = MAX ? fmaxf(v, o) : v + o;
+    v = MAX ? max_nan(v, o) : v + o;
   }
   const int warps = blockDim.x / 32;
   __syncthreads();  // red's last readers are done
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
   __syncthreads();
   v = red[0];
-  for (int i = 1; i < warps; ++i) v = MAX ? fmaxf(v, red[i]) : v + red[i];
+  for (int i = 1; i < warps; ++i) v = MAX ? max_nan(v, red[i]) : v + red[i];
   return v;
 }
 
 // A dynamic scale from its max|y|: at most the bound (ub), over top, at least least; IEEE
 // divides, so it is the reference's to the rounding of amax.
 __device__ __forceinline__ float scale_of(float amax, const QuantArgs& a, bool ub) {
-  if (ub) amax = fminf(amax, __ldg(a.q_in));
-  return fmaxf(__fdiv_rn(amax, a.top), a.least);
+  if (ub) amax = min_nan(amax, __ldg(a.q_in));
+  return max_nan(__fdiv_rn(amax, a.top), a.least);
 }
 
 // The group max of v over the `lanes` slots of one group (a power of two): threads
@@ -180,14 +187,15 @@ __device__ __forceinline__ float scale_of(float amax, const QuantArgs& a, bool u
 // thread of the block calling.
 __device__ __forceinline__ float group_max(float v, int lanes, float* red) {
   const int in_warp = lanes < 32 ? lanes : 32;
-  for (int off = in_warp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  for (int off = in_warp / 2; off > 0; off /= 2)
+    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
   if (lanes > 32) {
     const int warp = threadIdx.x / 32, per = lanes / 32, first = warp / per * per;
     __syncthreads();
     if (threadIdx.x % 32 == 0) red[warp] = v;
     __syncthreads();
     v = red[first];
-    for (int i = 1; i < per; ++i) v = fmaxf(v, red[first + i]);
+    for (int i = 1; i < per; ++i) v = max_nan(v, red[first + i]);
   }
   return v;
 }
@@ -223,7 +231,7 @@ __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a)
       float w[VEC];
       weight_slot<T>(a, j, w);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) amx = fmaxf(amx, fabsf(s[i] * w[i]));
+      for (int i = 0; i < VEC; ++i) amx = max_nan(amx, fabsf(s[i] * w[i]));
     }
   }
   const float rstd = rsqrtf(block_reduce<false>(ss, red) / static_cast<float>(a.n) + a.eps);
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a)
     if (a.mode == kGroup) {
       float m = 0.f;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) m = fmaxf(m, fabsf(y[i]));
+      for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(y[i]));
       const float s = scale_of(group_max(m, lanes, red), a, false);
       if (j < slots && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
       q_inv = __fdiv_rn(1.f, s);
