@@ -571,6 +571,157 @@ def _flashinfer_fused_add(cuda_path: bool, offset: float = 0.0) -> Impl:
 
 
 # ---------------------------------------------------------------------------------------
+# the quantised forward (fp8): each form's implementations
+# ---------------------------------------------------------------------------------------
+#: The quantised forms the benchmark measures: the caller's static scale (an input), a
+#: scale a row, a scale a group of 128 (DeepSeek-V3's blockwise GEMMs).
+QUANT_MODES = {"static": {}, "token": {}, "group128": {"group_size": 128}}
+#: The fp8 dtype the quantised ops write (e4m3: every serving stack's activations).
+QUANT_DTYPE = torch.float8_e4m3fn
+
+
+def _quant_kw(mode: str, scale: Optional[torch.Tensor]) -> dict:
+    return dict(QUANT_MODES[mode], scale=scale, out_dtype=QUANT_DTYPE)
+
+
+def _quant_ours(name: str, mode: str, fused: bool) -> Impl:
+    """Our quantised forward: fn(x, [residual,] weight, eps[, scale]) -> (y, [residual_out,]
+    scales); the fused add's in-place form in_place(x, residual, weight, eps[, scale]) ->
+    (y, scales), residual written."""
+    fn, in_place = (
+        ("fused_add_rms_norm_quant", "fused_add_rms_norm_quant_")
+        if fused
+        else ("rms_norm_quant", None)
+    )
+    impl = _ours(name, fn, in_place, info="")
+    if impl.unavailable:
+        return impl
+    call, call_ = impl.fn, impl.in_place
+    k = 4 if fused else 3
+
+    def quantised(*inputs):
+        return call(*inputs[:k], **_quant_kw(mode, (inputs[k:] or (None,))[0]))
+
+    impl.fn = quantised
+    if call_ is not None:
+
+        def quantised_(*inputs):
+            return call_(*inputs[:k], **_quant_kw(mode, (inputs[k:] or (None,))[0]))
+
+        impl.in_place = quantised_
+    return impl
+
+
+def quant_eager(mode: str, fused: bool) -> Fn:
+    """The quantised forward as PyTorch writes it (the reference's math, fp8 out): the
+    eager baseline, and what compile compiles."""
+    from harness.reference import fused_add_rms_norm_quant_ref, rms_norm_quant_ref
+
+    k = 4 if fused else 3
+
+    def eager(*inputs):
+        scale = (inputs[k:] or (None,))[0]
+        kw = _quant_kw(mode, scale)
+        if fused:
+            q, ro, s, _ = fused_add_rms_norm_quant_ref(*inputs[:k], **kw)
+            return q, ro, (scale if scale is not None else s)
+        q, s, _ = rms_norm_quant_ref(*inputs[:k], **kw)
+        return q, (scale if scale is not None else s)
+
+    eager.__name__ = f"{'fused_add_' * fused}rms_norm_quant_{mode}"
+    return eager
+
+
+def _native_quant(mode: str, fused: bool) -> Fn:
+    """What an unfused model runs: native's norm (F.rms_norm; the fused add as native's),
+    y stored in x's dtype, then quantised in PyTorch as the reference quantises."""
+    from harness.reference import quantise_ref
+
+    k = 4 if fused else 3
+
+    def native(*inputs):
+        scale = (inputs[k:] or (None,))[0]
+        if fused:
+            y, ro = native_fused_add_rms_norm(*inputs[:k])
+        else:
+            y = native_rms_norm(*inputs[:k])
+        q, s, _ = quantise_ref(y.float(), **_quant_kw(mode, scale))
+        s = scale if scale is not None else s
+        return (q, ro, s) if fused else (q, s)
+
+    return native
+
+
+def _quant_native_reference(mode: str, fused: bool) -> Fn:
+    """native's own definition of correct: the reference's norm rounded to x's dtype, then
+    quantised (v fp32, as the op's reference gives it)."""
+    from harness.reference import fused_add_rms_norm_ref, quantise_ref, rms_norm_ref
+
+    k = 4 if fused else 3
+
+    def reference(*inputs):
+        scale = (inputs[k:] or (None,))[0]
+        if fused:
+            y, ro = fused_add_rms_norm_ref(*inputs[:k])
+        else:
+            y = rms_norm_ref(*inputs[:k])
+        _, s, v = quantise_ref(y.float(), **_quant_kw(mode, scale))
+        s = scale if scale is not None else s
+        return (v, ro, s) if fused else (v, s)
+
+    return reference
+
+
+def _flashinfer_quant(cuda_path: bool, mode: str, fused: bool) -> Impl:
+    """FlashInfer's rmsnorm_quant / fused_add_rmsnorm_quant: a static scale only, y into an
+    fp8 tensor it is given (the fused add in place, on copies, as its plain fused add)."""
+    name = "flashinfer_cuda" if cuda_path else "flashinfer"
+    if mode != "static":
+        return Impl(name, None, unavailable="FlashInfer's norms quantise by a static scale only")
+    norm, why = _flashinfer_norm(cuda_path)
+    if why:
+        return Impl(name, None, unavailable=why)
+
+    def quantised(*inputs):
+        scale = inputs[-1]
+        x = inputs[0]
+        rows = x.reshape(-1, x.shape[-1])
+        y = torch.empty(rows.shape, dtype=QUANT_DTYPE, device=x.device)
+        w = _flashinfer_weight(name, inputs[2 if fused else 1], x)
+        if fused:
+            res = inputs[1].reshape(-1, x.shape[-1]).clone()
+            _flashinfer_call(norm, cuda_path, norm.fused_add_rmsnorm_quant, y, rows, res, w, scale,
+                             inputs[3])  # fmt: skip
+            return y.view(x.shape), res.view(x.shape), scale
+        _flashinfer_call(norm, cuda_path, norm.rmsnorm_quant, y, rows, w, scale, inputs[2])
+        return y.view(x.shape), scale
+
+    return Impl(name, quantised, notes=[_FLASHINFER_NOTES[cuda_path], "static scale only"])
+
+
+def quant_registry(
+    baselines: bool = False, mode: str = "token", fused: bool = False
+) -> dict[str, Impl]:
+    """The quantised forward's implementations in one form (QUANT_MODES' mode; fused: the
+    fused add), keyed by name: fn(x, [residual,] weight, eps[, scale]) -> (y, [residual_out,]
+    scales). Our kernels only by default; ``baselines=True`` adds eager (the reference's
+    math), compile (of it), native (F.rms_norm, y stored, then quantised: an unfused
+    model) and FlashInfer's static-scale kernels on both paths."""
+    impls = [_quant_ours(name, mode, fused) for name in OURS]
+    if baselines:
+        ref = quant_eager(mode, fused)
+        native = Impl(
+            "native",
+            _native_quant(mode, fused),
+            notes=["F.rms_norm (the fused add: x + residual first), then quantised: two passes"],
+            reference=_quant_native_reference(mode, fused),
+        )
+        impls += [_eager(ref), _compile(ref), native]
+        impls += [_flashinfer_quant(False, mode, fused), _flashinfer_quant(True, mode, fused)]
+    return {i.name: i for i in impls}
+
+
+# ---------------------------------------------------------------------------------------
 # the gradient ops: each forward, then torch.autograd.grad of its outputs
 # ---------------------------------------------------------------------------------------
 

@@ -65,11 +65,15 @@ from harness.cases import (
 from harness.plan import QK_HEADS, Planned, grad_plan, qk_plan
 from harness.plan import plan as forward_plan
 from harness.reference import (
+    QUANT_REL,
     TOL,
     fused_add_rms_norm_grads_ref,
+    fused_add_rms_norm_quant_ref,
     fused_add_rms_norm_ref,
     grad_close,
+    q_close,
     rms_norm_grads_ref,
+    rms_norm_quant_ref,
     rms_norm_ref,
 )
 from rmsnorm_api.spec import OPS as DESCRIBED
@@ -110,6 +114,9 @@ class Op:
     # () -> the numerical cases harness.validate checks it on (harness.cases)
     cases: Callable[[], list[Case]] = all_cases
     grid_text: str = "M = 2^27 / N"  # how its grid's M is chosen, for reports and plots
+    # whether each output has its reference's dtype (the quantised ops: y is fp8, its
+    # reference the fp32 values before the rounding, which their compare checks)
+    exact_dtypes: bool = True
     # (name, (M, N)): what harness.bench checks under the interpreter without a GPU when
     # --shapes names none (None: its NO_GPU_SHAPES)
     no_gpu_shapes: Optional[tuple] = None
@@ -510,6 +517,126 @@ QK_RMS_NORM_BWD = _qk(
     cases=qk_grad_cases,
 )
 
+#: The static scale the quantised ops' static form is given: |y| of the grid's inputs
+#: (x ~ randn, weight ~ 1 + randn / 2) stays below 448 times it but for rare outliers
+QUANT_STATIC_SCALE = 2.0**-5
+
+
+def _quant_inputs(mode: str, fused: bool) -> Callable:
+    """The quantised forms' inputs: the plain op's (or the fused add's), then the static
+    scale (fp32 (1,)) for the static form."""
+    base = fused_add_inputs if fused else rms_norm_inputs
+
+    def make(spec: Spec, device: Union[str, torch.device], seed: int) -> tuple:
+        inputs = base(spec, device, seed)
+        if mode == "static":
+            return (*inputs, torch.tensor([QUANT_STATIC_SCALE], device=device))
+        return inputs
+
+    return make
+
+
+def _quant_reference(mode: str, fused: bool) -> Callable:
+    """The quantised forms' reference: (v, [residual_out,] scales), v the fp32 values before
+    the rounding to fp8 (q_close judges ties by them), a static scale as given."""
+    k = 4 if fused else 3
+
+    def reference(*inputs):
+        scale = (inputs[k:] or (None,))[0]
+        kw = dict(impls.QUANT_MODES[mode], scale=scale, out_dtype=impls.QUANT_DTYPE)
+        if fused:
+            _, ro, s, v = fused_add_rms_norm_quant_ref(*inputs[:k], **kw)
+            return v, ro, s
+        _, s, v = rms_norm_quant_ref(*inputs[:k], **kw)
+        return v, s
+
+    return reference
+
+
+def quant_compare(got: torch.Tensor, want: torch.Tensor, what: str = "y") -> None:
+    """A quantised form's output against its reference's: y (fp8) bit for bit but at ties
+    (q_close, against the fp32 values the reference gives), the scales to QUANT_REL,
+    residual_out exactly; NaN where the reference has NaN."""
+    if what == "y":
+        assert got.dtype == impls.QUANT_DTYPE, f"y: dtype {got.dtype}, expected {impls.QUANT_DTYPE}"
+        q_close(got, want.to(got.dtype), want, what)
+    elif what == "scales":
+        torch.testing.assert_close(got, want, rtol=QUANT_REL, atol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def _quant_bytes_of(mode: str, fused: bool) -> Callable[[tuple], int]:
+    """Read x (+ residual) + weight, write y in fp8 (+ residual_out) + the scales (4 bytes
+    a row, a group, or none for the static scale)."""
+    group = impls.QUANT_MODES[mode].get("group_size")
+
+    def bytes_of(inputs: tuple) -> int:
+        x = inputs[0]
+        weight = inputs[2 if fused else 1]
+        m_n = x.numel()
+        total = m_n * (x.element_size() + 1)
+        if fused:
+            total += 2 * m_n * inputs[1].element_size()
+        if weight is not None:
+            total += weight.numel() * weight.element_size()
+        if mode != "static":
+            total += 4 * (m_n // group if group else m_n // x.shape[-1])
+        return total
+
+    return bytes_of
+
+
+def _quant_in_place_form(impl: impls.Impl, inputs: tuple, ref: tuple) -> tuple:
+    """Our fused add's quantised in-place form, on a copy of the residual: (y, residual
+    after it, scales)."""
+    residual = inputs[1].clone()
+    y, scales = impl.in_place(inputs[0], residual, *inputs[2:])
+    return y, residual, scales
+
+
+def _quant_op(mode: str, fused: bool) -> Op:
+    """The quantised forward in one form (impls.QUANT_MODES), of rms_norm or the fused add."""
+    base = FUSED_ADD_RMS_NORM if fused else RMS_NORM
+    group = impls.QUANT_MODES[mode].get("group_size")
+    cases, no_gpu = base.cases, None
+    if group:
+
+        def cases():
+            return [c for c in base.cases() if c.n % group == 0]
+
+        # whole groups: rows of one group, of 32, and decode's one row
+        no_gpu = (("m7-n128", (7, 128)), ("m3-n4096", (3, 4096)), ("m1-n1024", (1, 1024)))
+
+    scales = {"static": "the static scale", "token": "a scale a row"}.get(
+        mode, f"a scale a group of {group}"
+    )
+    return dataclasses.replace(
+        base,
+        name=f"fp8_{base.name}_{mode}",
+        title=f"{base.title}, y in fp8 (e4m3) by {scales}",
+        make_inputs=_quant_inputs(mode, fused),
+        reference=_quant_reference(mode, fused),
+        bytes_moved=_quant_bytes_of(mode, fused),
+        bytes_text=f"{base.bytes_text.replace('write y', 'write y (1 byte)')}"
+        + (" + the scales (4 bytes each)" if mode != "static" else ""),
+        registry=functools.partial(impls.quant_registry, mode=mode, fused=fused),
+        ours=impls.OURS,
+        baselines=("eager", "compile", "native", "flashinfer", "flashinfer_cuda"),
+        second_form=_quant_in_place_form if fused else None,
+        outputs=DESCRIBED[f"{'fused_add_' * fused}rms_norm_quant"].return_names,
+        compare=quant_compare,
+        cases=cases,
+        no_gpu_shapes=no_gpu,
+        exact_dtypes=False,
+    )
+
+
+#: The quantised forward (fp8 out), each form of both ops, measured when asked for.
+QUANT_OPS = {
+    op.name: op for op in (_quant_op(m, f) for f in (False, True) for m in impls.QUANT_MODES)
+}
+
 #: The forward ops: what a bench run measures when --ops names none.
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
 #: The variants' ops, measured when asked for (harness.bench --ops).
@@ -519,4 +646,4 @@ VARIANT_OPS = {
 #: The gradient ops, measured when asked for (harness.bench --ops).
 GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}
 #: Every op, by the name its records carry, in the order reports list them.
-OPS = {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS}
+OPS = {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS, **QUANT_OPS}

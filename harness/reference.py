@@ -17,6 +17,8 @@ from typing import Optional
 
 import torch
 
+from rmsnorm_api import fp8_min_scale
+
 
 def _weight(weight: torch.Tensor, offset: float) -> torch.Tensor:
     """The weight as the forward scales by it: fp32, the offset added there (none added for
@@ -184,8 +186,6 @@ def quantise_ref(
     scale_ub and below by rmsnorm_api.fp8_min_scale; scales as the ops return them (the
     static scale as given; dynamic ones x's shape with a last dimension of 1 or N /
     group_size). v, fp32, is what q_close judges ties by."""
-    from rmsnorm_api import fp8_min_scale
-
     top = torch.finfo(out_dtype).max
     if scale is not None:
         s = scale.float().reshape(())

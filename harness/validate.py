@@ -85,7 +85,7 @@ def check(
                 if y is not want:
                     return nan, nan, False, f"{what}: got {_kind(y)}, expected {_kind(want)}"
                 continue
-            if y.shape != want.shape or y.dtype != want.dtype:
+            if y.shape != want.shape or (op.exact_dtypes and y.dtype != want.dtype):
                 return nan, nan, False, f"{what}: got {y.dtype}{tuple(y.shape)}"
             a, r = errors(y, want)
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
