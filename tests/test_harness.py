@@ -29,6 +29,7 @@ from harness.ops import (
     FUSED_ADD_RMS_NORM,
     GRAD_OPS,
     OPS,
+    QUANT_OPS,
     RMS_NORM,
     VARIANT_OPS,
     rms_norm_bytes,
@@ -246,7 +247,8 @@ def test_op_bytes_model_of_its_inputs(case, want):
 
 def test_op_description():
     assert FORWARD_OPS == {"rms_norm": RMS_NORM, "fused_add_rms_norm": FUSED_ADD_RMS_NORM}
-    assert OPS == {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS}  # every op a record may name
+    # every op a record may name
+    assert OPS == {**FORWARD_OPS, **VARIANT_OPS, **GRAD_OPS, **QUANT_OPS}
     assert RMS_NORM.name == "rms_norm"
     assert RMS_NORM.reference is rms_norm_ref  # the one definition, pointed to
     assert RMS_NORM.order == OURS + BASELINES
@@ -1459,3 +1461,22 @@ def test_report_environment_takes_versions_from_the_records_that_have_them():
     assert "liger_kernel" not in rows  # no liger records: no row, never "None"
     assert rows["commits"] == "git aaaaaaa: quack; bbbbbbb: triton"
     assert "None" not in rows.values()  # an unknown value is a dash
+
+
+def test_quant_ops_bytes_and_inputs():
+    """The quantised ops' inputs (the plain op's, and the static scale) and bytes model: x
+    and weight read, y written in one byte, the scales in four (a row's, a group's, none
+    for the static scale), the fused add's residual read and residual_out written."""
+    from harness.ops import QUANT_STATIC_SCALE
+
+    planned = plan.Planned("bf16", 64, 1024)
+    x, w, eps, scale = QUANT_OPS["fp8_rms_norm_static"].make_inputs(planned, "cpu", 7)
+    assert scale.dtype == torch.float32 and float(scale) == QUANT_STATIC_SCALE
+    m_n, n = 64 * 1024, 1024
+    assert QUANT_OPS["fp8_rms_norm_static"].bytes_moved((x, w, eps, scale)) == 3 * m_n + 2 * n
+    assert QUANT_OPS["fp8_rms_norm_token"].bytes_moved((x, w, eps)) == 3 * m_n + 2 * n + 4 * 64
+    group = QUANT_OPS["fp8_rms_norm_group128"].bytes_moved((x, w, eps))
+    assert group == 3 * m_n + 2 * n + 4 * m_n // 128
+    fused = QUANT_OPS["fp8_fused_add_rms_norm_token"]
+    xr, r, wr, _ = fused.make_inputs(planned, "cpu", 7)
+    assert fused.bytes_moved((xr, r, wr, eps)) == 3 * m_n + 4 * m_n + 2 * n + 4 * 64
