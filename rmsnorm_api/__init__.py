@@ -313,7 +313,7 @@ def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
     call only); not while tracing (fake tensors, torch.compile) or capturing a CUDA graph,
     where a value cannot be read: there the caller vouches for it."""
     global _SCALES_READ
-    if is_fake(t) or t.device.type == "meta" or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta":
         return
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return

@@ -28,7 +28,7 @@ import triton
 from rmsnorm_api import check_width
 from triton_impl.config_types import Config, Width
 from triton_impl.config_types import fused_config as _fused
-from triton_impl.kernels import FORWARD_KERNELS
+from triton_impl.kernels import FORWARD_KERNELS, QUANT_OFF
 from triton_impl.tuning import (
     FUSED_ADD_LATENCY_THREAD_BYTES,
     FUSED_ADD_LATENCY_WARPS,
@@ -256,8 +256,8 @@ def kernel_for(
         meta["VEC"] = 16 // element_size
     elif cfg.kernel == "sharded":
         meta.update(_sharded_meta(cfg, n))
-    if quant:
-        meta.update(quant)
+    if cfg.kernel in ("fused", "looped"):  # every argument given: Inductor's wrapper wants all
+        meta.update(quant or QUANT_OFF)
     return kernels[cfg.kernel], meta
 
 

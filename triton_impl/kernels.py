@@ -721,6 +721,11 @@ def _fused_add_rms_norm_fwd_sharded(
                     W_OFFSET, STAGES, STREAM_Y, WAIT, RELOAD)  # fmt: skip
 
 
+#: The fused and looped kernels' quantised-output arguments for y in its own dtype, passed
+#: to every launch (torch.compile's wrapper of a user kernel takes no argument's default).
+QUANT_OFF = dict(q_in=None, q_out=None, stride_q=None, QUANT=0, GROUP=1, Q_MAX=1.0, Q_MANT=3,
+                 Q_TINY=1.0, Q_UB=False, Q_BY_HAND=False)  # fmt: skip
+
 #: Each forward op's kernels, by kind (Config.kernel): the one table the launch reads.
 FORWARD_KERNELS = {
     "rms_norm": {

@@ -27,7 +27,7 @@ from triton_impl.configs import (
     latency_config,
     quant_config,
 )
-from triton_impl.kernels import INTERPRET, _rms_norm_fwd_heads
+from triton_impl.kernels import INTERPRET, QUANT_OFF, _rms_norm_fwd_heads
 from triton_impl.tuning import FUSED_MAX_N
 
 
@@ -131,6 +131,8 @@ def _heads_launch(x3: torch.Tensor, weight, eps, y: torch.Tensor, weight_offset:
         cfg = latency_config(cfg, x3.element_size())
     _, meta = kernel_for("rms_norm", cfg, x3.element_size(), weight is not None, n, False,
                          weight_offset)  # fmt: skip
+    for k in QUANT_OFF:  # the fused kernel's quantised output, which the heads kernel lacks
+        del meta[k]
     meta["W_HEADS"] = weight is not None and weight.dim() == 2
     w = weight.contiguous() if weight is not None else x3
     args = (x3, w, y3, x3.stride(0), x3.stride(1), y3.stride(0), y3.stride(1), m, n, h, eps)
