@@ -24,6 +24,15 @@ autograd (its backward kernels) AOTAutograd then traces for both passes. Under t
 rules (one dtype, the op's own checks); an explicit eps only (eps=None, the dtype's
 epsilon, is left as it is).
 
+The norm then an fp8 quantisation: y over a static scale, saturated to the format's max
+and cast to float8_e4m3fn or float8_e5m2 (``(y.float() / scale).clamp(-max, max).to(fp8)``,
+torchao's and vLLM's references), after either norm form, with or without the residual
+add before it, becomes one call of the backend's ``rms_norm_quant`` or
+``fused_add_rms_norm_quant``: y is written in fp8 in the norm's pass, never stored in 16
+bits, so it is the fp32 norm quantised (it may differ from the unfused graph's where y's
+16-bit rounding moved it across a tie of the fp8 grid). Under the same rules, and the
+scale one fp32 element; other bounds, or a scale of more elements, are left.
+
 The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
 module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
 call no Inductor fusion reaches. The pre-grad pass rewrites ``h = x + residual`` and the
@@ -68,6 +77,53 @@ def _composite_of_sum(x, residual, weight, eps):
     hf = h.to(torch.float32)
     var = hf.pow(2).mean(-1, keepdim=True)
     return weight * (hf * torch.rsqrt(var + eps)).to(h.dtype), h
+
+
+def _norm(x, weight, eps):
+    # F.rms_norm of x as Inductor's graphs hold it (_rms_norm_of_sum's without the add)
+    xf = x.to(torch.float32)
+    var = torch.ops.aten.add.Scalar(xf.pow(2).mean([x.dim() - 1], keepdim=True), eps)
+    return (xf * torch.rsqrt(var) * weight).to(x.dtype)
+
+
+def _composite(x, weight, eps):
+    xf = x.to(torch.float32)
+    var = xf.pow(2).mean(-1, keepdim=True)
+    return weight * (xf * torch.rsqrt(var + eps)).to(x.dtype)
+
+
+def _static_quant(dtype: torch.dtype):
+    """y quantised by a static scale as PyTorch writes it (torchao's and vLLM's references:
+    y in fp32 over the scale, saturated to the format's max, cast), for fp8 dtype."""
+    top = float(torch.finfo(dtype).max)
+
+    def quantise(y, scale):
+        return (y.to(torch.float32) / scale).clamp(-top, top).to(dtype)
+
+    return quantise
+
+
+def _quant_searches(dtype: torch.dtype) -> tuple:
+    """The quantised patterns' searches for fp8 dtype: each norm form then the static
+    quantisation (x, weight, scale, eps), and the add before it (x, residual, weight,
+    scale, eps: the quantised y and the sum, or the quantised y alone)."""
+    quantise = _static_quant(dtype)
+
+    def forms(norm):
+        # closures over the norm form alone: the pattern matcher reads their parameters
+        def plain(x, weight, scale, eps):
+            return quantise(norm(x, weight, eps), scale)
+
+        def both(x, residual, weight, scale, eps):
+            h = x + residual
+            return quantise(norm(h, weight, eps), scale), h
+
+        def first(x, residual, weight, scale, eps):
+            return both(x, residual, weight, scale, eps)[0]
+
+        return [("plain", plain), ("both", both), ("first", first)]
+
+    return tuple(forms(_norm) + forms(_composite))
 
 
 def _first(fn):
@@ -135,6 +191,112 @@ def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
     return True
 
 
+def _is_quantised_norm(devices: tuple[str, ...], fp8: torch.dtype, match: Match) -> bool:
+    """A quantised pattern's match (see _is_fused_add_norm): the norm's nodes as that check
+    pins them, the cast's target fp8 and the clamp's bounds its max, then the quantised
+    op's own checks (the scale one fp32 element, the weight of x's dtype: the patterns'
+    one dtype)."""
+    try:
+        return _quantised_op_takes(devices, fp8, match)
+    except Exception:  # a match the check cannot judge is left alone
+        return False
+
+
+def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match) -> bool:
+    from rmsnorm_api import check_call
+
+    names = ("x", "residual", "weight", "scale")
+    nodes = {k: match.kwargs.get(k) for k in names if k in match.kwargs}
+    if not all(isinstance(n, torch.fx.Node) for n in nodes.values()):
+        return False
+    vals = {k: n.meta.get("val") for k, n in nodes.items()}
+    if not all(isinstance(t, torch.Tensor) for t in vals.values()):
+        return False
+    x = vals["x"]
+    if x.device.type not in devices:
+        return False
+    aten, prims = torch.ops.aten, torch.ops.prims
+    eps = [n.args[1] for n in match.nodes if n.target in (aten.add.Scalar, aten.add.Tensor)]
+    eps = [e for e in eps if isinstance(e, (int, float))]
+    if len(eps) != 1:
+        return False
+    top = float(torch.finfo(fp8).max)
+    for node in match.nodes:
+        if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
+            return False
+        if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
+            return False
+        if node.target is aten.mean.dim and (
+            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
+        ):
+            return False
+        if node.target is prims.convert_element_type.default and node.args[1] not in (
+            torch.float32,
+            x.dtype,
+            fp8,
+        ):
+            return False
+        if node.target is aten.clamp.default and tuple(node.args[1:3]) != (-top, top):
+            return False
+    if any(v.dtype != x.dtype for k, v in vals.items() if k in ("residual", "weight")):
+        return False
+    op = "fused_add_rms_norm_quant" if "residual" in vals else "rms_norm_quant"
+    values = dict(vals, eps=eps[0], group_size=0, scale_ub=None, out_dtype=fp8,
+                  weight_offset=0.0)  # fmt: skip
+    try:
+        check_call(op, "rmsnorm_api.fusion", values, allow_cpu=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
+    """The quantised patterns' replacements, by search kind (_quant_searches), traced
+    functionalized as _patterns' are."""
+
+    @dispatch_functionalize
+    def plain(x, weight, scale, eps):
+        return plain_q(x, weight, eps, scale, 0, None, fp8)[0]
+
+    @dispatch_functionalize
+    def both(x, residual, weight, scale, eps):
+        y, h, _ = fused_q(x, residual, weight, eps, scale, 0, None, fp8)
+        return y, h
+
+    @dispatch_functionalize
+    def first(x, residual, weight, scale, eps):
+        return fused_q(x, residual, weight, eps, scale, 0, None, fp8)[0]
+
+    return {"plain": plain, "both": both, "first": first}
+
+
+def _quant_patterns(backend: str, patterns: PatternMatcherPass) -> None:
+    """The norm (and the add before it) then a static fp8 quantisation, rewritten into the
+    backend's quantised op: y written in fp8 in the norm's pass, never stored in 16 bits
+    (so it may differ from the unfused graph's where y's 16-bit rounding moved it across an
+    fp8 tie)."""
+    ops = getattr(torch.ops, f"{backend}_impl")
+    plain_q, fused_q = ops.rms_norm_quant.default, ops.fused_add_rms_norm_quant.default
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        check = functools.partial(_is_quantised_norm, _backend_op(backend)[1], fp8)
+
+        replace = _quant_replacements(plain_q, fused_q, fp8)
+        for dtype in (torch.bfloat16, torch.float32):
+            for kind, search in _quant_searches(fp8):
+                rows = [torch.empty(2, 8, dtype=dtype)] * (1 if kind == "plain" else 2)
+                args = [*rows, torch.empty(8, dtype=dtype), torch.empty((), dtype=torch.float32)]
+                register_replacement(
+                    search,
+                    replace[kind],
+                    [*args, 1e-6],
+                    fwd_only,
+                    patterns,
+                    extra_check=check,
+                    scalar_workaround={"eps": 1e-6},
+                    skip_duplicates=True,
+                )
+
+
 def _patterns(backend: str) -> PatternMatcherPass:
     """The pass's patterns for a backend: each search form, with the sum used on and not."""
     fused, devices = _backend_op(backend)
@@ -170,6 +332,7 @@ def _patterns(backend: str) -> PatternMatcherPass:
                     scalar_workaround={"eps": 1e-6},
                     skip_duplicates=True,
                 )
+    _quant_patterns(backend, patterns)
     return patterns
 
 

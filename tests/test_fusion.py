@@ -464,3 +464,71 @@ def test_leaves_a_sum_of_permuted_rows(fusion, name):
     for g, v in zip(got, want, strict=True):
         torch.testing.assert_close(g, v, rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["rtol"])
     assert fusion.rewrites == 0
+
+
+def static_fp8(y, scale, dtype=torch.float8_e4m3fn, top=None):
+    """A static fp8 quantisation as PyTorch writes it (torchao's and vLLM's references)."""
+    top = float(torch.finfo(dtype).max) if top is None else top
+    return (y.to(torch.float32) / scale).clamp(-top, top).to(dtype)
+
+
+def norm_then_fp8(x, w, s):
+    return static_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6), s)
+
+
+def add_norm_then_fp8(x, r, w, s):
+    h = x + r
+    return static_fp8(F.rms_norm(h, (h.shape[-1],), w, 1e-6), s), h
+
+
+def composite_then_e5m2(x, r, w, s):
+    """LlamaRMSNorm's composite after a residual add, quantised to e5m2; the sum unused."""
+    return static_fp8(llama_composite(x, r, w), s, torch.float8_e5m2)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_a_norm_then_a_static_fp8_quantisation(fusion, name):
+    """The norm (F.rms_norm; the composite) then y over a static scale, saturated and cast
+    to fp8, with and without the residual add before it, rewritten into the backend's
+    quantised op: y written in fp8 in the norm's pass (never stored in 16 bits, so it is
+    the reference's fp32 norm quantised, bit for bit but at ties)."""
+    from harness.reference import fused_add_rms_norm_quant_ref, q_close, rms_norm_quant_ref
+
+    dtype = torch.bfloat16
+    x, r, w = rows(4, 64, dtype=dtype), rows(4, 64, dtype=dtype), rows(64, dtype=dtype)
+    s = torch.tensor(0.02, device=DEVICE)
+    e4m3 = dict(scale=s, out_dtype=torch.float8_e4m3fn)
+    with torch.no_grad():
+        got = torch.compile(norm_then_fp8, fullgraph=True, dynamic=False)(x, w, s)
+        q, _, v = rms_norm_quant_ref(x, w, 1e-6, **e4m3)
+        q_close(got, q, v)
+        assert fusion.rewrites == 1
+        got, h = torch.compile(add_norm_then_fp8, fullgraph=True, dynamic=False)(x, r, w, s)
+        q, ro, _, v = fused_add_rms_norm_quant_ref(x, r, w, 1e-6, **e4m3)
+        q_close(got, q, v)
+        assert torch.equal(h, ro) and fusion.rewrites == 2
+        got = torch.compile(composite_then_e5m2, fullgraph=True, dynamic=False)(x, r, w, s)
+        assert got.dtype == torch.float8_e5m2 and fusion.rewrites == 3
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_leaves_a_quantisation_the_op_does_not_compute(fusion, name):
+    """Bounds other than the format's max (a clamp that does not saturate at it), a scale of
+    two elements (per-column), a weight of another dtype: the graph's own kernels stay."""
+    dtype = torch.bfloat16
+    x, w = rows(4, 64, dtype=dtype), rows(64, dtype=dtype)
+    s = torch.tensor(0.02, device=DEVICE)
+
+    def narrower(x, w, s):
+        return static_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6), s, top=240.0)
+
+    cases = [
+        (narrower, (x, w, s)),
+        (norm_then_fp8, (x, w, torch.full((64,), 0.02, device=DEVICE))),
+        (norm_then_fp8, (x, w.float(), s)),
+    ]
+    with torch.no_grad():
+        for fn, args in cases:
+            torch._dynamo.reset()
+            torch.compile(fn, fullgraph=True, dynamic=False)(*args)
+    assert fusion.rewrites == 0
