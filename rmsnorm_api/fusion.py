@@ -150,6 +150,36 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
         return False
 
 
+def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None):
+    """The match's eps where its nodes are the norm the patterns mean (what their traced
+    wildcards leave open): an add without alpha, the square, the mean over the last
+    dimension kept, casts to fp32 or x's dtype only; with fp8 (a quantised pattern) also a
+    cast to it and a clamp at its max. None where they are not."""
+    aten, prims = torch.ops.aten, torch.ops.prims
+    # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
+    # match's own values, whose kwargs then lack it
+    eps = [n.args[1] for n in match.nodes if n.target in (aten.add.Scalar, aten.add.Tensor)]
+    eps = [e for e in eps if isinstance(e, (int, float))]
+    if len(eps) != 1:
+        return None
+    casts = (torch.float32, x.dtype) + ((fp8,) if fp8 else ())
+    top = float(torch.finfo(fp8).max) if fp8 else 0.0  # no clamp in the others
+    for node in match.nodes:
+        if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
+            return None  # x + alpha * residual is not the fused op's sum
+        if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
+            return None
+        if node.target is aten.mean.dim and (
+            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
+        ):
+            return None
+        if node.target is prims.convert_element_type.default and node.args[1] not in casts:
+            return None
+        if node.target is aten.clamp.default and tuple(node.args[1:3]) != (-top, top):
+            return None
+    return eps[0]
+
+
 def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
     from rmsnorm_api import check_fused_inputs
 
@@ -159,33 +189,15 @@ def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
     x, r, w = (n.meta.get("val") for n in nodes)
     if not all(isinstance(t, torch.Tensor) for t in (x, r, w)) or x.device.type not in devices:
         return False
-    aten, prims = torch.ops.aten, torch.ops.prims
-    # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
-    # match's own values, whose kwargs then lack it
-    eps = [n.args[1] for n in match.nodes if n.target in (aten.add.Scalar, aten.add.Tensor)]
-    eps = [e for e in eps if isinstance(e, (int, float))]
-    if len(eps) != 1:
+    eps = _norm_nodes(match, x)
+    if eps is None:
         return False
-    for node in match.nodes:
-        if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
-            return False  # x + alpha * residual is not the fused op's sum
-        if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
-            return False
-        if node.target is aten.mean.dim and (
-            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
-        ):
-            return False
-        if node.target is prims.convert_element_type.default and node.args[1] not in (
-            torch.float32,
-            x.dtype,
-        ):
-            return False
     if not x.dtype == r.dtype == w.dtype:
         return False  # the patterns' one dtype (the op itself also takes an fp32 residual)
     # the rest as the op judges it: shapes (no broadcast), a row's stride 1, devices, the
     # width's and eps's ranges; what it refuses stays the graph's own norm
     try:
-        check_fused_inputs(x, r, w, eps[0], allow_cpu=True, impl="rmsnorm_api.fusion")
+        check_fused_inputs(x, r, w, eps, allow_cpu=True, impl="rmsnorm_api.fusion")
     except (TypeError, ValueError):
         return False
     return True
@@ -215,33 +227,13 @@ def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match
     x = vals["x"]
     if x.device.type not in devices:
         return False
-    aten, prims = torch.ops.aten, torch.ops.prims
-    eps = [n.args[1] for n in match.nodes if n.target in (aten.add.Scalar, aten.add.Tensor)]
-    eps = [e for e in eps if isinstance(e, (int, float))]
-    if len(eps) != 1:
+    eps = _norm_nodes(match, x, fp8)
+    if eps is None:
         return False
-    top = float(torch.finfo(fp8).max)
-    for node in match.nodes:
-        if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
-            return False
-        if node.target is aten.pow.Tensor_Scalar and node.args[1] != 2:
-            return False
-        if node.target is aten.mean.dim and (
-            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
-        ):
-            return False
-        if node.target is prims.convert_element_type.default and node.args[1] not in (
-            torch.float32,
-            x.dtype,
-            fp8,
-        ):
-            return False
-        if node.target is aten.clamp.default and tuple(node.args[1:3]) != (-top, top):
-            return False
     if any(v.dtype != x.dtype for k, v in vals.items() if k in ("residual", "weight")):
         return False
     op = "fused_add_rms_norm_quant" if "residual" in vals else "rms_norm_quant"
-    values = dict(vals, eps=eps[0], group_size=0, scale_ub=None, out_dtype=fp8,
+    values = dict(vals, eps=eps, group_size=0, scale_ub=None, out_dtype=fp8,
                   weight_offset=0.0)  # fmt: skip
     try:
         check_call(op, "rmsnorm_api.fusion", values, allow_cpu=True)
