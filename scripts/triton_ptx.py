@@ -4,6 +4,7 @@ cubin, registers, stack (where spills go) and local memory.
 
     python scripts/triton_ptx.py [--dtypes bf16,fp32] [--ns 128,1000,4096,4097,65536]
     python scripts/triton_ptx.py --backward   # the backward's main kernel
+    python scripts/triton_ptx.py --quant token   # rms_norm_quant's (static, token, group128)
 
 Specialisation as at run time for contiguous rows of a fresh tensor: pointers 16-byte
 aligned; row strides and N marked divisible by 16 when they are.
@@ -25,7 +26,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from triton_impl import backward
-from triton_impl.configs import Config, default_config, kernel_for
+from triton_impl.configs import Config, default_config, kernel_for, quant_config
+from triton_impl.launch import Quant, quant_meta
 
 TYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 TORCH_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -43,13 +45,21 @@ def _compile(kernel, sig: dict, consts: dict, div: list, warps: int, **options):
     return triton.compile(src, target=target, options=dict(num_warps=warps, **options))
 
 
-def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
-    """Compile the kernel default_config picks for many rows of (dtype, n), or cfg."""
+def compile_default(dtype: str, n: int, cfg: Optional[Config] = None, quant: str = ""):
+    """Compile the kernel default_config picks for many rows of (dtype, n), or cfg; quant
+    ("static", "token", "group128"): rms_norm_quant's, y in e4m3 (quant_config's kernel)."""
     ty, elem = TYPES[dtype]
     cfg = cfg or default_config(n, elem)
-    kernel, consts = kernel_for("rms_norm", cfg, elem, has_weight=True, n=n)
+    q_meta = None
+    if quant:
+        cfg = quant_config(cfg, n, elem)
+        group = 128 if quant == "group128" else 0
+        q = Quant(torch.ones(1) if quant == "static" else None, group, None, None)
+        q_meta = {**quant_meta(q, torch.float8_e4m3fn), "Q_BY_HAND": False}
+        q_meta.update(q_in=None, q_out=None, stride_q=None)  # the signature's, below
+    kernel, consts = kernel_for("rms_norm", cfg, elem, has_weight=True, n=n, quant=q_meta)
     warps = consts.pop("num_warps")
-    sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
+    sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": "*fp8e4nv" if quant else f"*{ty}"}
     if cfg.kernel == "sharded":
         sig.update(part_ptr="*fp32", count_ptr="*i32")
     sig.update(stride_x="i32", stride_y="i32")
@@ -60,6 +70,11 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None):
     sig["eps"] = "fp32"
     div = ["x_ptr", "w_ptr", "y_ptr"] + ([a for a in ("stride_x", "stride_y", "N") if a in sig]
                                          if n % 16 == 0 else [])  # fmt: skip
+    if quant:
+        for name in ("q_in", "q_out", "stride_q"):
+            del consts[name]
+        sig.update(q_in="*fp32", q_out="*fp32", stride_q="i32")
+        div += ["q_in", "q_out"]
     return cfg, _compile(kernel, sig, consts, div, warps)
 
 
@@ -126,6 +141,8 @@ def main() -> None:
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--ns", default="128,512,1000,4095,4096,4097,5120,8192,12288,32768,65536,131072")
     p.add_argument("--backward", action="store_true", help="the backward's main kernel")
+    p.add_argument("--quant", default="", choices=["", "static", "token", "group128"],
+                   help="rms_norm_quant's kernel in that form, y in e4m3")  # fmt: skip
     args = p.parse_args()
     cols = ["dtype", "N", "config", "global memory instructions in the PTX", "registers",
             "stack bytes", "local bytes"]  # fmt: skip
@@ -136,7 +153,7 @@ def main() -> None:
             if args.backward:
                 short, k = compile_backward(dtype, n)
             else:
-                cfg, k = compile_default(dtype, n)
+                cfg, k = compile_default(dtype, n, quant=args.quant)
                 plain = Config(cfg.kernel, cfg.block_n, cfg.num_warps).as_dict()
                 short = {k: v for k, v in cfg.as_dict().items() if k in plain and v != plain[k]
                          or k in ("kernel", "block_n", "num_warps")}  # fmt: skip
