@@ -26,12 +26,15 @@ epsilon, is left as it is).
 
 The norm then an fp8 quantisation: y over a static scale, saturated to the format's max
 and cast to float8_e4m3fn or float8_e5m2 (``(y.float() / scale).clamp(-max, max).to(fp8)``,
-torchao's and vLLM's references), after either norm form, with or without the residual
-add before it, becomes one call of the backend's ``rms_norm_quant`` or
-``fused_add_rms_norm_quant``: y is written in fp8 in the norm's pass, never stored in 16
-bits, so it is the fp32 norm quantised (it may differ from the unfused graph's where y's
-16-bit rounding moved it across a tie of the fp8 grid). Under the same rules, and the
-scale one fp32 element; other bounds, or a scale of more elements, are left.
+torchao's and vLLM's references), or over a scale a row as vLLM's reference writes it
+(``s = (y.abs().amax(-1, keepdim=True).float() / max).clamp(min=1 / (max * 512))``, the
+quantised op's floor), after either norm form, with or without the residual add before
+it, becomes one call of the backend's ``rms_norm_quant`` or ``fused_add_rms_norm_quant``:
+y is written in fp8 in the norm's pass, never stored in 16 bits, so it is the fp32 norm
+quantised (it may differ from the unfused graph's where y's 16-bit rounding moved it
+across a tie of the fp8 grid, and a row's scale by that rounding). Under the same rules,
+and a static scale one fp32 element; other bounds, a scale of more elements, or a row's
+scale without that floor (a row of zeros: 0 / 0 there) are left.
 
 The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
 module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
@@ -103,25 +106,54 @@ def _static_quant(dtype: torch.dtype):
     return quantise
 
 
+def _token_quant(dtype: torch.dtype):
+    """y quantised by a scale a row as vLLM's reference writes it: the row's max|y| in fp32
+    over the format's max, at least 1 / (max * 512) (the quantised op's floor, the same
+    number), then as the static form; (q, the scales)."""
+    top = float(torch.finfo(dtype).max)
+    least = 1.0 / (top * 512.0)
+
+    def quantise(y):
+        s = (y.abs().amax(dim=-1, keepdim=True).to(torch.float32) / top).clamp(min=least)
+        return (y.to(torch.float32) / s).clamp(-top, top).to(dtype), s
+
+    return quantise
+
+
 def _quant_searches(dtype: torch.dtype) -> tuple:
-    """The quantised patterns' searches for fp8 dtype: each norm form then the static
-    quantisation (x, weight, scale, eps), and the add before it (x, residual, weight,
-    scale, eps: the quantised y and the sum, or the quantised y alone)."""
-    quantise = _static_quant(dtype)
+    """The quantised patterns' searches for fp8 dtype, (mode, kind, search): each norm form
+    then the static quantisation (x, weight, scale, eps) or the scale a row (x, weight,
+    eps: q and the scales); and the add before it (x, residual, weight, [scale,] eps: the
+    quantised outputs and the sum, or the quantised outputs alone)."""
+    static, token = _static_quant(dtype), _token_quant(dtype)
 
     def forms(norm):
         # closures over the norm form alone: the pattern matcher reads their parameters
         def plain(x, weight, scale, eps):
-            return quantise(norm(x, weight, eps), scale)
+            return static(norm(x, weight, eps), scale)
 
         def both(x, residual, weight, scale, eps):
             h = x + residual
-            return quantise(norm(h, weight, eps), scale), h
+            return static(norm(h, weight, eps), scale), h
 
         def first(x, residual, weight, scale, eps):
             return both(x, residual, weight, scale, eps)[0]
 
-        return [("plain", plain), ("both", both), ("first", first)]
+        def plain_token(x, weight, eps):
+            return token(norm(x, weight, eps))
+
+        def both_token(x, residual, weight, eps):
+            h = x + residual
+            q, s = token(norm(h, weight, eps))
+            return q, s, h
+
+        def first_token(x, residual, weight, eps):
+            q, s, _ = both_token(x, residual, weight, eps)
+            return q, s
+
+        return [("static", "plain", plain), ("static", "both", both),
+                ("static", "first", first), ("token", "plain", plain_token),
+                ("token", "both", both_token), ("token", "first", first_token)]  # fmt: skip
 
     return tuple(forms(_norm) + forms(_composite))
 
@@ -154,7 +186,8 @@ def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None
     """The match's eps where its nodes are the norm the patterns mean (what their traced
     wildcards leave open): an add without alpha, the square, the mean over the last
     dimension kept, casts to fp32 or x's dtype only; with fp8 (a quantised pattern) also a
-    cast to it and a clamp at its max. None where they are not."""
+    cast to it, a clamp at its max, and a row's max and its floor (a scale a row). None
+    where they are not."""
     aten, prims = torch.ops.aten, torch.ops.prims
     # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
     # match's own values, whose kwargs then lack it
@@ -164,6 +197,10 @@ def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None
         return None
     casts = (torch.float32, x.dtype) + ((fp8,) if fp8 else ())
     top = float(torch.finfo(fp8).max) if fp8 else 0.0  # no clamp in the others
+    # the saturation, and a row's scale's floor (the quantised op's, the same number); a
+    # clamp may come as clamp_min and clamp_max
+    least = 1.0 / (top * 512.0) if fp8 else 0.0
+    clamps = ((-top, top), (least,), (least, None))
     for node in match.nodes:
         if node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) != 1:
             return None  # x + alpha * residual is not the fused op's sum
@@ -175,8 +212,16 @@ def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None
             return None
         if node.target is prims.convert_element_type.default and node.args[1] not in casts:
             return None
-        if node.target is aten.clamp.default and tuple(node.args[1:3]) != (-top, top):
+        if node.target is aten.clamp.default and tuple(node.args[1:3]) not in clamps:
             return None
+        if node.target is aten.clamp_min.default and node.args[1] not in (-top, least):
+            return None
+        if node.target is aten.clamp_max.default and node.args[1] != top:
+            return None
+        if node.target is aten.amax.default and (
+            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
+        ):
+            return None  # a row's max, kept
     return eps[0]
 
 
@@ -233,8 +278,8 @@ def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match
     if any(v.dtype != x.dtype for k, v in vals.items() if k in ("residual", "weight")):
         return False
     op = "fused_add_rms_norm_quant" if "residual" in vals else "rms_norm_quant"
-    values = dict(vals, eps=eps, group_size=0, scale_ub=None, out_dtype=fp8,
-                  weight_offset=0.0)  # fmt: skip
+    values = {"scale": None, **vals, "eps": eps, "group_size": 0, "scale_ub": None,
+              "out_dtype": fp8, "weight_offset": 0.0}  # fmt: skip
     try:
         check_call(op, "rmsnorm_api.fusion", values, allow_cpu=True)
     except (TypeError, ValueError):
@@ -243,7 +288,7 @@ def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match
 
 
 def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
-    """The quantised patterns' replacements, by search kind (_quant_searches), traced
+    """The quantised patterns' replacements, by (mode, kind) of _quant_searches, traced
     functionalized as _patterns' are."""
 
     @dispatch_functionalize
@@ -259,27 +304,44 @@ def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
     def first(x, residual, weight, scale, eps):
         return fused_q(x, residual, weight, eps, scale, 0, None, fp8)[0]
 
-    return {"plain": plain, "both": both, "first": first}
+    @dispatch_functionalize
+    def plain_token(x, weight, eps):
+        return plain_q(x, weight, eps, None, 0, None, fp8)
+
+    @dispatch_functionalize
+    def both_token(x, residual, weight, eps):
+        y, h, s = fused_q(x, residual, weight, eps, None, 0, None, fp8)
+        return y, s, h
+
+    @dispatch_functionalize
+    def first_token(x, residual, weight, eps):
+        y, _, s = fused_q(x, residual, weight, eps, None, 0, None, fp8)
+        return y, s
+
+    return {("static", "plain"): plain, ("static", "both"): both, ("static", "first"): first,
+            ("token", "plain"): plain_token, ("token", "both"): both_token,
+            ("token", "first"): first_token}  # fmt: skip
 
 
 def _quant_patterns(backend: str, patterns: PatternMatcherPass) -> None:
-    """The norm (and the add before it) then a static fp8 quantisation, rewritten into the
-    backend's quantised op: y written in fp8 in the norm's pass, never stored in 16 bits
-    (so it may differ from the unfused graph's where y's 16-bit rounding moved it across an
-    fp8 tie)."""
+    """The norm (and the add before it) then an fp8 quantisation, by a static scale or a
+    scale a row, rewritten into the backend's quantised op: y written in fp8 in the norm's
+    pass, never stored in 16 bits (so it may differ from the unfused graph's where y's
+    16-bit rounding moved it across an fp8 tie, and a row's scale by that rounding)."""
     ops = getattr(torch.ops, f"{backend}_impl")
     plain_q, fused_q = ops.rms_norm_quant.default, ops.fused_add_rms_norm_quant.default
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         check = functools.partial(_is_quantised_norm, _backend_op(backend)[1], fp8)
-
         replace = _quant_replacements(plain_q, fused_q, fp8)
         for dtype in (torch.bfloat16, torch.float32):
-            for kind, search in _quant_searches(fp8):
-                rows = [torch.empty(2, 8, dtype=dtype)] * (1 if kind == "plain" else 2)
-                args = [*rows, torch.empty(8, dtype=dtype), torch.empty((), dtype=torch.float32)]
+            for mode, kind, search in _quant_searches(fp8):
+                args = [torch.empty(2, 8, dtype=dtype)] * (1 if kind == "plain" else 2)
+                args.append(torch.empty(8, dtype=dtype))
+                if mode == "static":
+                    args.append(torch.empty((), dtype=torch.float32))
                 register_replacement(
                     search,
-                    replace[kind],
+                    replace[mode, kind],
                     [*args, 1e-6],
                     fwd_only,
                     patterns,

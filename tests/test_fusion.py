@@ -472,6 +472,24 @@ def static_fp8(y, scale, dtype=torch.float8_e4m3fn, top=None):
     return (y.to(torch.float32) / scale).clamp(-top, top).to(dtype)
 
 
+def token_fp8(y, floor=True):
+    """A scale a row as vLLM's reference writes it (the row's max over the format's, at
+    least 1 / (max * 512)); floor=False: without that floor (a row of zeros divides 0 by 0)."""
+    top = float(torch.finfo(torch.float8_e4m3fn).max)
+    s = y.abs().amax(dim=-1, keepdim=True).to(torch.float32) / top
+    s = s.clamp(min=1.0 / (top * 512.0)) if floor else s
+    return (y.to(torch.float32) / s).clamp(-top, top).to(torch.float8_e4m3fn), s
+
+
+def norm_then_token_fp8(x, w):
+    return token_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6))
+
+
+def add_norm_then_token_fp8(x, r, w):
+    h = x + r
+    return (*token_fp8(F.rms_norm(h, (h.shape[-1],), w, 1e-6)), h)
+
+
 def norm_then_fp8(x, w, s):
     return static_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6), s)
 
@@ -532,3 +550,39 @@ def test_leaves_a_quantisation_the_op_does_not_compute(fusion, name):
             torch._dynamo.reset()
             torch.compile(fn, fullgraph=True, dynamic=False)(*args)
     assert fusion.rewrites == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_a_norm_then_a_scale_a_row(fusion, name):
+    """The norm (with and without the add before it) then a scale a row as vLLM writes it,
+    rewritten into the backend's quantised op: y and the scales the reference's fp32 norm
+    quantised (the unfused graph's max is of 16-bit y: its scales may differ by that
+    rounding); without the floor of the op's scales, left."""
+    from harness.reference import (
+        QUANT_REL,
+        fused_add_rms_norm_quant_ref,
+        q_close,
+        rms_norm_quant_ref,
+    )
+
+    dtype = torch.bfloat16
+    x, r, w = rows(4, 64, dtype=dtype), rows(4, 64, dtype=dtype), rows(64, dtype=dtype)
+    e4m3 = dict(out_dtype=torch.float8_e4m3fn)
+    with torch.no_grad():
+        q, s = torch.compile(norm_then_token_fp8, fullgraph=True, dynamic=False)(x, w)
+        q_ref, s_ref, v = rms_norm_quant_ref(x, w, 1e-6, **e4m3)
+        q_close(q, q_ref, v)
+        torch.testing.assert_close(s, s_ref, rtol=QUANT_REL, atol=0)
+        assert fusion.rewrites == 1
+        q, s, h = torch.compile(add_norm_then_token_fp8, fullgraph=True, dynamic=False)(x, r, w)
+        q_ref, ro, s_ref, v = fused_add_rms_norm_quant_ref(x, r, w, 1e-6, **e4m3)
+        q_close(q, q_ref, v)
+        torch.testing.assert_close(s, s_ref, rtol=QUANT_REL, atol=0)
+        assert torch.equal(h, ro) and fusion.rewrites == 2
+        torch._dynamo.reset()
+
+        def no_floor(x, w):
+            return token_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6), floor=False)
+
+        torch.compile(no_floor, fullgraph=True, dynamic=False)(x, w)
+        assert fusion.rewrites == 2
