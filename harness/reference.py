@@ -236,14 +236,16 @@ QUANT_REL = 4e-5
 
 def q_close(got: torch.Tensor, want: torch.Tensor, v: torch.Tensor, what: str = "y") -> None:
     """Assert quantised outputs equal the reference's (quantise_ref's q) bit for bit (NaN
-    where it has NaN), except where the reference's fp32 value v lies within QUANT_REL of a
-    tie between two neighbouring fp8 values, where either neighbour is correct."""
+    where it has NaN, a zero's sign as its), except where the reference's fp32 value v
+    lies within QUANT_REL of a tie between two neighbouring fp8 values, where either
+    neighbour is correct."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     assert got.shape == want.shape, (
         f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     )
     g, w = got.float(), want.float()
     bad = (g != w) & ~(g.isnan() & w.isnan())
+    bad |= (g == 0) & (w == 0) & (g.signbit() != w.signbit())  # -0 is not +0
     if not bad.any():
         return
     vb, gb, wb = v[bad].float(), g[bad], w[bad]

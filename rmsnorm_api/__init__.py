@@ -274,7 +274,7 @@ def _check_quant(values: dict, x: torch.Tensor, impl: str) -> None:
     """A quantised op's own rules (after the tensors'): out_dtype an fp8 dtype the device
     converts to, group_size 0 or a power of two in GROUP_SIZES dividing N, one way of
     scaling (a static scale, or dynamic scales a row with an optional upper bound, or a
-    group's), and the scales' values positive and finite (check_scale_value)."""
+    group's), and the scales' values in float32's normal range (check_scale_value)."""
     dtype, group = values["out_dtype"], values["group_size"]
     if dtype not in FP8_DTYPES:
         _refuse("dtype_fp8", impl=impl, name="out_dtype", got=dtype)
@@ -308,10 +308,13 @@ _SCALES_READ = None
 
 
 def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
-    """A scale's value positive and finite, read from the tensor (a GPU tensor: one
-    synchronisation) once for each version of it (a calibrated scale is read on its first
-    call only); not while tracing (fake tensors, torch.compile) or capturing a CUDA graph,
-    where a value cannot be read: there the caller vouches for it."""
+    """A scale's value in float32's normal range [EPS_MIN, EPS_MAX] (positive and finite,
+    and its inverse, which the kernels multiply by, finite: a smaller one would turn a zero
+    of y into 0 x inf, NaN), read from the tensor (a GPU tensor: one synchronisation) once
+    for each version of it (a calibrated scale is read on its first call only; an inference
+    tensor, which keeps no version, on every call); not while tracing (fake tensors,
+    torch.compile) or capturing a CUDA graph, where a value cannot be read: there the
+    caller vouches for it."""
     global _SCALES_READ
     if torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta":
         return
@@ -321,12 +324,14 @@ def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
         from torch.utils.weak import WeakIdKeyDictionary
 
         _SCALES_READ = WeakIdKeyDictionary()
-    if _SCALES_READ.get(t) == t._version:
+    version = None if t.is_inference() else t._version
+    if version is not None and _SCALES_READ.get(t) == version:
         return
     v = float(t.reshape(()))
-    if not (math.isfinite(v) and v > 0.0):
-        _refuse("scale_value", impl=impl, name=name, got=v)
-    _SCALES_READ[t] = t._version
+    if not EPS_MIN <= v <= EPS_MAX:  # NaN outside too
+        _refuse("range", impl=impl, name=name, got=repr(v), want=f"{EPS_MIN:.7g}, {EPS_MAX:.7g}")
+    if version is not None:
+        _SCALES_READ[t] = version
 
 
 def _type_name(v: object) -> str:
@@ -688,7 +693,10 @@ def check_in_place(
     False: the quantised form, residual only, y a new fp8 tensor): a tensor written must be
     viewable as rows in place, apart from the others and from weight in memory, and none
     may require grad (run after check_fused_inputs)."""
-    _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
+    if x_written:
+        _refuse_grad("the in-place form", impl, x=x, residual=residual, weight=weight)
+    else:  # x and the weight are read: only the residual's autograd is at stake
+        _refuse_grad("the in-place form", impl, residual=residual)
     if _memory_checked_later():
         return
     written = (("x", x), ("residual", residual))[not x_written :]
@@ -697,8 +705,9 @@ def check_in_place(
     which = "both are" if x_written else "residual is"
     if _overlaps(x, residual):
         raise ValueError(f"{impl}: x and residual overlap in memory; {which} written")
-    if weight is not None and (_overlaps(x, weight) or _overlaps(residual, weight)):
-        raise ValueError(f"{impl}: weight overlaps x or residual in memory; {which} written")
+    if weight is not None and ((x_written and _overlaps(x, weight)) or _overlaps(residual, weight)):
+        what = "x or residual" if x_written else "residual"
+        raise ValueError(f"{impl}: weight overlaps {what} in memory; {which} written")
 
 
 def backward_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable]:

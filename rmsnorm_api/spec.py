@@ -180,7 +180,6 @@ MESSAGES = {
     "group": "{impl}: {name} is {got}; expected 0 (a scale a row) or a power of two in [{want}]",
     "group_of": "{impl}: {name} is {got}, which does not divide {of}'s last dimension {n}",
     "quant_mode": "{impl}: {name} is given with {of}; {hint}",
-    "scale_value": "{impl}: {name} is {got}; expected a positive finite number",
 }
 MESSAGE_TYPE_ERRORS = frozenset(
     ("tensor", "tensor_or_none", "nested", "layout", "dtype_float", "dtype_of")

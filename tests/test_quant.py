@@ -38,6 +38,9 @@ MODES = {
     "bounded": dict(scale_ub=0.004),
     "group128": dict(group_size=128),
     "group64": dict(group_size=64),
+    # past a warp of CUDA's slots (16-bit: 512 and more; fp32: 256 and more)
+    "group512": dict(group_size=512),
+    "group1024": dict(group_size=1024),
 }
 
 
@@ -227,7 +230,9 @@ def _bad_calls(mod, memory: bool = True):
             (lambda: q(x, scale=0.5), TypeError, "scale must be a torch.Tensor or None"),
             (lambda: q(x, scale=torch.tensor(0.0, device=DEVICE)), ValueError, "scale is 0.0"),
             (lambda: q(x, scale=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale is -1.0"),
-            (lambda: q(x, scale=torch.tensor(float("nan"), device=DEVICE)), ValueError, "positive"),
+            (lambda: q(x, scale=torch.tensor(float("nan"), device=DEVICE)), ValueError, "normal"),
+            # its inverse overflows fp32: 0 x inf would turn a zero of y into NaN
+            (lambda: q(x, scale=torch.tensor(1e-39, device=DEVICE)), ValueError, "normal range"),
             (lambda: q(x, scale_ub=torch.tensor(-1.0, device=DEVICE)), ValueError, "scale_ub is"),
             (lambda: q(x, weight_offset=1.0), ValueError, "weight_offset"),
             (lambda: q(x, torch.randn(255, device=DEVICE)), ValueError, "weight has shape"),
@@ -347,3 +352,31 @@ def test_nonfinite_rows_stay_nan(name, mode):
         q_close(q, q_ref, v, f"fused add N={n}")
         scales_close(s, s_ref)
         torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_inference_mode_fp32_residual_and_rows_off_the_grid(name):
+    """Inside torch.inference_mode (a scale made there keeps no version: read each call);
+    an fp32 residual beside bf16 x; rows at an odd offset and row stride (no 16-byte
+    vector: the scalar path), with groups past a warp of slots too."""
+    mod = backend(name)
+    n = 2048
+    x, r, w = inputs(3, n, torch.bfloat16)
+    with torch.inference_mode():
+        scale = torch.tensor(0.02, device=DEVICE)
+        q, _ = mod.rms_norm_quant(x, w, EPS, scale=scale)
+        q_ref, _, v = rms_norm_quant_ref(x, w, EPS, scale=scale, out_dtype=torch.float8_e4m3fn)
+        q_close(q, q_ref, v, "inference mode")
+    for mode in ("token", "group512"):
+        kw = quant_kw(mode, torch.float8_e4m3fn, n)
+        q, ro, s = mod.fused_add_rms_norm_quant(x, r.float(), w, EPS, **kw)
+        q_ref, ro_ref, s_ref, v = fused_add_rms_norm_quant_ref(x, r.float(), w, EPS, **kw)
+        q_close(q, q_ref, v, f"fp32 residual {mode}")
+        assert ro.dtype == torch.float32 and torch.equal(ro, ro_ref)
+        scales_close(s, s_ref)
+        wide = torch.randn(3, n + 9, device=DEVICE).to(torch.bfloat16)
+        xs = wide[:, 1 : n + 1]  # offset 1, stride n + 9: no row on the 16-byte grid
+        q, s = mod.rms_norm_quant(xs, w, EPS, **kw)
+        q_ref, s_ref, v = rms_norm_quant_ref(xs, w, EPS, **kw)
+        q_close(q, q_ref, v, f"rows off the grid {mode}")
+        scales_close(s, s_ref)

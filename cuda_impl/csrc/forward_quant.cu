@@ -292,6 +292,18 @@ void launch(QuantArgs& a, int64_t M) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// A device's compute capability as major x 10 + minor, asked once per device
+// (device_attribute takes 0 for "not asked", which a minor version of 0 is).
+int sm_version(int device) {
+  static int cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    cache[device] = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
+                    device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+  }
+  return cache[device];
+}
+
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Whether every row of t (rows of N at stride s) starts 16-byte aligned.
@@ -307,9 +319,7 @@ void run_quant(const at::Tensor& x, const at::Tensor* residual, const at::Tensor
                const std::optional<at::Tensor>& scale_ub, double weight_offset, at::Tensor& y,
                at::Tensor& scales, const char* impl) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int device = x.device().index();
-  const int sm = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
-                 device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+  const int sm = sm_version(x.device().index());
   TORCH_CHECK_VALUE(y.scalar_type() != at::kFloat8_e4m3fn || sm >= 89, impl,
                     ": out_dtype is torch.float8_e4m3fn, which x's GPU (sm_", num(sm),
                     ") cannot convert to; it needs sm_89 or newer");

@@ -474,14 +474,13 @@ void check_quant_inputs(const at::Tensor& x, const at::Tensor* residual,
 
 void check_quant_in_place(const at::Tensor& x, const at::Tensor& residual,
                           const std::optional<at::Tensor>& weight, const char* impl) {
-  refuse_grad("the in-place form", impl,
-              {{"x", &x}, {"residual", &residual}, {"weight", weight ? &*weight : nullptr}});
+  refuse_grad("the in-place form", impl, {{"residual", &residual}});  // x and weight are read
   check_written(residual, "residual", impl,
                 "pass residual.clone() (the in-place form writes residual)");
   TORCH_CHECK_VALUE(!overlaps(x, residual), impl,
                     ": x and residual overlap in memory; residual is written");
-  TORCH_CHECK_VALUE(!weight.has_value() || (!overlaps(x, *weight) && !overlaps(residual, *weight)),
-                    impl, ": weight overlaps x or residual in memory; residual is written");
+  TORCH_CHECK_VALUE(!weight.has_value() || !overlaps(residual, *weight), impl,
+                    ": weight overlaps residual in memory; residual is written");
 }
 
 // The backward ops' arguments: saved is x, or the fused add's residual_out.

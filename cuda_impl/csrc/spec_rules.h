@@ -127,6 +127,5 @@ constexpr Message kInt = {"{impl}: {name} must be an int, got {got}", true};
 constexpr Message kGroup = {"{impl}: {name} is {got}; expected 0 (a scale a row) or a power of two in [{want}]", false};
 constexpr Message kGroupOf = {"{impl}: {name} is {got}, which does not divide {of}'s last dimension {n}", false};
 constexpr Message kQuantMode = {"{impl}: {name} is given with {of}; {hint}", false};
-constexpr Message kScaleValue = {"{impl}: {name} is {got}; expected a positive finite number", false};
 
 }  // namespace cuda_impl::spec
