@@ -35,6 +35,17 @@ import torch
 from rmsnorm_api import DEFAULT_EPS, check_call
 
 
+def quant_values(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                 weight_offset) -> dict:  # fmt: skip
+    """A quantised op's arguments by name, as check_call and empty_outputs take them (the
+    fused add's with its residual, None included: the checks name it)."""
+    values = dict(x=x, weight=weight, eps=eps, scale=scale, group_size=group_size,
+                  scale_ub=scale_ub, out_dtype=out_dtype, weight_offset=weight_offset)  # fmt: skip
+    if op != "rms_norm_quant":
+        values["residual"] = residual
+    return values
+
+
 def quant_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable, Callable]:
     """rms_norm_quant, fused_add_rms_norm_quant and fused_add_rms_norm_quant_ over the
     ops of namespace ns: the arguments checked (check_call: the dispatcher would refuse a
@@ -44,13 +55,9 @@ def quant_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Call
 
     def run(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
             weight_offset) -> tuple:  # fmt: skip
-        values = dict(x=x, weight=weight, eps=eps, scale=scale, group_size=group_size,
-                      scale_ub=scale_ub, out_dtype=out_dtype,
-                      weight_offset=weight_offset)  # fmt: skip
-        head = (x,)
-        if residual is not None or op != "rms_norm_quant":
-            values["residual"] = residual
-            head = (x, residual)
+        values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub,
+                              out_dtype, weight_offset)  # fmt: skip
+        head = (x,) if op == "rms_norm_quant" else (x, residual)
         check_call(op, f"{ns}.{op}", values, allow_cpu=allow_cpu)
         outs = getattr(ops, op)(*head, weight, float(eps), scale, group_size, scale_ub,
                                 out_dtype, float(weight_offset))  # fmt: skip

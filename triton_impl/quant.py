@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from rmsnorm_api import check_call, empty_outputs
-from rmsnorm_api.quant import quant_functions
+from rmsnorm_api.quant import quant_functions, quant_values
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import Quant, op
 from triton_impl.ops import _run
@@ -22,19 +22,21 @@ _FUSED = "triton_impl.fused_add_rms_norm_quant"
 _FUSED_ = "triton_impl.fused_add_rms_norm_quant_"
 
 
-def _quantised(ins: tuple, outs: tuple, weight, eps, scale, group_size, scale_ub,
-               weight_offset) -> None:  # fmt: skip
-    """Run the forward of ins into outs (y first; the scales last), y quantised."""
-    q = Quant(scale, group_size, scale_ub, outs[-1])
-    _run(ins, weight, eps, outs[:-1], weight_offset=weight_offset, quant=q)
-
-
-def _values(x, residual, weight, eps, scale, group_size, scale_ub, out_dtype, weight_offset):
-    values = dict(x=x, weight=weight, eps=eps, scale=scale, group_size=group_size,
-                  scale_ub=scale_ub, out_dtype=out_dtype, weight_offset=weight_offset)  # fmt: skip
-    if residual is not None:
-        values["residual"] = residual
-    return values
+def _body(op: str, impl: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+          weight_offset) -> tuple:  # fmt: skip
+    """Each op's body: its arguments checked, its outputs allocated (the description's) and
+    written, y quantised; the in-place form writes residual_out into the residual and
+    returns (y, scales)."""
+    values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                          weight_offset)  # fmt: skip
+    check_call(op, impl, values, allow_cpu=INTERPRET)
+    outs = empty_outputs(op, **values)
+    ins = (x,) if residual is None else (x, residual)
+    # the kernels' outputs: y and residual_out (the residual itself in place); the scales last
+    written = (outs[0], residual, outs[1]) if op.endswith("_") else outs
+    q = Quant(scale, group_size, scale_ub, written[-1])
+    _run(ins, weight, eps, written[:-1], weight_offset=weight_offset, quant=q)
+    return outs
 
 
 @op("triton_impl::rms_norm_quant", mutates_args=())
@@ -48,11 +50,8 @@ def _rms_norm_quant_op(
     out_dtype: torch.dtype = torch.float8_e4m3fn,
     weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    values = _values(x, None, weight, eps, scale, group_size, scale_ub, out_dtype, weight_offset)
-    check_call("rms_norm_quant", _IMPL, values, allow_cpu=INTERPRET)
-    y, scales = empty_outputs("rms_norm_quant", **values)
-    _quantised((x,), (y, scales), weight, eps, scale, group_size, scale_ub, weight_offset)
-    return y, scales
+    return _body("rms_norm_quant", _IMPL, x, None, weight, eps, scale, group_size, scale_ub,
+                 out_dtype, weight_offset)  # fmt: skip
 
 
 @op("triton_impl::fused_add_rms_norm_quant", mutates_args=())
@@ -67,12 +66,8 @@ def _fused_add_quant_op(
     out_dtype: torch.dtype = torch.float8_e4m3fn,
     weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    values = _values(x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
-                     weight_offset)  # fmt: skip
-    check_call("fused_add_rms_norm_quant", _FUSED, values, allow_cpu=INTERPRET)
-    outs = empty_outputs("fused_add_rms_norm_quant", **values)
-    _quantised((x, residual), outs, weight, eps, scale, group_size, scale_ub, weight_offset)
-    return outs
+    return _body("fused_add_rms_norm_quant", _FUSED, x, residual, weight, eps, scale,
+                 group_size, scale_ub, out_dtype, weight_offset)  # fmt: skip
 
 
 @op("triton_impl::fused_add_rms_norm_quant_", mutates_args={"residual"})
@@ -87,13 +82,8 @@ def _fused_add_quant_in_place_op(
     out_dtype: torch.dtype = torch.float8_e4m3fn,
     weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    values = _values(x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
-                     weight_offset)  # fmt: skip
-    check_call("fused_add_rms_norm_quant_", _FUSED_, values, allow_cpu=INTERPRET)
-    y, scales = empty_outputs("fused_add_rms_norm_quant_", **values)
-    _quantised((x, residual), (y, residual, scales), weight, eps, scale, group_size, scale_ub,
-               weight_offset)  # fmt: skip
-    return y, scales
+    return _body("fused_add_rms_norm_quant_", _FUSED_, x, residual, weight, eps, scale,
+                 group_size, scale_ub, out_dtype, weight_offset)  # fmt: skip
 
 
 rms_norm_quant, fused_add_rms_norm_quant, fused_add_rms_norm_quant_ = quant_functions(
