@@ -580,8 +580,16 @@ QUANT_MODES = {"static": {}, "token": {}, "group128": {"group_size": 128}}
 QUANT_DTYPE = torch.float8_e4m3fn
 
 
-def _quant_kw(mode: str, scale: Optional[torch.Tensor]) -> dict:
+def quant_kw(mode: str, scale: Optional[torch.Tensor]) -> dict:
+    """The quantised ops' keywords of a form (QUANT_MODES), with its static scale or None."""
     return dict(QUANT_MODES[mode], scale=scale, out_dtype=QUANT_DTYPE)
+
+
+def quant_split(inputs: tuple, fused: bool) -> tuple[tuple, Optional[torch.Tensor]]:
+    """A quantised form's inputs as (the op's own: x, [residual,] weight, eps; the static
+    scale, or None for a dynamic form, which has none)."""
+    k = 4 if fused else 3
+    return inputs[:k], (inputs[k:] or (None,))[0]
 
 
 def _quant_ours(name: str, mode: str, fused: bool) -> Impl:
@@ -596,19 +604,17 @@ def _quant_ours(name: str, mode: str, fused: bool) -> Impl:
     impl = _ours(name, fn, in_place, info="")
     if impl.unavailable:
         return impl
-    call, call_ = impl.fn, impl.in_place
-    k = 4 if fused else 3
 
-    def quantised(*inputs):
-        return call(*inputs[:k], **_quant_kw(mode, (inputs[k:] or (None,))[0]))
+    def bound(call):
+        def quantised(*inputs):
+            head, scale = quant_split(inputs, fused)
+            return call(*head, **quant_kw(mode, scale))
 
-    impl.fn = quantised
-    if call_ is not None:
+        return quantised
 
-        def quantised_(*inputs):
-            return call_(*inputs[:k], **_quant_kw(mode, (inputs[k:] or (None,))[0]))
-
-        impl.in_place = quantised_
+    impl.fn = bound(impl.fn)
+    if impl.in_place is not None:
+        impl.in_place = bound(impl.in_place)
     return impl
 
 
@@ -617,59 +623,45 @@ def quant_eager(mode: str, fused: bool) -> Fn:
     eager baseline, and what compile compiles."""
     from harness.reference import fused_add_rms_norm_quant_ref, rms_norm_quant_ref
 
-    k = 4 if fused else 3
-
     def eager(*inputs):
-        scale = (inputs[k:] or (None,))[0]
-        kw = _quant_kw(mode, scale)
+        head, scale = quant_split(inputs, fused)
+        kw = quant_kw(mode, scale)
         if fused:
-            q, ro, s, _ = fused_add_rms_norm_quant_ref(*inputs[:k], **kw)
+            q, ro, s, _ = fused_add_rms_norm_quant_ref(*head, **kw)
             return q, ro, (scale if scale is not None else s)
-        q, s, _ = rms_norm_quant_ref(*inputs[:k], **kw)
+        q, s, _ = rms_norm_quant_ref(*head, **kw)
         return q, (scale if scale is not None else s)
 
     eager.__name__ = f"{'fused_add_' * fused}rms_norm_quant_{mode}"
     return eager
 
 
+def _quantised_after(mode: str, fused: bool, plain: Fn, fused_add: Fn, pick: int) -> Fn:
+    """A norm's y (plain's, or fused_add's with its residual_out) quantised as the reference
+    quantises: (q or v, [residual_out,] scales), pick 0 for q (fp8), 2 for v (fp32)."""
+    from harness.reference import quantise_ref
+
+    def fn(*inputs):
+        head, scale = quant_split(inputs, fused)
+        y, *ro = fused_add(*head) if fused else (plain(*head),)
+        out = quantise_ref(y.float(), **quant_kw(mode, scale))
+        return (out[pick], *ro, scale if scale is not None else out[1])
+
+    return fn
+
+
 def _native_quant(mode: str, fused: bool) -> Fn:
     """What an unfused model runs: native's norm (F.rms_norm; the fused add as native's),
     y stored in x's dtype, then quantised in PyTorch as the reference quantises."""
-    from harness.reference import quantise_ref
-
-    k = 4 if fused else 3
-
-    def native(*inputs):
-        scale = (inputs[k:] or (None,))[0]
-        if fused:
-            y, ro = native_fused_add_rms_norm(*inputs[:k])
-        else:
-            y = native_rms_norm(*inputs[:k])
-        q, s, _ = quantise_ref(y.float(), **_quant_kw(mode, scale))
-        s = scale if scale is not None else s
-        return (q, ro, s) if fused else (q, s)
-
-    return native
+    return _quantised_after(mode, fused, native_rms_norm, native_fused_add_rms_norm, 0)
 
 
 def _quant_native_reference(mode: str, fused: bool) -> Fn:
     """native's own definition of correct: the reference's norm rounded to x's dtype, then
     quantised (v fp32, as the op's reference gives it)."""
-    from harness.reference import fused_add_rms_norm_ref, quantise_ref, rms_norm_ref
+    from harness.reference import fused_add_rms_norm_ref, rms_norm_ref
 
-    k = 4 if fused else 3
-
-    def reference(*inputs):
-        scale = (inputs[k:] or (None,))[0]
-        if fused:
-            y, ro = fused_add_rms_norm_ref(*inputs[:k])
-        else:
-            y = rms_norm_ref(*inputs[:k])
-        _, s, v = quantise_ref(y.float(), **_quant_kw(mode, scale))
-        s = scale if scale is not None else s
-        return (v, ro, s) if fused else (v, s)
-
-    return reference
+    return _quantised_after(mode, fused, rms_norm_ref, fused_add_rms_norm_ref, 2)
 
 
 def _flashinfer_quant(cuda_path: bool, mode: str, fused: bool) -> Impl:

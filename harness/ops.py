@@ -539,15 +539,14 @@ def _quant_inputs(mode: str, fused: bool) -> Callable:
 def _quant_reference(mode: str, fused: bool) -> Callable:
     """The quantised forms' reference: (v, [residual_out,] scales), v the fp32 values before
     the rounding to fp8 (q_close judges ties by them), a static scale as given."""
-    k = 4 if fused else 3
 
     def reference(*inputs):
-        scale = (inputs[k:] or (None,))[0]
-        kw = dict(impls.QUANT_MODES[mode], scale=scale, out_dtype=impls.QUANT_DTYPE)
+        head, scale = impls.quant_split(inputs, fused)
+        kw = impls.quant_kw(mode, scale)
         if fused:
-            _, ro, s, v = fused_add_rms_norm_quant_ref(*inputs[:k], **kw)
+            _, ro, s, v = fused_add_rms_norm_quant_ref(*head, **kw)
             return v, ro, s
-        _, s, v = rms_norm_quant_ref(*inputs[:k], **kw)
+        _, s, v = rms_norm_quant_ref(*head, **kw)
         return v, s
 
     return reference
