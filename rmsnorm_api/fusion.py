@@ -84,9 +84,16 @@ def _composite_of_sum(x, residual, weight, eps):
 
 def _norm(x, weight, eps):
     # F.rms_norm of x as Inductor's graphs hold it (_rms_norm_of_sum's without the add)
+    return _norm_fp32(x, weight, eps).to(x.dtype)
+
+
+def _norm_fp32(x, weight, eps):
+    # _norm before its cast to x's dtype: how torch 2.11's Inductor holds _norm cast back to
+    # fp32 (its joint-graph pass drops a round trip through a float dtype), as a static
+    # quantisation of a 16-bit y does
     xf = x.to(torch.float32)
     var = torch.ops.aten.add.Scalar(xf.pow(2).mean([x.dim() - 1], keepdim=True), eps)
-    return (xf * torch.rsqrt(var) * weight).to(x.dtype)
+    return xf * torch.rsqrt(var) * weight
 
 
 def _composite(x, weight, eps):
@@ -155,7 +162,8 @@ def _quant_searches(dtype: torch.dtype) -> tuple:
                 ("static", "first", first), ("token", "plain", plain_token),
                 ("token", "both", both_token), ("token", "first", first_token)]  # fmt: skip
 
-    return tuple(forms(_norm) + forms(_composite))
+    unrounded = [f for f in forms(_norm_fp32) if f[0] == "static"]
+    return tuple(forms(_norm) + forms(_composite) + unrounded)
 
 
 def _first(fn):
@@ -271,6 +279,10 @@ def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match
         return False
     x = vals["x"]
     if x.device.type not in devices:
+        return False
+    if nodes["x"].target is torch.ops.prims.convert_element_type.default:
+        # x cast in the graph (the unrounded form's fp32 match of a 16-bit x): the op would
+        # read a copy written in fp32, where the graph's own kernel reads x once
         return False
     eps = _norm_nodes(match, x, fp8)
     if eps is None:
