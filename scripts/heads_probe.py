@@ -122,6 +122,7 @@ def main() -> int:
     flush = L2Flush(torch.cuda.get_device_properties(0).L2_cache_size)
     for spec in args.shapes.split(","):
         t, h, d = (int(v) for v in spec.split("x"))
+        torch._dynamo.reset()  # each shape compiles its own graph: past dynamo's recompile limit
         qkv = torch.randn(t, 3 * h * d, device="cuda").to(dtype)
         q = qkv[:, : h * d].view(t, h, d)
         w = (1 + 0.5 * torch.randn(*((h,) if args.per_head else ()), d, device="cuda")).to(dtype)
