@@ -552,15 +552,17 @@ def _quant_reference(mode: str, fused: bool) -> Callable:
     return reference
 
 
-def quant_compare(got: torch.Tensor, want: torch.Tensor, what: str = "y") -> None:
+def quant_compare(
+    got: torch.Tensor, want: torch.Tensor, what: str = "y", rel: float = QUANT_REL
+) -> None:
     """A quantised form's output against its reference's: y (fp8) bit for bit but at ties
-    (q_close, against the fp32 values the reference gives), the scales to QUANT_REL,
+    (q_close within rel, against the fp32 values the reference gives), the scales to rel,
     residual_out exactly; NaN where the reference has NaN."""
     if what == "y":
         assert got.dtype == impls.QUANT_DTYPE, f"y: dtype {got.dtype}, expected {impls.QUANT_DTYPE}"
-        q_close(got, want.to(got.dtype), want, what)
+        q_close(got, want.to(got.dtype), want, what, rel)
     elif what == "scales":
-        torch.testing.assert_close(got, want, rtol=QUANT_REL, atol=0, equal_nan=True)
+        torch.testing.assert_close(got, want, rtol=rel, atol=0, equal_nan=True)
     else:
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 

@@ -234,11 +234,17 @@ def fused_add_rms_norm_quant_ref(
 QUANT_REL = 4e-5
 
 
-def q_close(got: torch.Tensor, want: torch.Tensor, v: torch.Tensor, what: str = "y") -> None:
+def q_close(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    v: torch.Tensor,
+    what: str = "y",
+    rel: float = QUANT_REL,
+) -> None:
     """Assert quantised outputs equal the reference's (quantise_ref's q) bit for bit (NaN
     where it has NaN, a zero's sign as its), except where the reference's fp32 value v
-    lies within QUANT_REL of a tie between two neighbouring fp8 values, where either
-    neighbour is correct."""
+    lies within rel of a tie between two neighbouring fp8 values, where either neighbour
+    is correct."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     assert got.shape == want.shape, (
         f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
@@ -250,7 +256,7 @@ def q_close(got: torch.Tensor, want: torch.Tensor, v: torch.Tensor, what: str = 
         return
     vb, gb, wb = v[bad].float(), g[bad], w[bad]
     # a tie: both values equally far from v, up to v's own uncertainty
-    near_tie = ((gb - vb).abs() - (wb - vb).abs()).abs() <= 2 * QUANT_REL * vb.abs() + 1e-30
+    near_tie = ((gb - vb).abs() - (wb - vb).abs()).abs() <= 2 * rel * vb.abs() + 1e-30
     # and neighbours: nothing of the format lies strictly between them
     lo, hi = torch.minimum(gb, wb), torch.maximum(gb, wb)
     mid = ((lo + hi) / 2).to(got.dtype).float()

@@ -1480,3 +1480,30 @@ def test_quant_ops_bytes_and_inputs():
     fused = QUANT_OPS["fp8_fused_add_rms_norm_token"]
     xr, r, wr, _ = fused.make_inputs(planned, "cpu", 7)
     assert fused.bytes_moved((xr, r, wr, eps)) == 3 * m_n + 4 * m_n + 2 * n + 4 * 64
+
+
+def test_quant_peers_judged_within_their_dtypes_rounding():
+    """A peer whose y passes through x's dtype before the rounding to fp8 (native: F.rms_norm,
+    y stored) lands a step off wherever that rounding moved y across a tie of the fp8 grid:
+    q_close takes the neighbour within rel of a tie, and not one beyond it, nor a value two
+    steps off; native, judged so, passes each quantised form at a width of 4096."""
+    from harness.impls import quant_registry
+    from harness.reference import TOL, q_close
+    from harness.validate import check
+
+    e4m3 = torch.float8_e4m3fn
+    v = torch.tensor([31.0 + 0.01])  # a tie of 30 and 32 (31), 0.03% above it
+    want, step = torch.tensor([32.0]).to(e4m3), torch.tensor([30.0]).to(e4m3)
+    with pytest.raises(AssertionError, match="beyond a tie"):
+        q_close(step, want, v)  # the fp32 tolerance: 4e-5
+    q_close(step, want, v, rel=TOL[torch.bfloat16]["rtol"])
+    with pytest.raises(AssertionError, match="beyond a tie"):
+        q_close(torch.tensor([28.0]).to(e4m3), want, v, rel=TOL[torch.bfloat16]["rtol"])
+    for name, op in QUANT_OPS.items():
+        fused = "fused_add" in name
+        mode = name.rsplit("_", 1)[1]
+        native = quant_registry(True, mode, fused)["native"]
+        assert native.rounds_in_dtype
+        inputs = op.make_inputs(plan.Planned("bf16", 256, 4096), "cpu", 3)
+        a, r, ok, err = check(native, *inputs, op.reference(*inputs), op=op)
+        assert ok, f"{name}: {err}"
