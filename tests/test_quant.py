@@ -38,6 +38,7 @@ MODES = {
     "bounded": dict(scale_ub=0.004),
     "group128": dict(group_size=128),
     "group64": dict(group_size=64),
+    "group16": dict(group_size=16),
     # past a warp of CUDA's slots (16-bit: 512 and more; fp32: 256 and more)
     "group512": dict(group_size=512),
     "group1024": dict(group_size=1024),
@@ -380,3 +381,29 @@ def test_inference_mode_fp32_residual_and_rows_off_the_grid(name):
         q_ref, s_ref, v = rms_norm_quant_ref(xs, w, EPS, **kw)
         q_close(q, q_ref, v, f"rows off the grid {mode}")
         scales_close(s, s_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_many_narrow_rows(name, dtype):
+    """Narrow rows in numbers (several a CTA in CUDA's rows kernel, over several CTAs, the
+    last one part full): each form, groups of 16 and 64 too, against the reference."""
+    mod = backend(name)
+    for n, m in ((8, 300), (24, 300), (64, 261), (256, 131), (1000, 67)):
+        x, r, w = inputs(m, n, dtype)
+        for mode in ("static", "token", "group16", "group64"):
+            kw = quant_kw(mode, torch.float8_e4m3fn, n)
+            if kw is None or kw.get("group_size", 1) > n:
+                continue
+            say = f"N={n} M={m} {mode}"
+            q, s = mod.rms_norm_quant(x, w, EPS, **kw)
+            q_ref, s_ref, v = rms_norm_quant_ref(x, w, EPS, **kw)
+            q_close(q, q_ref, v, say)
+            if "scale" not in kw:
+                scales_close(s, s_ref)
+            q, ro, s = mod.fused_add_rms_norm_quant(x, r, w, EPS, **kw)
+            q_ref, ro_ref, s_ref, v = fused_add_rms_norm_quant_ref(x, r, w, EPS, **kw)
+            q_close(q, q_ref, v, say)
+            torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0)
+            if "scale" not in kw:
+                scales_close(s, s_ref)
