@@ -407,3 +407,25 @@ def test_many_narrow_rows(name, dtype):
             torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0)
             if "scale" not in kw:
                 scales_close(s, s_ref)
+
+
+def test_quantised_kernel_choice():
+    """The quantised forward's kernel from the op's: a dynamic scale takes the fused tile
+    where the op would loop over a row the tile holds, a static one keeps the looped
+    kernel; the split kernel's odd widths take the fused tile, the sharded kernel's the
+    looped one, in whole groups."""
+    from triton_impl.configs import Config, fused_tile, quant_config
+    from triton_impl.tuning import FUSED_MAX_N
+
+    for elem in (2, 4):
+        for n in (4096, FUSED_MAX_N[elem]):
+            looped = Config("looped", min(n, 8192), 32, block_m=1)
+            assert quant_config(looped, n, elem) == looped
+            assert quant_config(looped, n, elem, dynamic=True) == fused_tile(n, elem)
+        wider = 2 * FUSED_MAX_N[elem]
+        looped = Config("looped", 8192, 32, block_m=1)
+        assert quant_config(looped, wider, elem, dynamic=True) == looped
+        split = Config("split", 4096, 16)
+        assert quant_config(split, 4095, elem) == fused_tile(4095, elem)
+        sharded = quant_config(Config("sharded", 8192, 32), 131072, elem, dynamic=True)
+        assert sharded.kernel == "looped" and sharded.block_n % 1024 == 0
