@@ -30,8 +30,12 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 EPS = 1e-6
 #: the fused tile (1, 128, 1000: odd ones the split kernel would take), the looped kernel
-#: (4096 16-bit, 8192 fp32) and the widest rows, past the sharded kernel's bound
-WIDTHS = [1, 128, 1000, 4096, 8192] + ([12288, 20480, 40960, 65536, 131072] if HAS_GPU else [])
+#: (4096 16-bit, 8192 fp32) and the widest rows, past the sharded kernel's bound; CUDA's
+#: last rows in registers and the first it loops over (16384 and 16388 fp32, 32768 and
+#: 32776 16-bit)
+WIDTHS = [1, 128, 1000, 4096, 8192] + (
+    [12288, 16384, 16388, 20480, 32768, 32776, 40960, 65536, 131072] if HAS_GPU else []
+)
 MODES = {
     "static": dict(scale=0.02),
     "token": dict(),

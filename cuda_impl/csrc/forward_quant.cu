@@ -319,7 +319,7 @@ __device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
     if (live && t == 0) a.scales[row] = s;
     inv = __fdiv_rn(1.f, s);
   }
-  uint8_t* yr = a.y + row * a.n;
+  uint8_t* yr = live ? a.y + row * a.n : a.y;  // a row past M writes nothing
   const int lanes = a.mode == kGroup ? a.group / VEC : 1;
 #pragma unroll
   for (int k = 0; k < SLOTS; ++k) {
