@@ -22,6 +22,7 @@ from harness.model.block import (
     make_inputs,
     make_weights,
     variants,
+    why_not_on,
 )
 from harness.model.config import (
     COMMITTED,
@@ -38,6 +39,7 @@ from harness.model.config import (
     Shape,
 )
 from harness.model.families import check_family
+from harness.model.fp8 import check_fp8
 from harness.model.hf import layer_calls, layer_checks, layer_steps, layer_train_checks
 from harness.model.tables import render
 from harness.model.train import (
@@ -57,11 +59,6 @@ GPU_ONLY = {
     "--out": "nothing is written without a GPU",
     "--append": "nothing is written without a GPU",
 }
-
-
-def why_not_on(v: Variant, device: str) -> Optional[str]:
-    """None if the variant runs on device ("cpu" or "cuda"), else why not."""
-    return v.unavailable or (None if v.cpu or device != "cpu" else "needs a CUDA GPU")
 
 
 @torch.no_grad()
@@ -216,6 +213,7 @@ def run_cpu(args) -> int:
                     failed += not c["passed"]
                     print(f"{where} {_verdict(c)} (against {c['against']})")
             failed += _check_families(args)
+        failed += _check_fp8(args)
     print()
     print(committed_text())
     return 1 if failed else 0
@@ -241,6 +239,23 @@ def _check_families(args) -> int:
                 continue
             failed += not c["passed"]
             print(f"{where} {_verdict(c)} (against the layer in fp32)")
+    return failed
+
+
+def _check_fp8(args) -> int:
+    """The FP8 block of the tiny sizes (harness.model.fp8) at prefill, each scaling, each
+    variant that runs here, against the bf16 block in fp32; returns the failures."""
+    failed = 0
+    if "prefill" not in args.shapes:
+        return failed
+    for scaling, checks in check_fp8(TINY, variants(), CPU_SHAPES["prefill"], args.seed).items():
+        for name, c in checks.items():
+            where = f"fp8 block {scaling:<6} {name:<13}"
+            if "skipped" in c:
+                print(f"{where} skip: {c['skipped']}")
+                continue
+            failed += not c["passed"]
+            print(f"{where} {_verdict(c)} (against the bf16 block in fp32)")
     return failed
 
 
