@@ -1057,21 +1057,23 @@ def test_family_layer_bookkeeping(dry_run):
     assert "speedup is over the layer with its own norms" in text
 
 
-def test_fp8_block_checks_its_wiring():
-    """The FP8 block of the tiny sizes on CPU: native's (the unfused model) and Triton's
-    quantised fused add pass against the bf16 block in fp32, with each scaling; the static
-    scales are at least every token's; a norm whose output is twice the norm's (its scale a
-    token's absorbs nothing downstream) fails."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_block_checks_its_wiring(device):
+    """The FP8 block of the tiny sizes (on a GPU: torch._scaled_mm itself, both scalings):
+    native's (the unfused model) and our quantised fused add pass against the bf16 block
+    in fp32, with each scaling; the static scales are at least every token's; a norm whose
+    output is twice the norm's (its scale a token's absorbs nothing downstream) fails."""
     from harness.model import fp8
 
     cfg, shape = model.TINY, model.CPU_SHAPES["prefill"]
-    checks = model.check_fp8(cfg, model.variants(), shape, 0)
+    checks = model.check_fp8(cfg, model.variants(), shape, 0, device=device)
     for scaling in model.FP8_SCALINGS:
-        assert checks[scaling]["native"]["passed"], checks[scaling]["native"]
-        if "skipped" not in checks[scaling]["triton"]:
-            assert checks[scaling]["triton"]["passed"], checks[scaling]["triton"]
-    weights = model.make_weights(cfg, "cpu", 0)
-    args = model.make_inputs(cfg, shape, "cpu", 0).args()
+        for name in ("native", "triton", "cuda"):
+            if "skipped" not in checks[scaling][name]:
+                assert checks[scaling][name]["passed"], (scaling, name, checks[scaling][name])
+        assert "skipped" not in checks[scaling]["native"]
+    weights = model.make_weights(cfg, device, 0)
+    args = model.make_inputs(cfg, shape, device, 0).args()
     w8 = fp8.quantise_weights(weights)
     static = fp8.calibrated(cfg, w8, args)
     tokens = fp8.Fp8Weights(**{**vars(w8), "seen": {}})

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from harness import impls, timing
+from harness import impls, measure, timing
 from harness.measure import kernel_times
 from harness.model.block import (
     Variant,
@@ -43,7 +43,7 @@ from harness.model.block import (
 )
 from harness.model.config import FP8_SCALINGS, BlockConfig, Shape, fp8_op
 from harness.model.job import Ready, _time_blocks, profiled
-from harness.model.shares import _speedup, _total, amdahl_bound
+from harness.model.shares import _speedup, _total, amdahl_bound, exceeds
 from harness.model.state import Run, _enter_compile_shape, _sync_time, _write_block
 from harness.reference import quantise_ref
 
@@ -102,6 +102,8 @@ def qlinear(q: torch.Tensor, s: torch.Tensor, weight: tuple) -> torch.Tensor:
     """q (..., in) times the e4m3 weight, scaled: a static scale with the weight's, or a
     scale a row with the weight's as a row; bf16 (..., out)."""
     wq, ws, ws_row = weight
+    if not q.is_cuda:  # CPU _scaled_mm takes a scale a tensor only in some versions
+        return ((q.float() * s) @ (wq.float() * ws).t()).to(torch.bfloat16)
     a = q.reshape(-1, q.shape[-1])
     row = s.numel() != 1
     out = torch._scaled_mm(a, wq.t(), scale_a=s.reshape(-1, 1) if row else s.reshape(()),
@@ -245,10 +247,21 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
     if compiled:
         _enter_compile_shape(run, st)
     calls = fp8_calls(run.cfg, w, fns, st.args, compiled)
-    # the first call of a compiled block compiles it: its seconds, kept out of the timing
-    compile_s = {n: _sync_time(c) if compiled else None for n, c in calls.items()}
-    checks = fp8_checks(calls, st.truth)
     pieces = piece_calls(run, st, w, fns, compiled)
+    compile_s: dict = dict.fromkeys(calls)
+    for name in list(calls):
+        try:
+            if compiled:  # the first call compiles: its seconds, kept out of the timing
+                compile_s[name] = _sync_time(calls[name])
+            pieces[name]()  # compiled (and tuned) before it is profiled
+        except Exception as e:
+            run.failed += 1
+            err = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
+            _write_block(run, shape, mode, name, status="FAIL", block=op, correct=err,
+                         notes=["did not compile, or its piece alone raised"])  # fmt: skip
+            run.say(f"{op} {mode}/{name}: FAIL {err['error']}")
+            del calls[name]
+    checks = fp8_checks(calls, st.truth)
     ready, rows = {}, {}
     for name, call in calls.items():
         kernels = profiled(run, shape, mode, name, op, call, checks[name])
@@ -265,10 +278,14 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
     for name, per in blocks.items():
         n, us = _total(rows[name]["kernels"])
         per_block, stats, spr = timing.block_summary(per)
-        f = 2 * nat["piece"] / _total(nat["kernels"])[1] if nat else None
+        block_us = _total(nat["kernels"])[1] if nat else 0.0
+        f = 2 * nat["piece"] / block_us if nat and block_us else None
         s = nat["piece"] / rows[name]["piece"] if nat and rows[name]["piece"] else None
         sp = _speedup(base, per) if base else None
-        bound = amdahl_bound(f, s) if f is not None and s else None
+        # no bound where the pieces' times make no share (a piece alone's kernels longer
+        # than its half of the block's)
+        bound = amdahl_bound(f, s) if f is not None and 0.0 <= f <= 1.0 and s else None
+        flag = bool(sp and bound and exceeds(sp["median"], sp["lo"], sp["hi"], bound))
         m = {
             "calls_per_sample": shape.calls,
             "kernel_us": us,
@@ -288,8 +305,15 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
             "bound": bound,
             "speedup": sp,
             "speedup_over": "native",
+            "flag": flag,
             "scaling": scaling,
         }
+        if flag:
+            m["why"] = [
+                "s is of the pieces alone: what the fused quantisation changes beyond its "
+                "own kernels (the bytes and launches the block no longer has around it) is "
+                "not in it"
+            ]
         _write_block(
             run, shape, mode, name, status="PASS", block=op, correct=checks[name],
             samples_us=[v for b in per for v in timing.to_us(b)], blocks=per_block,
