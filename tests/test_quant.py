@@ -433,3 +433,28 @@ def test_quantised_kernel_choice():
         assert quant_config(split, 4095, elem) == fused_tile(4095, elem)
         sharded = quant_config(Config("sharded", 8192, 32), 131072, elem, dynamic=True)
         assert sharded.kernel == "looped" and sharded.block_n % 1024 == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_scale_read_once_a_call_in_inference_mode(name, monkeypatch):
+    """A static scale made under torch.inference_mode keeps no version, so each call reads
+    it (a GPU tensor: a synchronisation): once a call, not again in the op's own check; a
+    bad value is still refused, and the op called directly still reads it."""
+    import rmsnorm_api
+
+    mod = backend(name)
+    reads = []
+    real = rmsnorm_api._scale_value
+    monkeypatch.setattr(rmsnorm_api, "_scale_value", lambda t: reads.append(1) or real(t))
+    x, _, w = inputs(3, 256, torch.bfloat16)
+    with torch.inference_mode():
+        scale = torch.tensor(0.02, device=DEVICE)
+        for _ in range(2):
+            mod.rms_norm_quant(x, w, EPS, scale=scale)
+        assert len(reads) == 2
+        with pytest.raises(ValueError, match="scale"):
+            mod.rms_norm_quant(x, w, EPS, scale=torch.tensor(0.0, device=DEVICE))
+        if name == "triton":  # the C++ op checks no value: the public function does
+            ops = getattr(torch.ops, f"{name}_impl")
+            ops.rms_norm_quant(x, w, EPS, scale, 0, None, torch.float8_e4m3fn, 0.0)
+            assert len(reads) == 4
