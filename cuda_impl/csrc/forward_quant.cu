@@ -392,27 +392,6 @@ void launch(QuantArgs& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// A device's compute capability as major x 10 + minor, asked once per device
-// (device_attribute takes 0 for "not asked", which a minor version of 0 is).
-int sm_version(int device) {
-  static int cache[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cache[device] == 0) {
-    cache[device] = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
-                    device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
-  }
-  return cache[device];
-}
-
-// e4m3 needs sm_89's conversion; checked with the arguments, before the in-place form's
-// memory checks, in the contract's order
-void check_fp8_device(const at::Tensor& x, at::ScalarType out_dtype, const char* impl) {
-  if (out_dtype != at::kFloat8_e4m3fn) return;
-  const int sm = sm_version(x.device().index());
-  TORCH_CHECK_VALUE(sm >= 89, impl, ": out_dtype is torch.float8_e4m3fn, which x's GPU (sm_",
-                    num(sm), ") cannot convert to; it needs sm_89 or newer");
-}
-
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Whether every row of t (rows of N at stride s) starts 16-byte aligned.
@@ -500,7 +479,6 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_quant(
     const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
   check_quant_inputs(x, nullptr, weight, eps, scale, group_size, scale_ub, out_dtype,
                      weight_offset, kQuantImpl);
-  check_fp8_device(x, out_dtype, kQuantImpl);
   at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
   run_quant(x, nullptr, nullptr, weight, eps, scale, group_size, scale_ub, weight_offset, y,
             scales, kQuantImpl);
@@ -513,7 +491,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_quant(
     const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
   check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
                      weight_offset, kFusedQuantImpl);
-  check_fp8_device(x, out_dtype, kFusedQuantImpl);
   at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
   at::Tensor residual_out =
       at::empty(x.sizes(), x.options()
@@ -530,7 +507,6 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_quant_(
     const std::optional<at::Tensor>& scale_ub, at::ScalarType out_dtype, double weight_offset) {
   check_quant_inputs(x, &residual, weight, eps, scale, group_size, scale_ub, out_dtype,
                      weight_offset, kFusedQuantImplInPlace);
-  check_fp8_device(x, out_dtype, kFusedQuantImplInPlace);
   check_quant_in_place(x, residual, weight, kFusedQuantImplInPlace);
   at::Tensor y = new_y(x, out_dtype), scales = new_scales(x, scale, group_size);
   run_quant(x, &residual, &residual, weight, eps, scale, group_size, scale_ub, weight_offset, y,
