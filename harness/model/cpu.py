@@ -206,12 +206,7 @@ def run_cpu(args) -> int:
                     print(f"transformers layer {shape}: not checked: {why}")
                 for name, c in checks.items():
                     norm = "swapped to " + name if name != "eager" else "own norm"
-                    where = f"layer {shape:<8} {norm:<17}"
-                    if "skipped" in c:
-                        print(f"{where} skip: {c['skipped']}")
-                        continue
-                    failed += not c["passed"]
-                    print(f"{where} {_verdict(c)} (against {c['against']})")
+                    failed += _said(f"layer {shape:<8} {norm:<17}", c, c.get("against"))
             failed += _check_families(args)
         failed += _check_fp8(args)
     print()
@@ -231,14 +226,8 @@ def _check_families(args) -> int:
         if why:
             print(f"{family} layer: not checked: {why}")
         for name, c in checks.items():
-            where = (
-                f"layer {family:<8} {'swapped to ' + name if name != 'eager' else 'own norms':<17}"
-            )
-            if "skipped" in c:
-                print(f"{where} skip: {c['skipped']}")
-                continue
-            failed += not c["passed"]
-            print(f"{where} {_verdict(c)} (against the layer in fp32)")
+            norm = "swapped to " + name if name != "eager" else "own norms"
+            failed += _said(f"layer {family:<8} {norm:<17}", c, "the layer in fp32")
     return failed
 
 
@@ -251,13 +240,18 @@ def _check_fp8(args) -> int:
     vs = {n: v for n, v in variants().items() if n in args.variants}
     for scaling, checks in check_fp8(TINY, vs, CPU_SHAPES["prefill"], args.seed).items():
         for name, c in checks.items():
-            where = f"fp8 block {scaling:<6} {name:<13}"
-            if "skipped" in c:
-                print(f"{where} skip: {c['skipped']}")
-                continue
-            failed += not c["passed"]
-            print(f"{where} {_verdict(c)} (against the bf16 block in fp32)")
+            failed += _said(f"fp8 block {scaling:<6} {name:<13}", c, "the bf16 block in fp32")
     return failed
+
+
+def _said(where: str, c: dict, against: str) -> int:
+    """One check's line: its skip, or its verdict against what it was checked against;
+    1 where it failed."""
+    if "skipped" in c:
+        print(f"{where} skip: {c['skipped']}")
+        return 0
+    print(f"{where} {_verdict(c)} (against {against})")
+    return int(not c["passed"])
 
 
 def _verdict(c: dict) -> str:

@@ -44,7 +44,14 @@ from harness.model.block import (
 from harness.model.config import FP8_SCALINGS, BlockConfig, Shape, fp8_op
 from harness.model.job import Ready, _time_blocks, profiled
 from harness.model.shares import _speedup, _total, amdahl_bound, exceeds
-from harness.model.state import Run, _enter_compile_shape, _sync_time, _write_block
+from harness.model.state import (
+    Run,
+    ShapeState,
+    _enter_compile_shape,
+    _state,
+    _sync_time,
+    _write_block,
+)
 from harness.reference import quantise_ref
 
 E4M3 = torch.float8_e4m3fn
@@ -168,28 +175,13 @@ def calibrated(cfg: BlockConfig, w: Fp8Weights, args: tuple) -> Fp8Weights:
     return Fp8Weights(**{**vars(w), "scales": token.seen, "seen": None})
 
 
-@dataclass
-class Fp8State:
-    """A shape's FP8 block: its inputs, the fp32 truth, the weights of each scaling (and
-    what harness.model.state's compile bookkeeping keeps of a shape)."""
-
-    shape: Shape
-    args: tuple
-    truth: tuple
-    weights: dict  # scaling -> Fp8Weights
-    compiled: dict = field(default_factory=dict)
-    pieces: dict = field(default_factory=dict)
-
-
-def fp8_state(run: Run, shape: Shape) -> Fp8State:
-    key = f"fp8:{shape.name}"
-    if key not in run.states:
-        inputs = make_inputs(run.cfg, shape, run.device, run.seed)
-        truth = fp32_block(run.cfg, run.weights, inputs.args())
+def fp8_weights(run: Run, st: ShapeState) -> dict:
+    """{scaling: Fp8Weights} of the run's block at a shape: its weights quantised once, the
+    static scales calibrated on the shape's inputs (those the block's jobs run on)."""
+    if not st.fp8:
         w8 = quantise_weights(run.weights)
-        static = calibrated(run.cfg, w8, inputs.args())
-        run.states[key] = Fp8State(shape, inputs.args(), truth, {"token": w8, "static": static})
-    return run.states[key]
+        st.fp8 = {"token": w8, "static": calibrated(run.cfg, w8, st.inputs.args())}
+    return st.fp8
 
 
 def fp8_calls(cfg, w: Fp8Weights, fns: dict, args: tuple, compiled: bool) -> dict:
@@ -217,9 +209,9 @@ def fp8_checks(calls: dict, truth: tuple) -> dict:
     return checks
 
 
-def piece_calls(run: Run, st: Fp8State, w: Fp8Weights, fns: dict, compiled: bool) -> dict:
+def piece_calls(run: Run, st: ShapeState, w: Fp8Weights, fns: dict, compiled: bool) -> dict:
     """{variant: its add, norm and quantisation of norm1 alone at the in-block shape}."""
-    x, residual = st.args[0], st.args[1]
+    x, residual = st.inputs.x, st.inputs.residual
     out = {}
     for name, fn in fns.items():
         f = torch.compile(fn, fullgraph=True, dynamic=False) if compiled else fn
@@ -232,8 +224,8 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
     compile mode), checked, profiled and timed interleaved; its pieces alone profiled for f
     and s; one record a variant."""
     op = fp8_op(scaling)
-    st = fp8_state(run, shape)
-    w = st.weights[scaling]
+    st = _state(run, shape)  # the block's inputs and its fp32 truth at the shape
+    w = fp8_weights(run, st)[scaling]
     fns = {}
     for name, (fn, why) in fp8_variants(run.variants).items():
         if name not in names:
@@ -246,7 +238,7 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
     compiled = mode == "compile"
     if compiled:
         _enter_compile_shape(run, st)
-    calls = fp8_calls(run.cfg, w, fns, st.args, compiled)
+    calls = fp8_calls(run.cfg, w, fns, st.inputs.args(), compiled)
     pieces = piece_calls(run, st, w, fns, compiled)
     compile_s: dict = dict.fromkeys(calls)
     for name in list(calls):

@@ -65,6 +65,7 @@ class ShapeState:
     dys: tuple = ()
     piece_dys: tuple = ()
     native_errs: Optional[list] = None
+    fp8: dict = field(default_factory=dict)  # scaling -> the FP8 block's weights (fp8.py)
 
 
 @dataclass
