@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from harness import impls, measure, timing
+from harness import impls, timing
 from harness.measure import kernel_times
 from harness.model.block import (
     Variant,
@@ -51,6 +51,8 @@ from harness.model.state import (
     _state,
     _sync_time,
     _write_block,
+    _write_raised,
+    _write_skip,
 )
 from harness.reference import quantise_ref
 
@@ -231,8 +233,7 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
         if name not in names:
             continue
         if why:
-            _write_block(run, shape, mode, name, status="SKIP", block=op, notes=[f"not run: {why}"])
-            run.say(f"{op} {mode}/{name}: skip ({why})")
+            _write_skip(run, shape, mode, name, op, why)
             continue
         fns[name] = fn
     compiled = mode == "compile"
@@ -247,11 +248,8 @@ def run_fp8_job(run: Run, scaling: str, shape: Shape, mode: str, names: list[str
                 compile_s[name] = _sync_time(calls[name])
             pieces[name]()  # compiled (and tuned) before it is profiled
         except Exception as e:
-            run.failed += 1
-            err = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
-            _write_block(run, shape, mode, name, status="FAIL", block=op, correct=err,
-                         notes=["did not compile, or its piece alone raised"])  # fmt: skip
-            run.say(f"{op} {mode}/{name}: FAIL {err['error']}")
+            why = "did not compile, or its piece alone raised"
+            _write_raised(run, shape, mode, name, op, e, why)
             del calls[name]
     checks = fp8_checks(calls, st.truth)
     ready, rows = {}, {}
