@@ -188,6 +188,21 @@ __device__ __forceinline__ float scale_of(float amax, const QuantArgs& a, bool u
   return max_nan(__fdiv_rn(amax, a.top), a.least);
 }
 
+// What slot j's values (y, scaled) are quantised by: inv, or for a group the inverse of its
+// scale, from the max over its `lanes` slots (every thread of the block calling); the
+// group's first slot, where it is the thread's (mine), writes the scale.
+template <int VEC>
+__device__ __forceinline__ float slot_inv(const QuantArgs& a, const float (&y)[VEC], float inv,
+                                          int64_t row, int j, int lanes, bool mine, float* red) {
+  if (a.mode != kGroup) return inv;
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(y[i]));
+  const float s = scale_of(lanes_reduce<true>(m, lanes, red), a, false);
+  if (mine && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
+  return __fdiv_rn(1.f, s);
+}
+
 // The looped body: one row a CTA (tpr = blockDim.x), two sweeps (see the top).
 template <typename T, typename R>
 __device__ __forceinline__ void quant_looped(const QuantArgs& a, float* red) {
@@ -251,15 +266,7 @@ __device__ __forceinline__ void quant_looped(const QuantArgs& a, float* red) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) y[i] = 0.f;
     }
-    float q_inv = inv;
-    if (a.mode == kGroup) {
-      float m = 0.f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(y[i]));
-      const float s = scale_of(lanes_reduce<true>(m, lanes, red), a, false);
-      if (j < slots && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
-      q_inv = __fdiv_rn(1.f, s);
-    }
+    const float q_inv = slot_inv<VEC>(a, y, inv, row, j, lanes, j < slots, red);
     if (j < slots) store_quantised<VEC>(a, yr, j, y, q_inv);
   }
 }
@@ -325,15 +332,7 @@ __device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
   for (int k = 0; k < SLOTS; ++k) {
     const int j = t + k * tpr;
     const bool mine = live && j < slots;
-    float q_inv = inv;
-    if (a.mode == kGroup) {
-      float m = 0.f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(v[k][i]));
-      const float s = scale_of(lanes_reduce<true>(m, lanes, red), a, false);
-      if (mine && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
-      q_inv = __fdiv_rn(1.f, s);
-    }
+    const float q_inv = slot_inv<VEC>(a, v[k], inv, row, j, lanes, mine, red);
     if (mine) store_quantised<VEC>(a, yr, j, v[k], q_inv);
   }
 }
