@@ -35,6 +35,7 @@ rewrite a residual add and the RMSNorm after it into the backend's fused op.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import numbers
 import operator
@@ -305,6 +306,16 @@ def _check_quant(values: dict, x: torch.Tensor, impl: str) -> None:
 
 #: scale tensors whose value was read, with the version read: each is read once a version
 _SCALES_READ = None
+#: set while a public quantised function calls its op, whose arguments it has just checked:
+#: the op's own check reads no scale again (an inference tensor's is read each check)
+_VALUES_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rmsnorm_api_values_checked", default=False
+)
+
+
+def _scale_value(t: torch.Tensor) -> float:
+    """A scale's value, read from its tensor (a GPU tensor: one synchronisation)."""
+    return float(t.reshape(()))
 
 
 def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
@@ -318,6 +329,8 @@ def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
     global _SCALES_READ
     if torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta":
         return
+    if _VALUES_CHECKED.get():  # the public function read it just before calling the op
+        return
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     if _SCALES_READ is None:
@@ -327,7 +340,7 @@ def check_scale_value(t: torch.Tensor, name: str, impl: str) -> None:
     version = None if t.is_inference() else t._version
     if version is not None and _SCALES_READ.get(t) == version:
         return
-    v = float(t.reshape(()))
+    v = _scale_value(t)
     if not EPS_MIN <= v <= EPS_MAX:  # NaN outside too
         _refuse("range", impl=impl, name=name, got=repr(v), want=f"{EPS_MIN:.7g}, {EPS_MAX:.7g}")
     if version is not None:

@@ -28,13 +28,16 @@ The norm then an fp8 quantisation: y over a static scale, saturated to the forma
 and cast to float8_e4m3fn or float8_e5m2 (``(y.float() / scale).clamp(-max, max).to(fp8)``,
 torchao's and vLLM's references), or over a scale a row as vLLM's reference writes it
 (``s = (y.abs().amax(-1, keepdim=True).float() / max).clamp(min=1 / (max * 512))``, the
-quantised op's floor), after either norm form, with or without the residual add before
-it, becomes one call of the backend's ``rms_norm_quant`` or ``fused_add_rms_norm_quant``:
+quantised op's floor), or over a scale a group of G columns written the same way over
+``y.unflatten(-1, (-1, G))`` (q flattened back, the scales squeezed: (..., N / G)), after
+either norm form, with or without the residual add before it, becomes one call of the
+backend's ``rms_norm_quant`` or ``fused_add_rms_norm_quant`` (with that group):
 y is written in fp8 in the norm's pass, never stored in 16 bits, so it is the fp32 norm
 quantised (it may differ from the unfused graph's where y's 16-bit rounding moved it
 across a tie of the fp8 grid, and a row's scale by that rounding). Under the same rules,
-and a static scale one fp32 element; other bounds, a scale of more elements, or a row's
-scale without that floor (a row of zeros: 0 / 0 there) are left.
+and a static scale one fp32 element; other bounds, a scale of more elements, a row's or a
+group's scale without that floor (a row of zeros: 0 / 0 there), a group the op does not
+take, or another split of the row (a symbolic shape among them) are left.
 
 The backend's own plain op: a model whose norms are already the backend's (its RMSNorm
 module, swap_rms_norm, or its rms_norm called) holds the op itself after the add, an opaque
@@ -59,6 +62,8 @@ from torch._inductor.pattern_matcher import (
     Match,
     PatternMatcherPass,
     fwd_only,
+    gen_pattern,
+    register_graph_pattern,
     register_replacement,
 )
 from torch._subclasses.functional_tensor import dispatch_functionalize
@@ -113,10 +118,12 @@ def _static_quant(dtype: torch.dtype):
     return quantise
 
 
-def _token_quant(dtype: torch.dtype):
+def _token_quant(dtype: torch.dtype, group: int = 0):
     """y quantised by a scale a row as vLLM's reference writes it: the row's max|y| in fp32
     over the format's max, at least 1 / (max * 512) (the quantised op's floor, the same
-    number), then as the static form; (q, the scales)."""
+    number), then as the static form; (q, the scales). group: a scale a group of that many
+    columns instead, the last dimension split into groups and joined again (the scales
+    (..., N / group))."""
     top = float(torch.finfo(dtype).max)
     least = 1.0 / (top * 512.0)
 
@@ -124,17 +131,30 @@ def _token_quant(dtype: torch.dtype):
         s = (y.abs().amax(dim=-1, keepdim=True).to(torch.float32) / top).clamp(min=least)
         return (y.to(torch.float32) / s).clamp(-top, top).to(dtype), s
 
+    def quantise_groups(y):
+        q, s = quantise(y.unflatten(-1, (-1, group)))
+        return q.flatten(-2), s.squeeze(-1)
+
+    return quantise_groups if group else quantise
+
     return quantise
+
+
+#: The group the group searches are traced with (their widths 2 of it); the split's shape
+#: is a wildcard of the pattern, which _group_size reads and checks on a match.
+_TRACED_GROUP = 4
 
 
 def _quant_searches(dtype: torch.dtype) -> tuple:
     """The quantised patterns' searches for fp8 dtype, (mode, kind, search): each norm form
-    then the static quantisation (x, weight, scale, eps) or the scale a row (x, weight,
-    eps: q and the scales); and the add before it (x, residual, weight, [scale,] eps: the
-    quantised outputs and the sum, or the quantised outputs alone)."""
-    static, token = _static_quant(dtype), _token_quant(dtype)
+    then the static quantisation (x, weight, scale, eps) or the scale a row or a group (x,
+    weight, eps: q and the scales); and the add before it (x, residual, weight, [scale,]
+    eps: the quantised outputs and the sum, or the quantised outputs alone)."""
+    static = _static_quant(dtype)
 
-    def forms(norm):
+    def forms(norm, group=0):
+        token, mode = _token_quant(dtype, group), "group" if group else "token"
+
         # closures over the norm form alone: the pattern matcher reads their parameters
         def plain(x, weight, scale, eps):
             return static(norm(x, weight, eps), scale)
@@ -159,11 +179,12 @@ def _quant_searches(dtype: torch.dtype) -> tuple:
             return q, s
 
         return [("static", "plain", plain), ("static", "both", both),
-                ("static", "first", first), ("token", "plain", plain_token),
-                ("token", "both", both_token), ("token", "first", first_token)]  # fmt: skip
+                ("static", "first", first), (mode, "plain", plain_token),
+                (mode, "both", both_token), (mode, "first", first_token)]  # fmt: skip
 
     unrounded = [f for f in forms(_norm_fp32) if f[0] == "static"]
-    return tuple(forms(_norm) + forms(_composite) + unrounded)
+    groups = [f for n in (_norm, _composite) for f in forms(n, _TRACED_GROUP) if f[0] == "group"]
+    return tuple(forms(_norm) + forms(_composite) + unrounded + groups)
 
 
 def _first(fn):
@@ -190,12 +211,15 @@ def _is_fused_add_norm(devices: tuple[str, ...], match: Match) -> bool:
         return False
 
 
-def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None):
+def _norm_nodes(
+    match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None, grouped: bool = False
+):
     """The match's eps where its nodes are the norm the patterns mean (what their traced
     wildcards leave open): an add without alpha, the square, the mean over the last
     dimension kept, casts to fp32 or x's dtype only; with fp8 (a quantised pattern) also a
-    cast to it, a clamp at its max, and a row's max and its floor (a scale a row). None
-    where they are not."""
+    cast to it, a clamp at its max, and a row's max and its floor (a scale a row; grouped:
+    the max over the last dimension of y split into groups, a group's). None where they
+    are not."""
     aten, prims = torch.ops.aten, torch.ops.prims
     # eps is the add of a number; torch 2.11 traces it into a pattern checked against the
     # match's own values, whose kwargs then lack it
@@ -227,9 +251,9 @@ def _norm_nodes(match: Match, x: torch.Tensor, fp8: Optional[torch.dtype] = None
         if node.target is aten.clamp_max.default and node.args[1] != top:
             return None
         if node.target is aten.amax.default and (
-            list(node.args[1]) not in ([-1], [x.dim() - 1]) or not node.args[2]
+            list(node.args[1]) not in ([-1], [x.dim() - (0 if grouped else 1)]) or not node.args[2]
         ):
-            return None  # a row's max, kept
+            return None  # a row's max (a group's), kept
     return eps[0]
 
 
@@ -256,52 +280,80 @@ def _fused_op_takes(devices: tuple[str, ...], match: Match) -> bool:
     return True
 
 
-def _is_quantised_norm(devices: tuple[str, ...], fp8: torch.dtype, match: Match) -> bool:
+def _is_quantised_norm(
+    devices: tuple[str, ...], fp8: torch.dtype, match: Match, grouped: bool = False
+) -> bool:
     """A quantised pattern's match (see _is_fused_add_norm): the norm's nodes as that check
-    pins them, the cast's target fp8 and the clamp's bounds its max, then the quantised
-    op's own checks (the scale one fp32 element, the weight of x's dtype: the patterns'
-    one dtype)."""
+    pins them, the cast's target fp8 and the clamp's bounds its max, a group pattern's
+    split of the last dimension (_group_size), then the quantised op's own checks (the
+    scale one fp32 element, the weight of x's dtype: the patterns' one dtype; the group a
+    power of two in its range)."""
     try:
-        return _quantised_op_takes(devices, fp8, match)
+        return _quantised_args(devices, fp8, match, grouped) is not None
     except Exception:  # a match the check cannot judge is left alone
         return False
 
 
-def _quantised_op_takes(devices: tuple[str, ...], fp8: torch.dtype, match: Match) -> bool:
+def _group_size(match: Match, x: torch.Tensor) -> Optional[int]:
+    """A group pattern's group: its views split y's last dimension into (N / G, G) and join
+    q's again into x's shape, and the scales lose the groups' dimension; None where they do
+    not (another split, a symbolic shape)."""
+    aten = torch.ops.aten
+    views = [n for n in match.nodes if n.target in (aten.view.default, aten.reshape.default)]
+    squeezes = [n for n in match.nodes if n.target is aten.squeeze.dim]
+    lead, n = list(x.shape[:-1]), x.shape[-1]
+    if len(views) != 2 or len(squeezes) != 1 or squeezes[0].args[1] not in (-1, x.dim()):
+        return None
+    split, join = sorted(views, key=lambda v: len(v.args[1]), reverse=True)
+    shape = list(split.args[1])
+    if not all(isinstance(v, int) for v in [*shape, *lead, n]) or len(shape) != x.dim() + 1:
+        return None
+    g = shape[-1]
+    if g <= 0 or n % g or shape != [*lead, n // g, g] or list(join.args[1]) != [*lead, n]:
+        return None
+    return g
+
+
+def _quantised_args(
+    devices: tuple[str, ...], fp8: torch.dtype, match: Match, grouped: bool = False
+) -> Optional[tuple[float, int]]:
+    """(eps, group) of a quantised pattern's match the op takes (see _is_quantised_norm;
+    group 0 but for a group pattern's), else None."""
     from rmsnorm_api import check_call
 
     names = ("x", "residual", "weight", "scale")
     nodes = {k: match.kwargs.get(k) for k in names if k in match.kwargs}
     if not all(isinstance(n, torch.fx.Node) for n in nodes.values()):
-        return False
+        return None
     vals = {k: n.meta.get("val") for k, n in nodes.items()}
     if not all(isinstance(t, torch.Tensor) for t in vals.values()):
-        return False
+        return None
     x = vals["x"]
     if x.device.type not in devices:
-        return False
+        return None
     if nodes["x"].target is torch.ops.prims.convert_element_type.default:
         # x cast in the graph (the unrounded form's fp32 match of a 16-bit x): the op would
         # read a copy written in fp32, where the graph's own kernel reads x once
-        return False
-    eps = _norm_nodes(match, x, fp8)
-    if eps is None:
-        return False
+        return None
+    group = _group_size(match, x) if grouped else 0
+    eps = _norm_nodes(match, x, fp8, grouped)
+    if eps is None or group is None:
+        return None
     if any(v.dtype != x.dtype for k, v in vals.items() if k in ("residual", "weight")):
-        return False
+        return None
     op = "fused_add_rms_norm_quant" if "residual" in vals else "rms_norm_quant"
-    values = {"scale": None, **vals, "eps": eps, "group_size": 0, "scale_ub": None,
+    values = {"scale": None, **vals, "eps": eps, "group_size": group, "scale_ub": None,
               "out_dtype": fp8, "weight_offset": 0.0}  # fmt: skip
     try:
         check_call(op, "rmsnorm_api.fusion", values, allow_cpu=True)
     except (TypeError, ValueError):
-        return False
-    return True
+        return None
+    return eps, group
 
 
-def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
+def _quant_replacements(plain_q, fused_q, fp8: torch.dtype, group: int = 0) -> dict:
     """The quantised patterns' replacements, by (mode, kind) of _quant_searches, traced
-    functionalized as _patterns' are."""
+    functionalized as _patterns' are; group: the dynamic forms' (0: a scale a row)."""
 
     @dispatch_functionalize
     def plain(x, weight, scale, eps):
@@ -318,16 +370,16 @@ def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
 
     @dispatch_functionalize
     def plain_token(x, weight, eps):
-        return plain_q(x, weight, eps, None, 0, None, fp8)
+        return plain_q(x, weight, eps, None, group, None, fp8)
 
     @dispatch_functionalize
     def both_token(x, residual, weight, eps):
-        y, h, s = fused_q(x, residual, weight, eps, None, 0, None, fp8)
+        y, h, s = fused_q(x, residual, weight, eps, None, group, None, fp8)
         return y, s, h
 
     @dispatch_functionalize
     def first_token(x, residual, weight, eps):
-        y, _, s = fused_q(x, residual, weight, eps, None, 0, None, fp8)
+        y, _, s = fused_q(x, residual, weight, eps, None, group, None, fp8)
         return y, s
 
     return {("static", "plain"): plain, ("static", "both"): both, ("static", "first"): first,
@@ -335,15 +387,42 @@ def _quant_replacements(plain_q, fused_q, fp8: torch.dtype) -> dict:
             ("token", "first"): first_token}  # fmt: skip
 
 
+def _traced_reshaped(fn, args, **kwargs) -> torch.fx.GraphModule:
+    """fwd_only's trace with its views as reshapes: how the graphs a post-grad pass sees
+    hold them (Inductor's view_to_reshape runs first)."""
+    gm = fwd_only(fn, args, **kwargs)
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    gm.recompile()
+    return gm
+
+
+def _group_handler(devices: tuple[str, ...], plain_q, fused_q, fp8: torch.dtype, kind: str):
+    """A group pattern's rewrite: its group read off the match (a wildcard of the pattern,
+    so not an argument register_replacement's replacements could take), then the
+    replacement of a scale a row's with that group, eps a constant of it."""
+
+    def handler(match: Match, *args, **kwargs) -> None:
+        eps, group = _quantised_args(devices, fp8, match, grouped=True)
+        fn = _quant_replacements(plain_q, fused_q, fp8, group)["token", kind]
+        names = ("x", "weight") if kind == "plain" else ("x", "residual", "weight")
+        match.replace_by_example(lambda *t: fn(*t, eps), [kwargs[k] for k in names])
+
+    return handler
+
+
 def _quant_patterns(backend: str, patterns: PatternMatcherPass) -> None:
-    """The norm (and the add before it) then an fp8 quantisation, by a static scale or a
-    scale a row, rewritten into the backend's quantised op: y written in fp8 in the norm's
-    pass, never stored in 16 bits (so it may differ from the unfused graph's where y's
-    16-bit rounding moved it across an fp8 tie, and a row's scale by that rounding)."""
+    """The norm (and the add before it) then an fp8 quantisation, by a static scale, a
+    scale a row or a scale a group, rewritten into the backend's quantised op: y written
+    in fp8 in the norm's pass, never stored in 16 bits (so it may differ from the unfused
+    graph's where y's 16-bit rounding moved it across an fp8 tie, and a row's or a group's
+    scale by that rounding)."""
     ops = getattr(torch.ops, f"{backend}_impl")
     plain_q, fused_q = ops.rms_norm_quant.default, ops.fused_add_rms_norm_quant.default
+    devices = _backend_op(backend)[1]
     for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
-        check = functools.partial(_is_quantised_norm, _backend_op(backend)[1], fp8)
+        check = functools.partial(_is_quantised_norm, devices, fp8)
         replace = _quant_replacements(plain_q, fused_q, fp8)
         for dtype in (torch.bfloat16, torch.float32):
             for mode, kind, search in _quant_searches(fp8):
@@ -351,6 +430,14 @@ def _quant_patterns(backend: str, patterns: PatternMatcherPass) -> None:
                 args.append(torch.empty(8, dtype=dtype))
                 if mode == "static":
                     args.append(torch.empty((), dtype=torch.float32))
+                if mode == "group":
+                    pattern = gen_pattern(search, [*args, 1e-6], _traced_reshaped, {"eps": 1e-6})
+                    register_graph_pattern(
+                        pattern,
+                        extra_check=functools.partial(check, grouped=True),
+                        pass_dict=patterns,
+                    )(_group_handler(devices, plain_q, fused_q, fp8, kind))
+                    continue
                 register_replacement(
                     search,
                     replace[mode, kind],

@@ -27,12 +27,13 @@ the tensor, outside tracing and CUDA-graph capture (rmsnorm_api.check_scale_valu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Optional
 
 import torch
 
-from rmsnorm_api import DEFAULT_EPS, check_call
+from rmsnorm_api import _VALUES_CHECKED, DEFAULT_EPS, check_call
 
 
 def quant_values(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
@@ -59,8 +60,16 @@ def quant_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Call
                               out_dtype, weight_offset)  # fmt: skip
         head = (x,) if op == "rms_norm_quant" else (x, residual)
         check_call(op, f"{ns}.{op}", values, allow_cpu=allow_cpu)
-        outs = getattr(ops, op)(*head, weight, float(eps), scale, group_size, scale_ub,
-                                out_dtype, float(weight_offset))  # fmt: skip
+        call = functools.partial(getattr(ops, op), *head, weight, float(eps), scale, group_size,
+                                 scale_ub, out_dtype, float(weight_offset))  # fmt: skip
+        if torch.compiler.is_compiling():  # no value is read there
+            outs = call()
+        else:
+            checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
+            try:
+                outs = call()
+            finally:
+                _VALUES_CHECKED.reset(checked)
         return (*outs[:-1], scale if scale is not None else outs[-1])
 
     def rms_norm_quant(

@@ -52,7 +52,7 @@ def compile_default(dtype: str, n: int, cfg: Optional[Config] = None, quant: str
     cfg = cfg or default_config(n, elem)
     q_meta = None
     if quant:
-        cfg = quant_config(cfg, n, elem)
+        cfg = quant_config(cfg, n, elem, dynamic=quant != "static")
         group = 128 if quant == "group128" else 0
         q = Quant(torch.ones(1) if quant == "static" else None, group, None, None)
         q_meta = {**quant_meta(q, torch.float8_e4m3fn), "Q_BY_HAND": False}

@@ -586,3 +586,66 @@ def test_rewrites_a_norm_then_a_scale_a_row(fusion, name):
 
         torch.compile(no_floor, fullgraph=True, dynamic=False)(x, w)
         assert fusion.rewrites == 2
+
+
+def group_fp8(y, group, floor=True, dim=-1):
+    """A scale a group of `group` columns, written as token_fp8 is over y's last dimension
+    split into groups (dim: the max's and the squeeze's; -2 is across the groups)."""
+    top = float(torch.finfo(torch.float8_e4m3fn).max)
+    yg = y.unflatten(-1, (-1, group))
+    s = yg.abs().amax(dim=dim, keepdim=True).to(torch.float32) / top
+    s = s.clamp(min=1.0 / (top * 512.0)) if floor else s
+    q = (yg.to(torch.float32) / s).clamp(-top, top).to(torch.float8_e4m3fn)
+    return q.flatten(-2), s.squeeze(dim)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rewrites_a_norm_then_a_scale_a_group(fusion, name):
+    """The norm (with and without the add before it; 2-D and 3-D x) then a scale a group
+    of columns, rewritten into the backend's quantised op with that group: y and the
+    scales the reference's fp32 norm quantised; without the op's floor, a group the op
+    does not take (96), or the max across the groups instead of within one, left."""
+    from harness.reference import (
+        QUANT_REL,
+        fused_add_rms_norm_quant_ref,
+        q_close,
+        rms_norm_quant_ref,
+    )
+
+    dtype = torch.bfloat16
+    w = rows(512, dtype=dtype)
+    e4m3 = dict(out_dtype=torch.float8_e4m3fn)
+
+    def plain(x, w, group):
+        return group_fp8(F.rms_norm(x, (x.shape[-1],), w, 1e-6), group)
+
+    def added(x, r, w, group):
+        h = x + r
+        return (*group_fp8(F.rms_norm(h, (h.shape[-1],), w, 1e-6), group), h)
+
+    with torch.no_grad():
+        done = 0
+        for shape, group in (((4, 512), 128), ((2, 3, 512), 64)):
+            x, r = rows(*shape, dtype=dtype), rows(*shape, dtype=dtype)
+            q, s = torch.compile(plain, fullgraph=True, dynamic=False)(x, w, group)
+            q_ref, s_ref, v = rms_norm_quant_ref(x, w, 1e-6, group_size=group, **e4m3)
+            q_close(q, q_ref, v)
+            torch.testing.assert_close(s, s_ref, rtol=QUANT_REL, atol=0)
+            q, s, h = torch.compile(added, fullgraph=True, dynamic=False)(x, r, w, group)
+            q_ref, ro, s_ref, v = fused_add_rms_norm_quant_ref(
+                x, r, w, 1e-6, group_size=group, **e4m3
+            )
+            q_close(q, q_ref, v)
+            torch.testing.assert_close(s, s_ref, rtol=QUANT_REL, atol=0)
+            done += 2
+            assert torch.equal(h, ro) and fusion.rewrites == done
+        x, w3 = rows(4, 384, dtype=dtype), rows(384, dtype=dtype)
+        cases = [
+            (lambda x, w: group_fp8(F.rms_norm(x, (384,), w, 1e-6), 128, floor=False), (x, w3)),
+            (lambda x, w: group_fp8(F.rms_norm(x, (384,), w, 1e-6), 96), (x, w3)),
+            (lambda x, w: group_fp8(F.rms_norm(x, (384,), w, 1e-6), 128, dim=-2), (x, w3)),
+        ]
+        for fn, args in cases:
+            torch._dynamo.reset()
+            torch.compile(fn, fullgraph=True, dynamic=False)(*args)
+        assert fusion.rewrites == done

@@ -799,9 +799,10 @@ def test_a_forward_only_variant_is_a_skip_in_the_train_job(dry_run, monkeypatch)
 
 def test_plan_jobs_runs_the_compiles_last():
     """The block's eager and graph modes, then the layers' eager jobs (Llama's, Qwen3's and
-    Gemma 3's, at prefill), then the compiles, the family layers' last."""
+    Gemma 3's, at prefill) and the FP8 block's, then the compiles, the family layers' and
+    the FP8 block's last."""
     jobs = model.plan_jobs(["prefill", "decode"], list(model.MODES), layer=True)
-    assert jobs[:7] == [
+    assert jobs[:9] == [
         ("prefill", "eager"),
         ("prefill", "graph"),
         ("decode", "eager"),
@@ -809,9 +810,12 @@ def test_plan_jobs_runs_the_compiles_last():
         ("layer", "eager"),
         ("qwen3", "eager"),
         ("gemma3", "eager"),
+        ("fp8_static", "eager"),
+        ("fp8_token", "eager"),
     ]
-    assert all(m.startswith("compile") for _, m in jobs[7:]) and len(jobs) == 13
-    assert jobs[-2:] == [("qwen3", "compile"), ("gemma3", "compile")]
+    assert all(m.startswith("compile") for _, m in jobs[9:]) and len(jobs) == 17
+    assert jobs[-4:] == [("qwen3", "compile"), ("gemma3", "compile"), ("fp8_static", "compile"),
+                         ("fp8_token", "compile")]  # fmt: skip
     assert ("layer", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
     assert ("qwen3", "eager") not in model.plan_jobs(["decode"], ["eager"], layer=True)
 
@@ -828,11 +832,15 @@ def test_plan_jobs_of_the_training_step():
         ("layer_train", "eager"),
         ("qwen3", "eager"),
         ("gemma3", "eager"),
+        ("fp8_static", "eager"),
+        ("fp8_token", "eager"),
         ("prefill", "compile"),
         ("prefill", "compile_graph"),
         ("train", "compile"),
         ("qwen3", "compile"),
         ("gemma3", "compile"),
+        ("fp8_static", "compile"),
+        ("fp8_token", "compile"),
     ]
     assert model.plan_jobs(["train"], ["eager", "compile"], layer=False) == [
         ("train", "eager"),
@@ -1047,3 +1055,83 @@ def test_family_layer_bookkeeping(dry_run):
     assert "### transformers' Qwen3DecoderLayer, every norm swapped, prefill" in text
     assert "### transformers' Gemma3DecoderLayer, every norm swapped, prefill" in text
     assert "speedup is over the layer with its own norms" in text
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_block_checks_its_wiring(device):
+    """The FP8 block of the tiny sizes (on a GPU: torch._scaled_mm itself, both scalings):
+    native's (the unfused model) and our quantised fused add pass against the bf16 block
+    in fp32, with each scaling; the static scales are at least every token's; a norm whose
+    output is twice the norm's (its scale a token's absorbs nothing downstream) fails."""
+    from harness.model import fp8
+
+    cfg, shape = model.TINY, model.CPU_SHAPES["prefill"]
+    checks = model.check_fp8(cfg, model.variants(), shape, 0, device=device)
+    for scaling in model.FP8_SCALINGS:
+        for name in ("native", "triton", "cuda"):
+            if "skipped" not in checks[scaling][name]:
+                assert checks[scaling][name]["passed"], (scaling, name, checks[scaling][name])
+        assert "skipped" not in checks[scaling]["native"]
+    weights = model.make_weights(cfg, device, 0)
+    args = model.make_inputs(cfg, shape, device, 0).args()
+    w8 = fp8.quantise_weights(weights)
+    static = fp8.calibrated(cfg, w8, args)
+    tokens = fp8.Fp8Weights(**{**vars(w8), "seen": {}})
+    fp8.fp8_block(cfg, tokens, fp8.native_add_norm_q, *args)
+    assert set(static.scales) == set(fp8.ACTIVATIONS)
+    assert all(static.scales[k] >= tokens.seen[k] for k in fp8.ACTIVATIONS)
+
+    def doubled(x, residual, weight, eps, scale):
+        return fp8.native_add_norm_q(x, residual, 2 * weight, eps, scale)
+
+    calls = fp8.fp8_calls(cfg, w8, {"native": fp8.native_add_norm_q, "doubled": doubled},
+                          args, compiled=False)  # fmt: skip
+    truth = model.fp32_block(cfg, weights, args)
+    got = fp8.fp8_checks(calls, truth)
+    assert got["native"]["passed"] and not got["doubled"]["passed"]
+
+
+def test_fp8_block_bookkeeping(dry_run, monkeypatch):
+    """The FP8 block's jobs (a static scale, a scale a token) on the dry run: a record a
+    variant, native's speedup 1 over itself, f and s from the pieces' kernel times, the
+    bound, CUDA a skip with its reason, and each scaling's table in the report."""
+    from harness.model import fp8
+
+    run, path = dry_run
+    triton = model.variants()["triton"]
+    if triton.unavailable or not triton.cpu:
+        pytest.skip(f"triton does not run on CPU here ({triton.unavailable or 'no interpreter'})")
+    run.variants["triton"] = triton
+    run.variants["cuda"] = model.Variant("cuda", None, None, unavailable="no CUDA build here")
+
+    def block_kernels(call, calls=1):
+        call()
+        return _k(gemm=(4, 400.0), **{_NORM: (2, 20.0)})
+
+    def piece_kernels(call, calls=1):
+        call()
+        return _k(**{_NORM: (1, 10.0)})
+
+    monkeypatch.setattr(model.job, "kernel_times", block_kernels)
+    monkeypatch.setattr(fp8, "kernel_times", piece_kernels)
+    with torch.no_grad():
+        for scaling in model.FP8_SCALINGS:
+            model.run_fp8_job(run, scaling, model.CPU_SHAPES["prefill"], "eager",
+                              ["native", "triton", "cuda"])  # fmt: skip
+    run.b.writer.close()
+    recs = [r for r in records.read_records(path) if r["kind"] in ("model", "skip")]
+    by = {(r["op"], r["impl"]): r for r in recs}
+    for scaling in model.FP8_SCALINGS:
+        op = model.fp8_op(scaling)
+        native = by[(op, "native")]
+        assert native["status"] == "PASS" and native["model"]["speedup"]["median"] == 1.0
+        assert native["model"]["norm"]["f"] == pytest.approx(2 * 10 / 420)
+        assert native["model"]["s_cold"] == pytest.approx(1.0)
+        assert native["model"]["bound"] == pytest.approx(1.0)
+        assert by[(op, "triton")]["status"] == "PASS"
+        cuda = by[(op, "cuda")]
+        assert cuda["status"] == "SKIP" and "no CUDA build" in cuda["notes"][0]
+    text = model.render(records.read_records(path))
+    assert "### the block in fp8, static activation scales, prefill" in text
+    assert "### the block in fp8, token activation scales, prefill" in text
+    assert "The FP8 block (the block's four projections" in text

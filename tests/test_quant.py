@@ -30,14 +30,19 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 EPS = 1e-6
 #: the fused tile (1, 128, 1000: odd ones the split kernel would take), the looped kernel
-#: (4096 16-bit, 8192 fp32) and the widest rows, past the sharded kernel's bound
-WIDTHS = [1, 128, 1000, 4096, 8192] + ([12288, 20480, 40960, 65536, 131072] if HAS_GPU else [])
+#: (4096 16-bit, 8192 fp32) and the widest rows, past the sharded kernel's bound; CUDA's
+#: last rows in registers and the first it loops over (16384 and 16388 fp32, 32768 and
+#: 32776 16-bit)
+WIDTHS = [1, 128, 1000, 4096, 8192] + (
+    [12288, 16384, 16388, 20480, 32768, 32776, 40960, 65536, 131072] if HAS_GPU else []
+)
 MODES = {
     "static": dict(scale=0.02),
     "token": dict(),
     "bounded": dict(scale_ub=0.004),
     "group128": dict(group_size=128),
     "group64": dict(group_size=64),
+    "group16": dict(group_size=16),
     # past a warp of CUDA's slots (16-bit: 512 and more; fp32: 256 and more)
     "group512": dict(group_size=512),
     "group1024": dict(group_size=1024),
@@ -380,3 +385,76 @@ def test_inference_mode_fp32_residual_and_rows_off_the_grid(name):
         q_ref, s_ref, v = rms_norm_quant_ref(xs, w, EPS, **kw)
         q_close(q, q_ref, v, f"rows off the grid {mode}")
         scales_close(s, s_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_many_narrow_rows(name, dtype):
+    """Narrow rows in numbers (several a CTA in CUDA's rows kernel, over several CTAs, the
+    last one part full): each form, groups of 16 and 64 too, against the reference."""
+    mod = backend(name)
+    for n, m in ((8, 300), (24, 300), (64, 261), (256, 131), (1000, 67)):
+        x, r, w = inputs(m, n, dtype)
+        for mode in ("static", "token", "group16", "group64"):
+            kw = quant_kw(mode, torch.float8_e4m3fn, n)
+            if kw is None or kw.get("group_size", 1) > n:
+                continue
+            say = f"N={n} M={m} {mode}"
+            q, s = mod.rms_norm_quant(x, w, EPS, **kw)
+            q_ref, s_ref, v = rms_norm_quant_ref(x, w, EPS, **kw)
+            q_close(q, q_ref, v, say)
+            if "scale" not in kw:
+                scales_close(s, s_ref)
+            q, ro, s = mod.fused_add_rms_norm_quant(x, r, w, EPS, **kw)
+            q_ref, ro_ref, s_ref, v = fused_add_rms_norm_quant_ref(x, r, w, EPS, **kw)
+            q_close(q, q_ref, v, say)
+            torch.testing.assert_close(ro, ro_ref, rtol=0, atol=0)
+            if "scale" not in kw:
+                scales_close(s, s_ref)
+
+
+def test_quantised_kernel_choice():
+    """The quantised forward's kernel from the op's: a dynamic scale takes the fused tile
+    where the op would loop over a row the tile holds, a static one keeps the looped
+    kernel; the split kernel's odd widths take the fused tile, the sharded kernel's the
+    looped one, in whole groups."""
+    from triton_impl.configs import Config, fused_tile, quant_config
+    from triton_impl.tuning import FUSED_MAX_N
+
+    for elem in (2, 4):
+        for n in (4096, FUSED_MAX_N[elem]):
+            looped = Config("looped", min(n, 8192), 32, block_m=1)
+            assert quant_config(looped, n, elem) == looped
+            assert quant_config(looped, n, elem, dynamic=True) == fused_tile(n, elem)
+        wider = 2 * FUSED_MAX_N[elem]
+        looped = Config("looped", 8192, 32, block_m=1)
+        assert quant_config(looped, wider, elem, dynamic=True) == looped
+        split = Config("split", 4096, 16)
+        assert quant_config(split, 4095, elem) == fused_tile(4095, elem)
+        sharded = quant_config(Config("sharded", 8192, 32), 131072, elem, dynamic=True)
+        assert sharded.kernel == "looped" and sharded.block_n % 1024 == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_scale_read_once_a_call_in_inference_mode(name, monkeypatch):
+    """A static scale made under torch.inference_mode keeps no version, so each call reads
+    it (a GPU tensor: a synchronisation): once a call, not again in the op's own check; a
+    bad value is still refused, and the op called directly still reads it."""
+    import rmsnorm_api
+
+    mod = backend(name)
+    reads = []
+    real = rmsnorm_api._scale_value
+    monkeypatch.setattr(rmsnorm_api, "_scale_value", lambda t: reads.append(1) or real(t))
+    x, _, w = inputs(3, 256, torch.bfloat16)
+    with torch.inference_mode():
+        scale = torch.tensor(0.02, device=DEVICE)
+        for _ in range(2):
+            mod.rms_norm_quant(x, w, EPS, scale=scale)
+        assert len(reads) == 2
+        with pytest.raises(ValueError, match="scale"):
+            mod.rms_norm_quant(x, w, EPS, scale=torch.tensor(0.0, device=DEVICE))
+        if name == "triton":  # the C++ op checks no value: the public function does
+            ops = getattr(torch.ops, f"{name}_impl")
+            ops.rms_norm_quant(x, w, EPS, scale, 0, None, torch.float8_e4m3fn, 0.0)
+            assert len(reads) == 4

@@ -181,12 +181,17 @@ def default_config(
     return cfg
 
 
-def quant_config(cfg: Config, n: int, element_size: int) -> Config:
+def quant_config(cfg: Config, n: int, element_size: int, dynamic: bool = False) -> Config:
     """The config of a forward with a quantised output, from the op's: only the fused and
     looped kernels have the quantising epilogue, so the split kernel's rows (odd widths up
     to FUSED_MAX_N) take the fused tile, and the sharded kernel's (the widest) the looped
-    kernel in chunks of LOOPED_CHUNK_BYTES, on 32 warps."""
-    if cfg.kernel == "split":
+    kernel in chunks of LOOPED_CHUNK_BYTES, on 32 warps. A dynamic scale (a row's or a
+    group's) takes the fused tile in place of the looped kernel where the row fits it: the
+    row's max then comes from the values held, where the looped kernel's first sweep reads
+    the weight for it too (notebook 18 v67: the plain op's looped rows trailed the fused
+    add's fused ones there)."""
+    fits = triton.next_power_of_2(n) <= FUSED_MAX_N[element_size]
+    if cfg.kernel == "split" or (dynamic and cfg.kernel == "looped" and fits):
         return fused_tile(n, element_size)
     if cfg.kernel == "sharded":
         return Config("looped", LOOPED_CHUNK_BYTES // element_size, 32)

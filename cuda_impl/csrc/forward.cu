@@ -36,6 +36,17 @@ KernelFn<T, T, void> kernel_heads_at(int i, bool one);
 // SMs of a device, asked once per device.
 int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
+// Cached here, not by device_attribute, whose "not asked" is 0, which a minor version can be.
+int sm_version(int device) {
+  static int cache[64] = {};
+  if (device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    cache[device] = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
+                    device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+  }
+  return cache[device];
+}
+
 namespace {
 std::atomic<bool> g_no_clusters{false};
 }  // namespace

@@ -4,18 +4,19 @@
 // optional bound and below by 1 / (max * 512)), or by a scale a group of `group`
 // consecutive columns; rmsnorm_api and triton_impl.quant say what each form computes.
 //
-// One kernel body for every form, one CTA a row, in two sweeps over the row as 16-byte
-// slots of VEC elements (thread t takes slots t, t + blockDim, ...): the first loads x (the
-// fused add: x and residual, stores residual_out = x + residual rounded once to its dtype),
-// sums the squares and, for a scale a row, the max of |s w|, which times rstd > 0 is the
-// row's max|y|; the second reads the row again (from L1 or L2, where the first sweep just
-// put it; the fused add reads back its own residual_out), scales it, takes each group's
-// max where the scales are a group's, and stores y quantised. Nothing of the row is held
-// through the sum, so any width takes the same kernel (the form of Triton's looped kernel
-// and of Inductor's). A slot is one 16-byte load where every row is aligned and N a whole
-// number of slots, else VEC scalar loads, masked. The form, the weight's dtype and the fp8
-// dtype are arguments of the launch, uniform branches: 8 kernels (x's dtype, and the
-// residual's: none, x's or fp32).
+// A row is 16-byte slots of VEC elements, held by `tpr` threads (a power of two; thread t
+// takes slots t, t + tpr, ...). Two bodies. Rows in registers (SLOTS slots a thread, up to
+// kMaxSlots): a CTA holds one row or several (narrow rows), loads x (the fused add: x and
+// residual, stores residual_out = x + residual rounded once to its dtype), sums the
+// squares, scales each value by rstd and the weight where it lies, takes the row's or a
+// group's max of |y| and stores y quantised; the row is read once. Wider rows loop, one a
+// CTA, in two sweeps: the first sums the squares and, for a scale a row, the max of |s w|
+// (times rstd > 0, the row's max|y|); the second reads the row again (from L1 or L2; the
+// fused add reads back its own residual_out), scales it and stores it quantised (the form
+// of Triton's looped kernel and of Inductor's). A slot is one 16-byte load where every row
+// is aligned and N a whole number of slots, else VEC scalar loads, masked. The form, the
+// weight's dtype and the fp8 dtype are arguments of the launch, uniform branches: 32
+// kernels (x's dtype and the residual's: none, x's or fp32; SLOTS 1, 2, 4 or looped).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -45,10 +46,12 @@ struct QuantArgs {
   float* scales;  // dynamic scales, `cols` a row; null for a static scale
   const float* q_in;  // the static scale, or the bound of a row's scale, or null
   int64_t sx, sr, sro;  // row strides in elements (y's is N)
+  int64_t m;            // rows
   int n, cols, group;
+  int tpr;  // threads a row (a power of two; a whole number of a group's slots)
   float eps, offset, top, least;  // top: the fp8 max; least: the least dynamic scale
   int mode;
-  bool w_fp32, e4m3, vec;
+  bool w_fp32, e4m3, vec, w_vec;  // w_vec: the weight's slots whole 16-byte loads too
 };
 
 template <typename T>
@@ -87,14 +90,14 @@ __device__ __forceinline__ void weight_slot(const QuantArgs& a, int j, float (&w
     for (int i = 0; i < VEC; ++i) w[i] = 1.f;
     return;
   }
-  const int e0 = j * VEC;
+  if (a.w_fp32) {
+    load_slot<float, VEC>(static_cast<const float*>(a.w), j, a.n, a.w_vec, w);
+  } else {
+    load_slot<T, VEC>(static_cast<const T*>(a.w), j, a.n, a.w_vec, w);
+  }
+  if (a.offset != 0.f) {  // no add for none: a -0.0 keeps its sign
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    const bool ok = e0 + i < a.n;
-    const float v = !ok       ? 0.f
-                    : a.w_fp32 ? __ldg(static_cast<const float*>(a.w) + e0 + i)
-                               : to_float(__ldg(static_cast<const T*>(a.w) + e0 + i));
-    w[i] = a.offset != 0.f ? v + a.offset : v;  // no add for none: a -0.0 keeps its sign
+    for (int i = 0; i < VEC; ++i) w[i] += a.offset;
   }
 }
 
@@ -157,21 +160,24 @@ __device__ __forceinline__ void store_quantised(const QuantArgs& a, uint8_t* __r
   }
 }
 
-// The block's sum (MAX: max) of v, every thread's; red holds a float a warp. Every thread of
-// the block must call it.
+// The sum (MAX: max) of v over `lanes` threads (a power of two), threads t .. t + lanes - 1
+// of an aligned run: a row's threads, or a group's slots; past a warp, through red (a
+// float a warp), every thread of the block calling.
 template <bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* red) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
+__device__ __forceinline__ float lanes_reduce(float v, int lanes, float* red) {
+  const int in_warp = lanes < 32 ? lanes : 32;
+  for (int off = in_warp / 2; off > 0; off /= 2) {
     const float o = __shfl_xor_sync(0xffffffffu, v, off);
     v = MAX ? max_nan(v, o) : v + o;
   }
-  const int warps = blockDim.x / 32;
-  __syncthreads();  // red's last readers are done
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = red[0];
-  for (int i = 1; i < warps; ++i) v = MAX ? max_nan(v, red[i]) : v + red[i];
+  if (lanes > 32) {
+    const int warp = threadIdx.x / 32, per = lanes / 32, first = warp / per * per;
+    __syncthreads();  // red's last readers are done
+    if (threadIdx.x % 32 == 0) red[warp] = v;
+    __syncthreads();
+    v = red[first];
+    for (int i = 1; i < per; ++i) v = MAX ? max_nan(v, red[first + i]) : v + red[first + i];
+  }
   return v;
 }
 
@@ -182,30 +188,27 @@ __device__ __forceinline__ float scale_of(float amax, const QuantArgs& a, bool u
   return max_nan(__fdiv_rn(amax, a.top), a.least);
 }
 
-// The group max of v over the `lanes` slots of one group (a power of two): threads
-// t .. t + lanes - 1 of an aligned run; past a warp, through red (a float a warp), every
-// thread of the block calling.
-__device__ __forceinline__ float group_max(float v, int lanes, float* red) {
-  const int in_warp = lanes < 32 ? lanes : 32;
-  for (int off = in_warp / 2; off > 0; off /= 2)
-    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
-  if (lanes > 32) {
-    const int warp = threadIdx.x / 32, per = lanes / 32, first = warp / per * per;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[warp] = v;
-    __syncthreads();
-    v = red[first];
-    for (int i = 1; i < per; ++i) v = max_nan(v, red[first + i]);
-  }
-  return v;
+// What slot j's values (y, scaled) are quantised by: inv, or for a group the inverse of its
+// scale, from the max over its `lanes` slots (every thread of the block calling); the
+// group's first slot, where it is the thread's (mine), writes the scale.
+template <int VEC>
+__device__ __forceinline__ float slot_inv(const QuantArgs& a, const float (&y)[VEC], float inv,
+                                          int64_t row, int j, int lanes, bool mine, float* red) {
+  if (a.mode != kGroup) return inv;
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(y[i]));
+  const float s = scale_of(lanes_reduce<true>(m, lanes, red), a, false);
+  if (mine && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
+  return __fdiv_rn(1.f, s);
 }
 
+// The looped body: one row a CTA (tpr = blockDim.x), two sweeps (see the top).
 template <typename T, typename R>
-__global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a) {
+__device__ __forceinline__ void quant_looped(const QuantArgs& a, float* red) {
   constexpr bool kFused = !std::is_void_v<R>;
   constexpr int VEC = kSlot<T>;
   using S = std::conditional_t<kFused, R, T>;  // what the sum and the scale read
-  __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const T* xr = static_cast<const T*>(a.x) + row * a.sx;
   S* sr = nullptr;  // the fused add's residual_out row, read back by the second sweep
@@ -234,12 +237,12 @@ __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a)
       for (int i = 0; i < VEC; ++i) amx = max_nan(amx, fabsf(s[i] * w[i]));
     }
   }
-  const float rstd = rsqrtf(block_reduce<false>(ss, red) / static_cast<float>(a.n) + a.eps);
+  const float rstd = rsqrtf(lanes_reduce<false>(ss, B, red) / static_cast<float>(a.n) + a.eps);
   float inv = 0.f;
   if (a.mode == kStatic) {
     inv = __fdiv_rn(1.f, __ldg(a.q_in));
   } else if (a.mode == kToken) {
-    const float s = scale_of(block_reduce<true>(amx, red) * rstd, a, a.q_in != nullptr);
+    const float s = scale_of(lanes_reduce<true>(amx, B, red) * rstd, a, a.q_in != nullptr);
     if (t == 0) a.scales[row] = s;
     inv = __fdiv_rn(1.f, s);
   }
@@ -263,45 +266,129 @@ __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a)
 #pragma unroll
       for (int i = 0; i < VEC; ++i) y[i] = 0.f;
     }
-    float q_inv = inv;
-    if (a.mode == kGroup) {
-      float m = 0.f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) m = max_nan(m, fabsf(y[i]));
-      const float s = scale_of(group_max(m, lanes, red), a, false);
-      if (j < slots && j % lanes == 0) a.scales[row * a.cols + j / lanes] = s;
-      q_inv = __fdiv_rn(1.f, s);
-    }
+    const float q_inv = slot_inv<VEC>(a, y, inv, row, j, lanes, j < slots, red);
     if (j < slots) store_quantised<VEC>(a, yr, j, y, q_inv);
   }
 }
 
-template <typename T, typename R>
-void launch(QuantArgs& a, int64_t M) {
+// The rows-in-registers body: blockDim.x / tpr rows a CTA, SLOTS slots a thread (see the
+// top). Threads of a row past M run the reductions (their barriers) with zeros.
+template <typename T, typename R, int SLOTS>
+__device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
+  constexpr bool kFused = !std::is_void_v<R>;
   constexpr int VEC = kSlot<T>;
+  const int tpr = a.tpr, t = threadIdx.x & (tpr - 1);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const bool live = row < a.m;
   const int slots = (a.n + VEC - 1) / VEC;
-  // a thread a slot up to 1024 threads (a warp at least; a whole number of a group's
-  // slots, which consecutive threads hold)
-  int threads = 32;
-  while (threads < slots && threads < 1024) threads *= 2;
-  if (a.mode == kGroup) threads = std::max(threads, a.group / VEC);
-  TORCH_CHECK_VALUE(M <= INT32_MAX, "cuda_impl: x has ", num(M),
-                    " rows, more than one launch can cover");
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  rms_norm_quant_kernel<T, R><<<static_cast<unsigned>(M), threads, 0, stream>>>(a);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  float v[SLOTS][VEC];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < SLOTS; ++k) {
+    const int j = t + k * tpr;
+    if (live && j < slots) {
+      load_slot<T, VEC>(static_cast<const T*>(a.x) + row * a.sx, j, a.n, a.vec, v[k]);
+      if constexpr (kFused) {
+        float r[VEC];
+        load_slot<R, VEC>(static_cast<const R*>(a.r) + row * a.sr, j, a.n, a.vec, r);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[k][i] = to_float(from_float<R>(v[k][i] + r[i]));
+        store_slot<R, VEC>(static_cast<R*>(a.ro) + row * a.sro, j, a.n, a.vec, v[k]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[k][i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(v[k][i], v[k][i], ss);
+  }
+  const float rstd = rsqrtf(lanes_reduce<false>(ss, tpr, red) / static_cast<float>(a.n) + a.eps);
+  // y = s rstd w in place, and the row's max|y| (NaN kept); 0 past the row's end
+  float amx = 0.f;
+#pragma unroll
+  for (int k = 0; k < SLOTS; ++k) {
+    const int j = t + k * tpr;
+    if (live && j < slots) {
+      float w[VEC];
+      weight_slot<T>(a, j, w);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        v[k][i] = v[k][i] * rstd * w[i];
+        amx = max_nan(amx, fabsf(v[k][i]));
+      }
+    }
+  }
+  float inv = 0.f;
+  if (a.mode == kStatic) {
+    inv = __fdiv_rn(1.f, __ldg(a.q_in));
+  } else if (a.mode == kToken) {
+    const float s = scale_of(lanes_reduce<true>(amx, tpr, red), a, a.q_in != nullptr);
+    if (live && t == 0) a.scales[row] = s;
+    inv = __fdiv_rn(1.f, s);
+  }
+  uint8_t* yr = live ? a.y + row * a.n : a.y;  // a row past M writes nothing
+  const int lanes = a.mode == kGroup ? a.group / VEC : 1;
+#pragma unroll
+  for (int k = 0; k < SLOTS; ++k) {
+    const int j = t + k * tpr;
+    const bool mine = live && j < slots;
+    const float q_inv = slot_inv<VEC>(a, v[k], inv, row, j, lanes, mine, red);
+    if (mine) store_quantised<VEC>(a, yr, j, v[k], q_inv);
+  }
 }
 
-// A device's compute capability as major x 10 + minor, asked once per device
-// (device_attribute takes 0 for "not asked", which a minor version of 0 is).
-int sm_version(int device) {
-  static int cache[64] = {};
-  if (device < 0 || device >= 64) return 0;
-  if (cache[device] == 0) {
-    cache[device] = device_attribute<cudaDevAttrComputeCapabilityMajor>(device) * 10 +
-                    device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+// SLOTS 0: the looped body.
+template <typename T, typename R, int SLOTS>
+__global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a) {
+  __shared__ float red[32];
+  if constexpr (SLOTS == 0) {
+    quant_looped<T, R>(a, red);
+  } else {
+    quant_rows<T, R, SLOTS>(a, red);
   }
-  return cache[device];
+}
+
+// Slots a thread the launch aims at, and the most a thread holds: past 1024 threads of
+// those a row loops (__launch_bounds__(1024) leaves 64 registers a thread, which 4 slots
+// of 8 floats and their temporaries fit)
+constexpr int kAimSlots = 4, kMaxSlots = 4;
+
+// Threads a row: a power of two near slots / kAimSlots, at least a warp's share of a
+// group's slots (lanes) and at most 1024; then SLOTS, a power of two, covers the row.
+template <typename T, typename R>
+void launch(QuantArgs& a) {
+  constexpr int VEC = kSlot<T>;
+  const int slots = (a.n + VEC - 1) / VEC;
+  const int lanes = a.mode == kGroup ? a.group / VEC : 1;
+  int tpr = 1;
+  while (tpr * kAimSlots < slots && tpr < 1024) tpr *= 2;
+  tpr = std::max(tpr, lanes);
+  int per = 1;
+  while (per * tpr < slots) per *= 2;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TORCH_CHECK_VALUE(a.m <= INT32_MAX, "cuda_impl: x has ", num(a.m),
+                    " rows, more than one launch can cover");
+  if (per > kMaxSlots) {  // a row loops: one a CTA of 1024 threads
+    a.tpr = 1024;
+    rms_norm_quant_kernel<T, R, 0><<<static_cast<unsigned>(a.m), 1024, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  a.tpr = tpr;
+  // a CTA of 128 threads at least: several narrow rows
+  const int threads = std::max(tpr, 128), rows = threads / tpr;
+  const auto grid = static_cast<unsigned>((a.m + rows - 1) / rows);
+  switch (per) {
+    case 1:
+      rms_norm_quant_kernel<T, R, 1><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 2:
+      rms_norm_quant_kernel<T, R, 2><<<grid, threads, 0, stream>>>(a);
+      break;
+    default:
+      rms_norm_quant_kernel<T, R, 4><<<grid, threads, 0, stream>>>(a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -319,10 +406,6 @@ void run_quant(const at::Tensor& x, const at::Tensor* residual, const at::Tensor
                const std::optional<at::Tensor>& scale_ub, double weight_offset, at::Tensor& y,
                at::Tensor& scales, const char* impl) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int sm = sm_version(x.device().index());
-  TORCH_CHECK_VALUE(y.scalar_type() != at::kFloat8_e4m3fn || sm >= 89, impl,
-                    ": out_dtype is torch.float8_e4m3fn, which x's GPU (sm_", num(sm),
-                    ") cannot convert to; it needs sm_89 or newer");
   if (x.numel() == 0) return;
   const int64_t n = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, n});
@@ -356,18 +439,19 @@ void run_quant(const at::Tensor& x, const at::Tensor* residual, const at::Tensor
   const int vec = 16 / static_cast<int>(x.element_size());
   a.vec = n % vec == 0 && rows_aligned(x2, a.sx) && aligned(a.y) &&
           (!residual || (rows_aligned(r2, a.sr) && rows_aligned(ro2, a.sro)));
-  const int64_t M = x2.size(0);
+  a.w_vec = a.vec && w.defined() && aligned(w.const_data_ptr());
+  a.m = x2.size(0);
   const bool r_fp32 = residual && residual->scalar_type() == at::kFloat;
   switch (x.scalar_type()) {
     case at::kFloat:
-      return residual ? launch<float, float>(a, M) : launch<float, void>(a, M);
+      return residual ? launch<float, float>(a) : launch<float, void>(a);
     case at::kHalf:
-      if (!residual) return launch<__half, void>(a, M);
-      return r_fp32 ? launch<__half, float>(a, M) : launch<__half, __half>(a, M);
+      if (!residual) return launch<__half, void>(a);
+      return r_fp32 ? launch<__half, float>(a) : launch<__half, __half>(a);
     case at::kBFloat16:
-      if (!residual) return launch<__nv_bfloat16, void>(a, M);
-      return r_fp32 ? launch<__nv_bfloat16, float>(a, M)
-                    : launch<__nv_bfloat16, __nv_bfloat16>(a, M);
+      if (!residual) return launch<__nv_bfloat16, void>(a);
+      return r_fp32 ? launch<__nv_bfloat16, float>(a)
+                    : launch<__nv_bfloat16, __nv_bfloat16>(a);
     default:
       TORCH_CHECK_TYPE(false, "cuda_impl: unsupported dtype ", x.scalar_type());
   }

@@ -427,6 +427,13 @@ void check_quant(const at::Tensor& x, bool scale, int64_t group, bool bound,
            {{"of", scale ? "scale" : "group_size"},
             {"hint", "scale_ub bounds the dynamic scale of a row (scale None, group_size 0)"}});
   }
+  if (out_dtype == at::kFloat8_e4m3fn && x.is_cuda()) {
+    const int sm = sm_version(x.get_device());
+    if (sm < 89) {
+      refuse(spec::kFp8Device, impl, "out_dtype",
+             {{"got", dtype_str(out_dtype)}, {"of", "x's GPU"}, {"want", "sm_" + num(sm)}});
+    }
+  }
 }
 
 const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t ? &*t : nullptr; }

@@ -99,6 +99,8 @@ void fused_add_rms_norm_(at::Tensor& x, at::Tensor& residual,
 
 // SMs of a device, asked once per device (forward.cu).
 int sm_count(int device);
+// A device's compute capability as major x 10 + minor (89: sm_89), asked once per device.
+int sm_version(int device);
 // Whether a device has thread-block clusters (sm_90 or newer), asked once per device; what
 // both ops plan by: without them no cluster config is picked (forward.cu).
 bool has_clusters(int device);

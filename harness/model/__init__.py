@@ -19,6 +19,7 @@ A file a concern, each importing only those above it:
     finish.py   a job's figures: shares, s, bounds, the speedup, flags and their reasons
     job.py      one (shape, mode) job of the block, or the transformers layer's
     families.py the real clients: transformers' Qwen3 and Gemma 3 layers, every norm swapped
+    fp8.py      the FP8 client: the block's projections in fp8, the norms' outputs quantised
     tables.py   model.md: the report, a pure function of records
     gpu.py      the GPU run: the jobs planned and run, the table written
     cpu.py      without a GPU: the tiny config checked, then the committed table
@@ -46,6 +47,7 @@ from harness.model.config import (
     COMMITTED_RECORDS,
     CPU_SHAPES,
     FAMILIES,
+    FP8_SCALINGS,
     GPU_SHAPES,
     LAYER_OP,
     MODES,
@@ -54,9 +56,11 @@ from harness.model.config import (
     TINY,
     VARIANTS,
     family_op,
+    fp8_op,
 )
 from harness.model.cpu import check_blocks, check_layer, check_train_block, run_cpu, why_not_on
 from harness.model.families import run_family_job
+from harness.model.fp8 import check_fp8, run_fp8_job
 from harness.model.gpu import not_applicable, plan_jobs, run_gpu
 from harness.model.hf import LAYER_STEP_TENSORS, LAYER_VARIANTS, LayerStep
 from harness.model.job import run_job, run_layer_job
@@ -80,6 +84,7 @@ __all__ = [
     "COMMITTED_RECORDS",
     "CPU_SHAPES",
     "FAMILIES",
+    "FP8_SCALINGS",
     "GPU_SHAPES",
     "LAYER_OP",
     "LAYER_STEP_TENSORS",
@@ -100,10 +105,12 @@ __all__ = [
     "block_fn",
     "build_parser",
     "check_blocks",
+    "check_fp8",
     "check_layer",
     "check_train_block",
     "exceeds",
     "family_op",
+    "fp8_op",
     "fp32_block",
     "fused_add_rms_norm_ref",
     "is_norm_kernel",
@@ -119,6 +126,7 @@ __all__ = [
     "render",
     "run_cpu",
     "run_family_job",
+    "run_fp8_job",
     "run_gpu",
     "run_job",
     "run_layer_job",

@@ -80,6 +80,11 @@ class Variant:
         return self.name in FUSED
 
 
+def why_not_on(v: Variant, device: str) -> Optional[str]:
+    """None if the variant runs on device ("cpu" or "cuda"), else why not."""
+    return v.unavailable or (None if v.cpu or device != "cpu" else "needs a CUDA GPU")
+
+
 def _import(package: str) -> tuple[Optional[Any], Optional[str]]:
     """(module, None), or (None, why): any exception counts, since a CUDA build older than
     its Python side fails at import with a RuntimeError, not an ImportError."""
@@ -178,8 +183,15 @@ def rotate_half(t: torch.Tensor) -> torch.Tensor:
 
 
 def attention(cfg: BlockConfig, w: Weights, h, cos, sin, k_cache=None, v_cache=None):
-    b, s, _ = h.shape
-    q, k, v = F.linear(h, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    o = attend(cfg, F.linear(h, w.qkv), cos, sin, k_cache, v_cache)
+    return F.linear(o, w.o)
+
+
+def attend(cfg: BlockConfig, qkv, cos, sin, k_cache=None, v_cache=None) -> torch.Tensor:
+    """Attention from the QKV projection's output to the output projection's input:
+    (batch, tokens, q_size)."""
+    b, s, _ = qkv.shape
+    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     q = q.view(b, s, cfg.heads, cfg.head_dim).transpose(1, 2)
     k = k.view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
     v = v.view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
@@ -194,7 +206,7 @@ def attention(cfg: BlockConfig, w: Weights, h, cos, sin, k_cache=None, v_cache=N
         k_cache[:, :, -s:].copy_(k)
         v_cache[:, :, -s:].copy_(v)
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
-    return F.linear(o.transpose(1, 2).reshape(b, s, cfg.q_size), w.o)
+    return o.transpose(1, 2).reshape(b, s, cfg.q_size)
 
 
 def mlp(w: Weights, h: torch.Tensor) -> torch.Tensor:
@@ -212,17 +224,19 @@ def block(cfg, w, add_norm, x, residual, cos, sin, k_cache=None, v_cache=None) -
 
 
 def block_fn(
-    cfg: BlockConfig, w: Weights, add_norm: Callable, name: Optional[str] = None
+    cfg: BlockConfig, w: Weights, add_norm: Callable, name: Optional[str] = None, body=None
 ) -> Callable:
     """The block as a function of its inputs alone: what torch.compile traces. Named (a
     variant's name), it runs a code object of its own: dynamo keeps its compiled entries
     on the code object and takes any whose guards hold, and a pass variant's block holds
     the same functions as native's or ours (guarded by code and closure, not identity), so
     on a shared code object it would run the graph compiled before the pass was installed.
-    One code object a variant also keeps each under dynamo's recompile limit."""
+    One code object a variant also keeps each under dynamo's recompile limit. body: the
+    block function (block's signature; default block)."""
+    body = body or block
 
     def run(x, residual, cos, sin, k_cache=None, v_cache=None):
-        return block(cfg, w, add_norm, x, residual, cos, sin, k_cache, v_cache)
+        return body(cfg, w, add_norm, x, residual, cos, sin, k_cache, v_cache)
 
     if name is None:
         return run
@@ -286,11 +300,14 @@ def raised(e: BaseException) -> dict:
     return {"rel_err": None, "limit": None, "passed": False, "error": measure.first_line(e)}
 
 
-def agreement(outs: tuple, truth: tuple, native: Optional[float] = None) -> dict:
+def agreement(
+    outs: tuple, truth: tuple, native: Optional[float] = None, most: float = NATIVE_MAX
+) -> dict:
     """{rel_err, limit, passed, error}: the worse relative L2 error of outs against the fp32
-    block's, within TRUTH_FACTOR of native's error ``native`` (NATIVE_MAX where None)."""
+    block's, within TRUTH_FACTOR of native's error ``native`` (most where None, and at
+    most most)."""
     worst = max(rel_err(o, t) for o, t in zip(outs, truth, strict=True))
-    limit = NATIVE_MAX if native is None else min(NATIVE_MAX, TRUTH_FACTOR * native)
+    limit = most if native is None else min(most, TRUTH_FACTOR * native)
     ok = worst <= limit
     error = None if ok else f"relative L2 error {worst:.3g} from the fp32 block > {limit:.3g}"
     return {"rel_err": worst, "limit": limit, "passed": ok, "error": error}

@@ -97,6 +97,15 @@ def family_op(family: str) -> str:
     return f"{family}_decoder_layer"
 
 
+#: The FP8 block's activation scalings (harness.model.fp8): a static scale, a scale a token.
+FP8_SCALINGS = ("static", "token")
+
+
+def fp8_op(scaling: str) -> str:
+    """The records' op (block) name of the FP8 block with a scaling."""
+    return f"fp8_{scaling}_decoder_block"
+
+
 #: --budget-s when not given: no new job starts after it, so the run (compiles included)
 #: ends well inside one 10-minute device call.
 DEFAULT_BUDGET_S = 360.0

@@ -22,6 +22,7 @@ from harness.model.block import (
     make_inputs,
     make_weights,
     variants,
+    why_not_on,
 )
 from harness.model.config import (
     COMMITTED,
@@ -38,6 +39,7 @@ from harness.model.config import (
     Shape,
 )
 from harness.model.families import check_family
+from harness.model.fp8 import check_fp8
 from harness.model.hf import layer_calls, layer_checks, layer_steps, layer_train_checks
 from harness.model.tables import render
 from harness.model.train import (
@@ -57,11 +59,6 @@ GPU_ONLY = {
     "--out": "nothing is written without a GPU",
     "--append": "nothing is written without a GPU",
 }
-
-
-def why_not_on(v: Variant, device: str) -> Optional[str]:
-    """None if the variant runs on device ("cpu" or "cuda"), else why not."""
-    return v.unavailable or (None if v.cpu or device != "cpu" else "needs a CUDA GPU")
 
 
 @torch.no_grad()
@@ -209,13 +206,9 @@ def run_cpu(args) -> int:
                     print(f"transformers layer {shape}: not checked: {why}")
                 for name, c in checks.items():
                     norm = "swapped to " + name if name != "eager" else "own norm"
-                    where = f"layer {shape:<8} {norm:<17}"
-                    if "skipped" in c:
-                        print(f"{where} skip: {c['skipped']}")
-                        continue
-                    failed += not c["passed"]
-                    print(f"{where} {_verdict(c)} (against {c['against']})")
+                    failed += _said(f"layer {shape:<8} {norm:<17}", c, c.get("against"))
             failed += _check_families(args)
+        failed += _check_fp8(args)
     print()
     print(committed_text())
     return 1 if failed else 0
@@ -233,15 +226,32 @@ def _check_families(args) -> int:
         if why:
             print(f"{family} layer: not checked: {why}")
         for name, c in checks.items():
-            where = (
-                f"layer {family:<8} {'swapped to ' + name if name != 'eager' else 'own norms':<17}"
-            )
-            if "skipped" in c:
-                print(f"{where} skip: {c['skipped']}")
-                continue
-            failed += not c["passed"]
-            print(f"{where} {_verdict(c)} (against the layer in fp32)")
+            norm = "swapped to " + name if name != "eager" else "own norms"
+            failed += _said(f"layer {family:<8} {norm:<17}", c, "the layer in fp32")
     return failed
+
+
+def _check_fp8(args) -> int:
+    """The FP8 block of the tiny sizes (harness.model.fp8) at prefill, each scaling, each
+    variant that runs here, against the bf16 block in fp32; returns the failures."""
+    failed = 0
+    if "prefill" not in args.shapes:
+        return failed
+    vs = {n: v for n, v in variants().items() if n in args.variants}
+    for scaling, checks in check_fp8(TINY, vs, CPU_SHAPES["prefill"], args.seed).items():
+        for name, c in checks.items():
+            failed += _said(f"fp8 block {scaling:<6} {name:<13}", c, "the bf16 block in fp32")
+    return failed
+
+
+def _said(where: str, c: dict, against: str) -> int:
+    """One check's line: its skip, or its verdict against what it was checked against;
+    1 where it failed."""
+    if "skipped" in c:
+        print(f"{where} skip: {c['skipped']}")
+        return 0
+    print(f"{where} {_verdict(c)} (against {against})")
+    return int(not c["passed"])
 
 
 def _verdict(c: dict) -> str:

@@ -24,7 +24,15 @@ from harness.model.config import FAMILIES, BlockConfig, Shape, family_op
 from harness.model.hf import LayerCall, layer_call, layer_config
 from harness.model.job import Ready, _time_blocks, profiled
 from harness.model.shares import _speedup, _total
-from harness.model.state import Run, _enter_compile_shape, _state, _sync_time, _write_block
+from harness.model.state import (
+    Run,
+    _enter_compile_shape,
+    _state,
+    _sync_time,
+    _write_block,
+    _write_raised,
+    _write_skip,
+)
 
 #: The family layers' variants, the layer's own norms (eager) first: the baseline.
 FAMILY_VARIANTS = ("eager", "native", "triton", "cuda")
@@ -128,8 +136,7 @@ def run_family_job(run: Run, family: str, shape: Shape, mode: str, names: list[s
     st = _state(run, shape)
     calls, skipped, truth = family_calls(tf, family, run.cfg, run.variants, names, st.inputs.x)
     for name, reason in skipped.items():
-        _write_block(run, shape, mode, name, status="SKIP", block=op, notes=[f"not run: {reason}"])
-        run.say(f"{op} {mode}/{name}: skip ({reason})")
+        _write_skip(run, shape, mode, name, op, reason)
     compile_s: dict[str, Optional[float]] = dict.fromkeys(calls)
     if mode == "compile":
         # Dynamo reset where the shape changes, as the block's compiles are (not a variant:
@@ -139,11 +146,7 @@ def run_family_job(run: Run, family: str, shape: Shape, mode: str, names: list[s
             try:
                 calls[name], compile_s[name] = _compiled(calls[name])
             except Exception as e:
-                run.failed += 1
-                err = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
-                _write_block(run, shape, mode, name, status="FAIL", block=op, correct=err,
-                             notes=["did not compile"])  # fmt: skip
-                run.say(f"{op} {mode}/{name}: FAIL {err['error']}")
+                _write_raised(run, shape, mode, name, op, e, "did not compile")
                 del calls[name]
     checks = family_checks(calls, truth)
     del truth

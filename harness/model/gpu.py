@@ -15,6 +15,7 @@ from harness.model.block import make_weights, variants
 from harness.model.config import (
     BLOCK_OP,
     FAMILIES,
+    FP8_SCALINGS,
     GPU_SHAPES,
     LAYER_OP,
     LLAMA3_8B,
@@ -22,8 +23,10 @@ from harness.model.config import (
     REPORT_NAME,
     TRAIN_MODES,
     family_op,
+    fp8_op,
 )
 from harness.model.families import run_family_job
+from harness.model.fp8 import run_fp8_job
 from harness.model.job import run_job, run_layer_job
 from harness.model.state import Run, _write_block
 from harness.model.tables import render
@@ -33,6 +36,9 @@ LAYER_JOBS = {"layer": "prefill", "layer_train": "train"}
 #: The jobs of the family layers (Qwen3's, Gemma 3's: harness.model.families), at prefill,
 #: in eager and compile modes.
 FAMILY_JOBS = dict.fromkeys(FAMILIES, "prefill")
+#: The FP8 block's jobs (harness.model.fp8), a scaling each, at prefill, in eager and
+#: compile modes.
+FP8_JOBS = {f"fp8_{s}": "prefill" for s in FP8_SCALINGS}
 
 
 def _op_at(job: str) -> tuple[str, str]:
@@ -42,6 +48,8 @@ def _op_at(job: str) -> tuple[str, str]:
         return LAYER_OP, LAYER_JOBS[job]
     if job in FAMILY_JOBS:
         return family_op(job), FAMILY_JOBS[job]
+    if job in FP8_JOBS:
+        return fp8_op(job.removeprefix("fp8_")), FP8_JOBS[job]
     return BLOCK_OP, job
 
 
@@ -59,11 +67,15 @@ def plan_jobs(shapes: list[str], modes: list[str], layer: bool) -> list[tuple[st
     if layer and "eager" in modes:
         jobs += [(job, "eager") for job, at in LAYER_JOBS.items() if at in shapes]
         jobs += [(job, "eager") for job, at in FAMILY_JOBS.items() if at in shapes]
+    if "eager" in modes:
+        jobs += [(job, "eager") for job, at in FP8_JOBS.items() if at in shapes]
     jobs += [
         (s, m) for s in shapes for m in ("compile", "compile_graph") if m in modes and applies(s, m)
     ]
     if layer and "compile" in modes:
         jobs += [(job, "compile") for job, at in FAMILY_JOBS.items() if at in shapes]
+    if "compile" in modes:
+        jobs += [(job, "compile") for job, at in FP8_JOBS.items() if at in shapes]
     return jobs
 
 
@@ -119,6 +131,8 @@ def run_gpu(args, out: Path) -> int:
                     run_layer_job(run, args.variants, LAYER_JOBS[shape])
                 elif shape in FAMILY_JOBS:
                     run_family_job(run, shape, where, mode, args.variants)
+                elif shape in FP8_JOBS:
+                    run_fp8_job(run, shape.removeprefix("fp8_"), where, mode, args.variants)
                 else:
                     run_job(run, where, mode, args.variants)
             except Exception as e:  # one job's failure, recorded; the next job runs

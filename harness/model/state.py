@@ -65,6 +65,7 @@ class ShapeState:
     dys: tuple = ()
     piece_dys: tuple = ()
     native_errs: Optional[list] = None
+    fp8: dict = field(default_factory=dict)  # scaling -> the FP8 block's weights (fp8.py)
 
 
 @dataclass
@@ -205,3 +206,19 @@ def _write_block(
         **fields,
     )
     run.b.writer.write(rec)
+
+
+def _write_skip(run: Run, shape: Shape, mode: str, name: str, block: str, why: str) -> None:
+    """A variant not run, and why: its SKIP record, said."""
+    _write_block(run, shape, mode, name, status="SKIP", block=block, notes=[f"not run: {why}"])
+    run.say(f"{block} {mode}/{name}: skip ({why})")
+
+
+def _write_raised(
+    run: Run, shape: Shape, mode: str, name: str, block: str, e: BaseException, note: str
+) -> None:
+    """A variant whose preparation raised e: counted, its FAIL record (e's first line), said."""
+    run.failed += 1
+    err = {"rel_err": None, "passed": False, "error": measure.first_line(e)}
+    _write_block(run, shape, mode, name, status="FAIL", block=block, correct=err, notes=[note])
+    run.say(f"{block} {mode}/{name}: FAIL {err['error']}")
