@@ -108,7 +108,7 @@ def run_gpu(args, names: list[str], out: Path) -> int:
         b.writer.close()
         print(f"{NOTHING_CHECKED} ({', '.join(names)} skipped)", file=sys.stderr)
         return 1
-    plans = {op.name: op.plan(args.dtypes, quick=args.quick, shapes=args.shapes) for op in ops}
+    plans = {op.name: _plan_of(op, args) for op in ops}
     work = schedule(ops, plans)
     each = ", ".join(
         f"{op.name} {len(plans[op.name])} shapes ({len(impls[op.name])} implementations)"
@@ -152,6 +152,18 @@ def schedule(ops: list[Op], plans: dict[str, list[Planned]]) -> list[tuple[Op, P
     return [
         (op, plans[op.name][i]) for i in range(longest) for op in ops if i < len(plans[op.name])
     ]
+
+
+def _plan_of(op: Op, args: argparse.Namespace) -> list[Planned]:
+    """op's planned shapes, less those whose N it cannot take (op.n_multiple), which are
+    named (--shapes never holds one: parse_args refuses it)."""
+    planned = op.plan(args.dtypes, quick=args.quick, shapes=args.shapes)
+    left = [q for q in planned if q.n % op.n_multiple]
+    if left:
+        names = ", ".join(sorted({f"N = {q.n}" for q in left}, key=lambda t: int(t[4:])))
+        print(f"{op.name}: {len(left)} planned shapes left out ({names}: not a multiple of "
+              f"{op.n_multiple})")  # fmt: skip
+    return [q for q in planned if not q.n % op.n_multiple]
 
 
 def _runnable(b: measure.Bench, op: Op, names: list[str]) -> list[Impl]:
@@ -388,6 +400,13 @@ def parse_args(
         args.shapes = parse_shapes(args.shapes) if args.shapes is not None else None
     except ValueError as e:
         p.error(f"--shapes: {e}")
+    for op in args.ops:
+        ragged = [f"{m}x{n}" for m, n in args.shapes or [] if n % op.n_multiple]
+        if ragged:
+            p.error(
+                f"--shapes: {','.join(ragged)} has N not a multiple of {op.n_multiple}, "
+                f"which {op.name} needs (whole groups)"
+            )
     wide = [f"{m}x{n}" for m, n in args.shapes or [] if n > MAX_N]
     if wide:
         p.error(

@@ -672,8 +672,14 @@ def _flashinfer_quant(cuda_path: bool, mode: str, fused: bool) -> Impl:
     """FlashInfer's rmsnorm_quant / fused_add_rmsnorm_quant: a static scale only, y into an
     fp8 tensor it is given (the fused add in place, on copies, as its plain fused add)."""
     name = "flashinfer_cuda" if cuda_path else "flashinfer"
+    group = QUANT_MODES[mode].get("group_size")
+    if group == 128 and fused:
+        return _flashinfer_group_quant(cuda_path)
     if mode != "static":
-        return Impl(name, None, unavailable="FlashInfer's norms quantise by a static scale only")
+        why = (
+            "FlashInfer's norms quantise by a static scale only, its fused add by groups of 128 too"
+        )
+        return Impl(name, None, unavailable=why)
     norm, why = _flashinfer_norm(cuda_path)
     if why:
         return Impl(name, None, unavailable=why)
@@ -692,7 +698,52 @@ def _flashinfer_quant(cuda_path: bool, mode: str, fused: bool) -> Impl:
         _flashinfer_call(norm, cuda_path, norm.rmsnorm_quant, y, rows, w, scale, inputs[2])
         return y.view(x.shape), scale
 
-    return Impl(name, quantised, notes=[_FLASHINFER_NOTES[cuda_path], "static scale only"])
+    # its fused kernels normalise the fp32 sum and store only residual_out rounded (both
+    # paths), where the reference normalises the rounded residual_out
+    return Impl(
+        name,
+        quantised,
+        notes=[_FLASHINFER_NOTES[cuda_path], "static scale only"],
+        rounds_in_dtype=fused,
+    )
+
+
+def _flashinfer_group_quant(cuda_path: bool) -> Impl:
+    """FlashInfer's fused add with groups of 128 (fused_add_rmsnorm_fp8_block_quant, its
+    CUDA kernel alone): the residual in place (on a copy), y in e4m3, the scales
+    column-major (N / 128, M rounded up to 4), returned as (M, N / 128) views, and a bf16
+    normed_out written as well, which its time includes."""
+    name = "flashinfer_cuda" if cuda_path else "flashinfer"
+    if not cuda_path:
+        return Impl(name, None, unavailable="FlashInfer's group quantisation is a CUDA kernel only")
+    norm, why = _flashinfer_norm(cuda_path)
+    if why:
+        return Impl(name, None, unavailable=why)
+
+    def quantised(x, residual, weight, eps):
+        n = x.shape[-1]
+        rows = x.reshape(-1, n)
+        m = rows.shape[0]
+        y = torch.empty(rows.shape, dtype=QUANT_DTYPE, device=x.device)
+        scales = torch.empty((n // 128, (m + 3) // 4 * 4), dtype=torch.float32, device=x.device)
+        normed = torch.empty_like(rows)
+        res = residual.reshape(-1, n).clone()
+        w = _flashinfer_weight(name, weight, x)
+        norm.fused_add_rmsnorm_fp8_block_quant(y, scales, normed, rows, res, w, eps)
+        per_row = scales.t()[:m].reshape(*x.shape[:-1], n // 128)
+        return y.view(x.shape), res.view(x.shape), per_row
+
+    return Impl(
+        name,
+        quantised,
+        notes=[
+            _FLASHINFER_NOTES[True],
+            "fused_add_rmsnorm_fp8_block_quant: writes a bf16 normed_out too (2 bytes an "
+            "element more than the op's bytes); N a multiple of 256 to 8192, of 512 to 16384",
+        ],
+        # y of the fp32 sum, rounded to x's dtype before the group's max and the rounding
+        rounds_in_dtype=True,
+    )
 
 
 def quant_registry(

@@ -117,6 +117,9 @@ class Op:
     # whether each output has its reference's dtype (the quantised ops: y is fp8, its
     # reference the fp32 values before the rounding, which their compare checks)
     exact_dtypes: bool = True
+    # the widths it takes are multiples of this (a group's quantisation: whole groups); the
+    # bench leaves the others out of its plan, by name, and refuses them in --shapes
+    n_multiple: int = 1
     # (name, (M, N)): what harness.bench checks under the interpreter without a GPU when
     # --shapes names none (None: its NO_GPU_SHAPES)
     no_gpu_shapes: Optional[tuple] = None
@@ -630,6 +633,7 @@ def _quant_op(mode: str, fused: bool) -> Op:
         cases=cases,
         no_gpu_shapes=no_gpu,
         exact_dtypes=False,
+        n_multiple=group or 1,
     )
 
 

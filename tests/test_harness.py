@@ -719,6 +719,22 @@ def test_bench_argument_defaults():
             plan.parse_names(text, OURS)
 
 
+def test_bench_group_forms_take_whole_groups_only(capsys):
+    """A group's quantisation takes widths of whole groups: the grid's other widths are left
+    out by name, and --shapes naming one is refused before any work."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--ops", "fp8_rms_norm_group128", "--shapes", "64x4096,32x1000"])
+    assert "32x1000 has N not a multiple of 128" in capsys.readouterr().err
+    args = bench.parse_args(["--ops", "fp8_rms_norm_static", "--shapes", "32x1000"])
+    assert bench._plan_of(args.ops[0], args)[0].n == 1000  # the other forms take any N
+    args = bench.parse_args(["--ops", "fp8_fused_add_rms_norm_group128", "--dtypes", "bf16"])
+    op = args.ops[0]
+    planned = bench._plan_of(op, args)
+    whole = [q for q in op.plan(["bf16"]) if q.n % 128 == 0]
+    assert planned == whole and len(whole) < len(op.plan(["bf16"]))
+    assert "N = 1000" in capsys.readouterr().out
+
+
 def test_registry_keeps_ours_by_default_and_adds_baselines():
     assert set(registry()) == set(OURS)  # what tests and harness.validate run
     full = registry(baselines=True)
