@@ -13,6 +13,7 @@ import torch
 
 from rmsnorm_api import check_call, empty_outputs
 from rmsnorm_api.quant import quant_functions, quant_values
+from triton_impl.eager import eager_quant
 from triton_impl.kernels import INTERPRET
 from triton_impl.launch import Quant, op
 from triton_impl.ops import _run
@@ -87,5 +88,5 @@ def _fused_add_quant_in_place_op(
 
 
 rms_norm_quant, fused_add_rms_norm_quant, fused_add_rms_norm_quant_ = quant_functions(
-    "triton_impl", allow_cpu=INTERPRET
+    "triton_impl", allow_cpu=INTERPRET, eager=None if INTERPRET else eager_quant
 )
