@@ -24,7 +24,9 @@
 // neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks:
 // sum, then re-read (from L2), ds, and the chunk's dweight share added into the CTA's
 // partials row (its own: no other CTA touches it); 16-byte groups where every row of every
-// tensor is aligned and N is whole groups, one element a group otherwise.
+// tensor is aligned and N is whole groups, one element a group otherwise. Narrow aligned
+// rms_norm rows (to kNarrowMaxGroups groups: QK-norm's head rows) go before all of these to
+// rms_norm_bwd_narrow, several rows a CTA, a row's lanes within a warp.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
@@ -1294,10 +1296,11 @@ Launch pick(const Rows& r) {
 }
 
 // The HEADS twin of kernel k (rms_norm's T rows, picked by pick for one head's row), or
-// null where there is none: built for the 64-thread kernels (rows to 128 groups: every head
-// width models use) that head rows of one phase take, the staged one of aligned 16-bit rows,
-// the register one of aligned fp32 rows, and the register one with edges. Rows that take
-// another (a cluster's, the chunked kernel of differing phases) go head by head or as rows.
+// null where there is none: built for the narrow kernels (aligned rows to kNarrowMaxGroups
+// groups: every head width models use) and for the 64-thread kernels that other head rows
+// of one phase take (to 128 groups), the staged one of aligned 16-bit rows, the register one
+// of aligned fp32 rows, and the register one with edges. Rows that take another (a
+// cluster's, the chunked kernel of differing phases) go head by head or as rows.
 template <typename T>
 HeadsKernelPtr heads_twin(KernelPtr k) {
   constexpr int V = kVec<T>;
