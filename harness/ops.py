@@ -62,7 +62,7 @@ from harness.cases import (
     qk_cases,
     qk_grad_cases,
 )
-from harness.plan import QK_HEADS, Planned, grad_plan, qk_plan
+from harness.plan import QK_HEADS, QK_MORE_HEADS, Planned, grad_plan, qk_plan
 from harness.plan import plan as forward_plan
 from harness.reference import (
     QUANT_REL,
@@ -446,34 +446,34 @@ GEMMA_FUSED_ADD_RMS_NORM = _gemma(FUSED_ADD_RMS_NORM, impls.fused_add_registry)
 
 
 def qk_inputs(
-    spec: Spec, device: Union[str, torch.device], seed: int
+    spec: Spec, device: Union[str, torch.device], seed: int, heads: int = QK_HEADS
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
     """Fresh inputs (q, weight, eps) for QK-norm: q = qkv[:, :H*D].view(T, H, D) of a packed
     projection (T, 3HD), strides (3HD, D, 1); a case's shape is (T, H, D), a planned one's
-    (T x QK_HEADS, D)."""
+    (T x heads, D)."""
     g = torch.Generator(device=device).manual_seed(seed)
-    return _qk_draw(_case(spec), g, device)
+    return _qk_draw(_case(spec), g, device, heads)
 
 
 def qk_grad_inputs(
-    spec: Spec, device: Union[str, torch.device], seed: int
+    spec: Spec, device: Union[str, torch.device], seed: int, heads: int = QK_HEADS
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], float, torch.Tensor]:
     """Fresh inputs (q, weight, eps, dy) for QK-norm's backward: qk_inputs' (the same values
     for the same seed), then dy ~ randn of q's shape, contiguous (as autograd gives it), in
     q's dtype, drawn next from the same generator."""
     g = torch.Generator(device=device).manual_seed(seed)
-    q, weight, eps = _qk_draw(_case(spec), g, device)
+    q, weight, eps = _qk_draw(_case(spec), g, device, heads)
     return q, weight, eps, torch.randn(q.shape, generator=g, device=device).to(q.dtype)
 
 
 def _qk_draw(
-    case: Case, g: torch.Generator, device: Union[str, torch.device]
+    case: Case, g: torch.Generator, device: Union[str, torch.device], heads: int
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
     """q (T, H, D), a head view of a fresh packed projection, then the weight, from g."""
     if len(case.shape) == 3:
         t, h, d = case.shape
     else:
-        h, d = QK_HEADS, case.n
+        h, d = heads, case.n
         if case.m % h:
             raise ValueError(
                 f"qk_rms_norm: M = {case.m} rows are not a whole number of tokens of {h} heads"
@@ -483,24 +483,27 @@ def _qk_draw(
     return qkv[:, : h * d].view(t, h, d), _weight(case, g, device), case.eps
 
 
-#: QK-norm's shapes under the interpreter (harness.bench without a GPU): whole tokens of
-#: QK_HEADS heads, a head width models use, an odd one, one token.
-QK_NO_GPU_SHAPES = (
-    ("t3-d64", (3 * QK_HEADS, 64)),
-    ("t2-d100", (2 * QK_HEADS, 100)),
-    ("t1-d128", (QK_HEADS, 128)),
-)
+def qk_no_gpu_shapes(heads: int) -> tuple:
+    """QK-norm's shapes under the interpreter (harness.bench without a GPU): whole tokens of
+    `heads` heads, a head width models use, an odd one, one token."""
+    return (
+        ("t3-d64", (3 * heads, 64)),
+        ("t2-d100", (2 * heads, 100)),
+        ("t1-d128", (heads, 128)),
+    )
 
 
-def _qk(op: Op, what: str, **fields) -> Op:
-    """op on QK-norm's head views: their inputs, grid and interpreter shapes."""
+def _qk(op: Op, what: str, make_inputs: Callable, heads: int = QK_HEADS, **fields) -> Op:
+    """op on QK-norm's head views of `heads` heads a token: their inputs, grid and
+    interpreter shapes (named qk_<op>, or qk_<op>_h<heads> past QK_HEADS)."""
     return dataclasses.replace(
         op,
-        name=f"qk_{op.name}",
-        title=f"RMSNorm {what}of head views (QK-norm, {QK_HEADS} heads a token)",
-        plan=qk_plan,
-        grid_text=f"M = T x {QK_HEADS} heads, N = D",
-        no_gpu_shapes=QK_NO_GPU_SHAPES,
+        name=f"qk_{op.name}" + ("" if heads == QK_HEADS else f"_h{heads}"),
+        title=f"RMSNorm {what}of head views (QK-norm, {heads} heads a token)",
+        make_inputs=functools.partial(make_inputs, heads=heads),
+        plan=functools.partial(qk_plan, heads=heads),
+        grid_text=f"M = T x {heads} heads, N = D",
+        no_gpu_shapes=qk_no_gpu_shapes(heads),
         **fields,
     )
 
@@ -508,16 +511,22 @@ def _qk(op: Op, what: str, **fields) -> Op:
 #: QK-norm (Qwen3's, Gemma 3's q and k norms): rms_norm of the heads of a packed projection,
 #: rows that share no one stride, read where they lie or copied into rows first, as each
 #: implementation does; the bytes model is rms_norm's (q read, y written, the weight read).
-QK_RMS_NORM = _qk(RMS_NORM, "", make_inputs=qk_inputs, registry=impls.qk_registry, cases=qk_cases)
+QK_RMS_NORM = _qk(RMS_NORM, "", qk_inputs, registry=impls.qk_registry, cases=qk_cases)
 #: Its backward (dx into the head view's layout, dweight), alone, as rms_norm_bwd times it:
 #: the implementations that take rows at one stride copy the view into rows first, in the
 #: graph, so the copy's backward is theirs too.
 QK_RMS_NORM_BWD = _qk(
-    RMS_NORM_BWD,
-    "backward ",
-    make_inputs=qk_grad_inputs,
-    registry=impls.qk_bwd_registry,
-    cases=qk_grad_cases,
+    RMS_NORM_BWD, "backward ", qk_grad_inputs, registry=impls.qk_bwd_registry, cases=qk_grad_cases
+)
+#: Both at the other head counts models run (QK_MORE_HEADS: Llama-sized 8 to 64 a token),
+#: where a token's heads are fewer or more rows between the projection's gaps.
+QK_MORE = tuple(
+    _qk(op, what, inputs, heads, registry=registry, cases=cases)
+    for heads in QK_MORE_HEADS
+    for op, what, inputs, registry, cases in (
+        (RMS_NORM, "", qk_inputs, impls.qk_registry, qk_cases),
+        (RMS_NORM_BWD, "backward ", qk_grad_inputs, impls.qk_bwd_registry, qk_grad_cases),
+    )
 )
 
 #: The static scale the quantised ops' static form is given: |y| of the grid's inputs
@@ -646,7 +655,8 @@ QUANT_OPS = {
 FORWARD_OPS = {op.name: op for op in (RMS_NORM, FUSED_ADD_RMS_NORM)}
 #: The variants' ops, measured when asked for (harness.bench --ops).
 VARIANT_OPS = {
-    op.name: op for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM, QK_RMS_NORM, QK_RMS_NORM_BWD)
+    op.name: op
+    for op in (GEMMA_RMS_NORM, GEMMA_FUSED_ADD_RMS_NORM, QK_RMS_NORM, QK_RMS_NORM_BWD, *QK_MORE)
 }
 #: The gradient ops, measured when asked for (harness.bench --ops).
 GRAD_OPS = {op.name: op for op in (RMS_NORM_FWD_BWD, RMS_NORM_BWD, FUSED_ADD_RMS_NORM_FWD_BWD)}

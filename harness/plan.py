@@ -162,17 +162,24 @@ QK_DS = (64, 128, 256)
 QUICK_QK = ((4096, 128),)
 
 
+#: The head counts QK-norm is measured at besides QK_HEADS (an op each: harness.ops)
+QK_MORE_HEADS = (8, 64)
+
+
 def qk_plan(
-    dtypes: list[str], *, quick: bool = False, shapes: Optional[list[tuple[int, int]]] = None
+    dtypes: list[str],
+    *,
+    quick: bool = False,
+    shapes: Optional[list[tuple[int, int]]] = None,
+    heads: int = QK_HEADS,
 ) -> list[Planned]:
     """QK-norm's shapes: every (T, D) of QK_TOKENS x QK_DS (QUICK_QK with --quick) as (T x
-    QK_HEADS, D), bf16 first; ``shapes`` (M = T x QK_HEADS, N = D) replaces them as in
-    ``plan``."""
+    heads, D), bf16 first; ``shapes`` (M = T x heads, N = D) replaces them as in ``plan``."""
     if shapes:
-        return _requested(dtypes, shapes, qk_plan(dtypes))
+        return _requested(dtypes, shapes, qk_plan(dtypes, heads=heads))
     pairs = QUICK_QK if quick else [(t, d) for d in QK_DS for t in QK_TOKENS]
     order = [d for d in ("bf16", "fp16", "fp32") if d in dtypes]
-    return [Planned(d, t * QK_HEADS, n, ["grid"]) for d in order for t, n in pairs]
+    return [Planned(d, t * heads, n, ["grid"]) for d in order for t, n in pairs]
 
 
 def shape_class(dtype: str, n: int, small: bool) -> str:

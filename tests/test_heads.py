@@ -243,7 +243,7 @@ def test_harness_qk_op():
     projection; our Triton kernel and its second form (out=) match the op's reference on
     every case; a planned M that is not whole tokens is refused, naming it."""
     from harness.ops import OPS
-    from harness.plan import QK_HEADS, Planned
+    from harness.plan import QK_HEADS, QK_MORE_HEADS, Planned
     from rmsnorm_api import head_rows
 
     op = OPS["qk_rms_norm"]
@@ -257,11 +257,16 @@ def test_harness_qk_op():
         ref = op.reference(*inputs)
         for got in (impl.fn(*inputs), op.second_form(impl, inputs, ref)):
             op.compare(got, ref, case.id)
-    x, _, _ = op.make_inputs(Planned("bf16", 2 * QK_HEADS, 128), DEVICE, 0)
-    assert x.shape == (2, QK_HEADS, 128)
-    assert [(p.m, p.n) for p in op.plan(["bf16"], quick=True)] == [(4096 * QK_HEADS, 128)]
-    with pytest.raises(ValueError, match="not a whole number of tokens"):
-        op.make_inputs(Planned("bf16", QK_HEADS + 1, 128), DEVICE, 0)
+    for heads in (QK_HEADS, *QK_MORE_HEADS):  # an op a head count, forward and backward
+        for name in ("qk_rms_norm", "qk_rms_norm_bwd"):
+            op = OPS[name if heads == QK_HEADS else f"{name}_h{heads}"]
+            x = op.make_inputs(Planned("bf16", 2 * heads, 128), DEVICE, 0)[0]
+            assert x.shape == (2, heads, 128) and x.stride(0) == 3 * heads * 128
+            assert [(p.m, p.n) for p in op.plan(["bf16"], quick=True)] == [(4096 * heads, 128)]
+            assert f"{heads} heads a token" in op.title
+            assert all(m % heads == 0 for _, (m, _) in op.no_gpu_shapes)
+            with pytest.raises(ValueError, match="not a whole number of tokens"):
+                op.make_inputs(Planned("bf16", heads + 1, 128), DEVICE, 0)
 
 
 def test_harness_qk_backward_op():
