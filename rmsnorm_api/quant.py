@@ -71,6 +71,12 @@ def quant_values(op: str, x, residual, weight, eps, scale, group_size, scale_ub,
     return values
 
 
+def returned(outs: tuple, scale: Optional[torch.Tensor]) -> tuple:
+    """An op's outputs as the public functions return them: a static scale as given in
+    place of the op's empty scales."""
+    return (*outs[:-1], scale if scale is not None else outs[-1])
+
+
 def quant_functions(
     ns: str, *, allow_cpu: bool = False, eager: Optional[Callable] = None
 ) -> tuple[Callable, Callable, Callable]:
@@ -86,9 +92,10 @@ def quant_functions(
     the op; the in-place form, whose memory rules a key cannot imply, is checked whole."""
     ops = getattr(torch.ops, ns)
 
-    def fast(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
-             weight_offset) -> Optional[tuple]:  # fmt: skip
-        """The outputs through the checked-key path, or None where it does not apply."""
+    def checked_key(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                    weight_offset) -> Optional[tuple]:  # fmt: skip
+        """The call's quant_key where it may take the checked-key path (an eager functional
+        call on plain CUDA tensors, its scalars of their own types), else None."""
         if not (
             op != "fused_add_rms_norm_quant_"
             and type(eps) is float
@@ -97,52 +104,40 @@ def quant_functions(
             and bypass_ok(x, residual, weight, scale, scale_ub)
         ):
             return None
-        key = quant_key(op, x, residual, weight, scale, group_size, scale_ub, out_dtype,
-                        weight_offset)  # fmt: skip
+        return quant_key(op, x, residual, weight, scale, group_size, scale_ub, out_dtype,
+                         weight_offset)  # fmt: skip
+
+    def run(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+            weight_offset) -> tuple:  # fmt: skip
         impl = f"{ns}.{op}"
-        if key in _CHECKED and EPS_MIN <= eps <= EPS_MAX:
+        key = checked_key(op, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                          weight_offset)  # fmt: skip
+        if key is not None and key in _CHECKED and EPS_MIN <= eps <= EPS_MAX:
             for name, t in (("scale", scale), ("scale_ub", scale_ub)):
                 if t is not None:
                     check_scale_value(t, name, impl)
         else:
             values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub,
                                   out_dtype, weight_offset)  # fmt: skip
-            check_call(op, impl, values)
-            if len(_CHECKED) >= _MAX_CHECKED:
-                _CHECKED.clear()
-            _CHECKED.add(key)
-        if eager is not None:
-            return eager(key, op, x, residual, weight, eps, scale, group_size, scale_ub,
+            check_call(op, impl, values, allow_cpu=allow_cpu)
+            if key is not None:
+                if len(_CHECKED) >= _MAX_CHECKED:
+                    _CHECKED.clear()
+                _CHECKED.add(key)
+        if key is not None and eager is not None:
+            outs = eager(key, op, x, residual, weight, eps, scale, group_size, scale_ub,
                          out_dtype, weight_offset)  # fmt: skip
-        head = (x,) if residual is None else (x, residual)
-        checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
-        try:
-            return getattr(ops, op)(*head, weight, eps, scale, group_size, scale_ub, out_dtype,
-                                    weight_offset)  # fmt: skip
-        finally:
-            _VALUES_CHECKED.reset(checked)
-
-    def run(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
-            weight_offset) -> tuple:  # fmt: skip
-        outs = fast(op, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
-                    weight_offset)  # fmt: skip
-        if outs is not None:
-            return (*outs[:-1], scale if scale is not None else outs[-1])
-        values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub,
-                              out_dtype, weight_offset)  # fmt: skip
+            return returned(outs, scale)
         head = (x,) if op == "rms_norm_quant" else (x, residual)
-        check_call(op, f"{ns}.{op}", values, allow_cpu=allow_cpu)
         call = functools.partial(getattr(ops, op), *head, weight, float(eps), scale, group_size,
                                  scale_ub, out_dtype, float(weight_offset))  # fmt: skip
         if torch.compiler.is_compiling():  # no value is read there
-            outs = call()
-        else:
-            checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
-            try:
-                outs = call()
-            finally:
-                _VALUES_CHECKED.reset(checked)
-        return (*outs[:-1], scale if scale is not None else outs[-1])
+            return returned(call(), scale)
+        checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
+        try:
+            return returned(call(), scale)
+        finally:
+            _VALUES_CHECKED.reset(checked)
 
     def rms_norm_quant(
         x: torch.Tensor,

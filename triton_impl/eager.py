@@ -229,6 +229,15 @@ def _cacheable(launch, tensors: tuple) -> bool:
     return launch.reusable and all(a.data_ptr() == t.data_ptr() for a, t in pairs)
 
 
+def _remember(key: tuple, p):
+    """Cache plan p under key (a forward's _Plan or a quantised op's _QuantPlan) and return
+    it; past _MAX_PLANS (many shapes, e.g. a varying batch) the cache starts over."""
+    if len(PLANS) >= _MAX_PLANS:
+        PLANS.clear()
+    PLANS[key] = p
+    return p
+
+
 def _planned_launch(key: tuple, tensors: tuple, eps: float, dense: tuple, launch) -> None:
     """A miss: launch what launch.plan planned, and cache its plan under key when the
     launch uses the tensors in place (no copy made for it) and has no workspace of its own;
@@ -238,17 +247,10 @@ def _planned_launch(key: tuple, tensors: tuple, eps: float, dense: tuple, launch
     if not _cacheable(launch, tensors):
         launch.kernel[launch.grid](*launch.args, **launch.meta)
         return
-    if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
-        PLANS.clear()
-    p = PLANS[key] = _Plan(
-        launch.kernel,
-        launch.grid,
-        k,
-        tuple(launch.args[k:-1]),
-        launch.meta,
-        dense,
-        key[1] is not None,
-    )
+    p = _remember(
+        key, _Plan(launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta, dense,
+                   key[1] is not None)
+    )  # fmt: skip
     _cached_launch(p, tensors, eps, key[0][4])
 
 
@@ -449,10 +451,8 @@ def eager_quant(key: tuple, op: str, x, residual, weight, eps: float, scale, gro
         if not _cacheable(launch, tensors):
             launch.kernel[launch.grid](*launch.args, **launch.meta)
             return (*outs, scales)
-        if len(PLANS) >= _MAX_PLANS:
-            PLANS.clear()
         k = len(tensors)
         ints = tuple(launch.args[k:-1])
-        p = PLANS[key] = _QuantPlan(launch.kernel, launch.grid, k, ints, launch.meta)
+        p = _remember(key, _QuantPlan(launch.kernel, launch.grid, k, ints, launch.meta))
     p.launch(tensors, q_in, scales, eps, x.get_device())
     return (*outs, scales)

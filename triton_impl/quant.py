@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from rmsnorm_api import check_call, empty_outputs
-from rmsnorm_api.quant import quant_functions, quant_values
+from rmsnorm_api.quant import quant_functions, quant_values, returned
 from triton_impl.configs import Config
 from triton_impl.eager import eager_quant
 from triton_impl.kernels import INTERPRET
@@ -100,7 +100,7 @@ def _with_config(op: str, x, residual, weight, eps, cfg, scale, group_size, scal
                  weight_offset) -> tuple:  # fmt: skip
     outs = _body(op, f"triton_impl.{op}_with_config", x, residual, weight, float(eps), scale,
                  group_size, scale_ub, out_dtype, float(weight_offset), cfg)  # fmt: skip
-    return (*outs[:-1], scale if scale is not None else outs[-1])
+    return returned(outs, scale)
 
 
 def rms_norm_quant_with_config(

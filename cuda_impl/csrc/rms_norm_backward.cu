@@ -1231,10 +1231,15 @@ constexpr int narrow_lanes(int groups) { return groups <= 8 ? 8 : groups <= 16 ?
 
 template <typename T, bool HEADS = false>
 auto narrow_kernel(int groups) {
-  if (groups <= 8) return rms_norm_bwd_narrow<T, 8, 1, HEADS>;
-  if (groups <= 16) return rms_norm_bwd_narrow<T, 16, 1, HEADS>;
-  if (groups <= 32) return rms_norm_bwd_narrow<T, 32, 1, HEADS>;
-  return rms_norm_bwd_narrow<T, 32, 2, HEADS>;
+  if (groups > 32) return rms_norm_bwd_narrow<T, 32, 2, HEADS>;
+  switch (narrow_lanes(groups)) {
+    case 8:
+      return rms_norm_bwd_narrow<T, 8, 1, HEADS>;
+    case 16:
+      return rms_norm_bwd_narrow<T, 16, 1, HEADS>;
+    default:
+      return rms_norm_bwd_narrow<T, 32, 1, HEADS>;
+  }
 }
 
 // The kernel for rows `r`.
