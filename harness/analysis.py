@@ -26,7 +26,13 @@ SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 
 #: The plots harness.plot draws for an op; the report links those present in its folder.
-PLOT_NAMES = ("bandwidth_vs_n.png", "bandwidth_vs_m.png", "speedup.png", "small_shapes.png")
+PLOT_NAMES = (
+    "bandwidth_vs_n.png",
+    "bandwidth_vs_m.png",
+    "speedup.png",
+    "small_shapes.png",
+    "best_peer.png",
+)
 
 
 class NoMeasurements(ValueError):
@@ -146,6 +152,21 @@ def best_baseline(impls: dict[str, dict], op: Op = RMS_NORM) -> Optional[tuple[s
         return None
     t, name = min(cands)
     return name, t
+
+
+def best_peer_ratios(recs: Iterable[dict], op: Op = RMS_NORM) -> dict[str, dict[str, list]]:
+    """{dtype: {impl: [(N, the best peer's time / impl's time), ...]}} over the shapes of
+    cold PASS records where a peer passed, in N's order: the best peer itself at 1, each
+    implementation ahead of every peer above it."""
+    out: dict[str, dict[str, list]] = {}
+    shapes = sorted(by_shape(passed(recs, "cold")).items(), key=lambda kv: (kv[0][2], kv[0][1]))
+    for (dtype, _m, n), impls in shapes:
+        best = best_baseline(impls, op)
+        if best is None:
+            continue
+        for name, r in impls.items():
+            out.setdefault(dtype, {}).setdefault(name, []).append((n, best[1] / median_us(r)))
+    return out
 
 
 def geomean(values: Sequence[float]) -> Optional[float]:

@@ -35,7 +35,7 @@
 # cluster-racecheck: scripts/racecheck_cluster_probe.cu built and run with three starts of
 #        the cluster sum, plain (its sums checked) and under racecheck.
 # At most 8 files come back from a device call: build.log, run.log (every other step's
-# output, appended) and the benchmark's results/ (records, report). The plots (14 of them)
+# output, appended) and the benchmark's results/ (records, report). The plots (five an op)
 # are removed at the end, since with them the records did not come back; they are redrawn
 # here from the records (python -m harness.plot). KEEP_PLOTS=1 keeps them.
 # Needs: a CUDA GPU, nvcc, torch, triton. Optional wheels in .whl/ (liger-kernel, ...)

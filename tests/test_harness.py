@@ -641,6 +641,7 @@ def test_plots_and_report_from_synthetic_records(synthetic, tmp_path):
         "bandwidth_vs_m.png",
         "speedup.png",
         "small_shapes.png",
+        "best_peer.png",
         "report.md",
     }
     for p in written:
@@ -660,6 +661,23 @@ def test_plots_and_report_from_synthetic_records(synthetic, tmp_path):
         "## Kernels each implementation ran",
     ):
         assert expected in text, expected
+
+
+def test_best_peer_ratios(synthetic):
+    """Each implementation's time against the best peer's at each grid width: the best
+    peer at 1, ours above it where faster, in N's order; shapes without a peer left out."""
+    recs = analysis.load(synthetic)
+    got = analysis.best_peer_ratios(analysis.passed(recs, "cold", "grid"))
+    assert sorted(got) == ["bf16", "fp32"]
+    bf16 = dict(got["bf16"])
+    assert [n for n, _ in bf16["triton"]] == [1024, 4096, 131072]
+    best = min(f for name, f in SPEED.items() if name not in ("triton", "cuda"))  # compile
+    for name, f in SPEED.items():
+        for n, ratio in bf16[name]:
+            assert ratio == pytest.approx(best / f), (name, n)
+    assert all(r == pytest.approx(1.0) for _, r in bf16["compile"])
+    ours_only = [r for r in recs if r.get("impl") in ("triton", "cuda")]
+    assert analysis.best_peer_ratios(ours_only) == {}
 
 
 def test_plot_cli(synthetic, tmp_path, capsys):
