@@ -510,13 +510,16 @@ void launch(QuantArgs& a) {
     while (st * kStagedSlots < slots && st < 1024) st *= 2;
     st = std::max(st, lanes);
     const int per_st = (slots + st - 1) / st, threads = std::max(st, 128);
-    const int smem = threads * per_st * 16 * kPlaces;
-    if (smem <= kStagedBytes) {
+    const int64_t bytes = int64_t{threads} * per_st * 16 * kPlaces;  // a huge N: no wrap
+    if (bytes <= kStagedBytes) {
+      const int smem = static_cast<int>(bytes);
       a.tpr = st;
       a.per = per_st;
       const auto kernel = rms_norm_quant_staged<T, R>;
-      // the attribute belongs to the current device's context: set at each such launch
-      if (smem > 48 * 1024)
+      // the attribute belongs to the current device's context: set at each such launch;
+      // the default 48 KiB counts the static `red` too, so a launch of exactly 48 KiB
+      // dynamic needs it
+      if (smem + static_cast<int>(sizeof(float)) * 32 > 48 * 1024)
         C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       const int rows = threads / st;
