@@ -488,27 +488,28 @@ constexpr int kAimSlots = 4, kMaxSlots = 4;
 // vectors a thread) and its most shared memory a CTA (two CTAs an SM at the most).
 constexpr int kStagedSlots = 8, kStagedBytes = 96 * 1024;
 
-// Threads a row: a power of two near slots / kAimSlots, at least a warp's share of a
-// group's slots (lanes) and at most 1024; then SLOTS, a power of two, covers the row.
+// Threads a row: a power of two near slots / aim (the slots a thread is to take), at least
+// a group's slots (lanes, so a group's slots are consecutive threads) and at most 1024.
+int row_threads(int slots, int aim, int lanes) {
+  int tpr = 1;
+  while (tpr * aim < slots && tpr < 1024) tpr *= 2;
+  return std::max(tpr, lanes);
+}
+
+// The staged body where it fits, else rows in registers (row_threads at kAimSlots; SLOTS, a
+// power of two, covers the row), else the two-sweep body.
 template <typename T, typename R>
 void launch(QuantArgs& a) {
   constexpr int VEC = kSlot<T>;
   const int slots = (a.n + VEC - 1) / VEC;
   const int lanes = a.mode == kGroup ? a.group / VEC : 1;
-  int tpr = 1;
-  while (tpr * kAimSlots < slots && tpr < 1024) tpr *= 2;
-  tpr = std::max(tpr, lanes);
-  int per = 1;
-  while (per * tpr < slots) per *= 2;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TORCH_CHECK_VALUE(a.m <= INT32_MAX, "cuda_impl: x has ", num(a.m),
                     " rows, more than one launch can cover");
   if (a.vec) {  // the staged body where its shared memory is at most kStagedBytes
     using S = std::conditional_t<std::is_void_v<R>, T, R>;  // 16-bit or fp32
     constexpr int kPlaces = std::is_void_v<R> ? 1 : 1 + static_cast<int>(sizeof(S) / sizeof(T));
-    int st = 1;
-    while (st * kStagedSlots < slots && st < 1024) st *= 2;
-    st = std::max(st, lanes);
+    const int st = row_threads(slots, kStagedSlots, lanes);
     const int per_st = (slots + st - 1) / st, threads = std::max(st, 128);
     const int64_t bytes = int64_t{threads} * per_st * 16 * kPlaces;  // a huge N: no wrap
     if (bytes <= kStagedBytes) {
@@ -528,6 +529,9 @@ void launch(QuantArgs& a) {
       return;
     }
   }
+  const int tpr = row_threads(slots, kAimSlots, lanes);
+  int per = 1;
+  while (per * tpr < slots) per *= 2;
   if (per > kMaxSlots) {  // a row loops: one a CTA of 1024 threads
     a.tpr = 1024;
     rms_norm_quant_kernel<T, R, 0><<<static_cast<unsigned>(a.m), 1024, 0, stream>>>(a);
