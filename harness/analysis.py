@@ -154,12 +154,16 @@ def best_baseline(impls: dict[str, dict], op: Op = RMS_NORM) -> Optional[tuple[s
     return name, t
 
 
-def best_peer_ratios(recs: Iterable[dict], op: Op = RMS_NORM) -> dict[str, dict[str, list]]:
-    """{dtype: {impl: [(N, the best peer's time / impl's time), ...]}} over the shapes of
-    cold PASS records where a peer passed, in N's order: the best peer itself at 1, each
-    implementation ahead of every peer above it."""
+def best_peer_ratios(
+    recs: Iterable[dict], section: str = "grid", op: Op = RMS_NORM
+) -> dict[str, dict[str, list]]:
+    """{dtype: {impl: [(N, the best peer's time / impl's time), ...]}} over the section's
+    cold shapes where a peer passed, in N's order: the best peer itself at 1, each
+    implementation ahead of every peer above it (speedups' ratio, every implementation
+    against the best baseline)."""
     out: dict[str, dict[str, list]] = {}
-    shapes = sorted(by_shape(passed(recs, "cold")).items(), key=lambda kv: (kv[0][2], kv[0][1]))
+    cold = by_shape(passed(recs, "cold", section))
+    shapes = sorted(cold.items(), key=lambda kv: (kv[0][2], kv[0][1]))
     for (dtype, _m, n), impls in shapes:
         best = best_baseline(impls, op)
         if best is None:

@@ -318,8 +318,7 @@ def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[P
 
 def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
     """(e) each implementation's time against the best peer's at each grid width."""
-    grid = analysis.passed(recs, "cold", "grid")
-    ratios = analysis.best_peer_ratios(grid, op)
+    ratios = analysis.best_peer_ratios(recs, "grid", op)
     dtypes = [d for d in DTYPE_ORDER if d in ratios]
     if not dtypes:
         return None
@@ -335,7 +334,7 @@ def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Option
         by_impl = ratios[dtype]
         below, above = [], []
         for name in analysis.impl_order(by_impl, op):
-            pts = sorted(by_impl[name])
+            pts = by_impl[name]  # in N's order
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, **_style(name, op))
             if min(ys) < lo:
@@ -360,7 +359,7 @@ def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Option
     _legend_below(fig, axes[0])
     fig.suptitle(
         f"(e) {op.title}: against the best peer at each width, cold L2, medians"
-        f"\n{subtitle(env, grid)}",
+        f"\n{subtitle(env, analysis.passed(recs, 'cold', 'grid'))}",
         fontsize=10,
     )
     return _save(fig, out / _name(op, "best_peer.png"))

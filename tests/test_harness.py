@@ -667,7 +667,7 @@ def test_best_peer_ratios(synthetic):
     """Each implementation's time against the best peer's at each grid width: the best
     peer at 1, ours above it where faster, in N's order; shapes without a peer left out."""
     recs = analysis.load(synthetic)
-    got = analysis.best_peer_ratios(analysis.passed(recs, "cold", "grid"))
+    got = analysis.best_peer_ratios(recs)
     assert sorted(got) == ["bf16", "fp32"]
     bf16 = dict(got["bf16"])
     assert [n for n, _ in bf16["triton"]] == [1024, 4096, 131072]
