@@ -222,6 +222,12 @@ __device__ __forceinline__ Slice slice_of(int nvec, int rank, int ranks) {
   return {rank * share + static_cast<int>(threadIdx.x), min(nvec, (rank + 1) * share)};
 }
 
+// One 16-byte vector copied into shared memory, L1-allocating (see kStagedRow).
+__device__ __forceinline__ void copy_async_ca(uint4* dst, const uint4* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
+               : "memory");
+}
+
 // Whether a staged slice's weight vectors are loaded beside its copies (x's dtype), or
 // read after the sum (an fp32 weight beside 16-bit x: twice the registers).
 template <typename T, typename W>

@@ -5,21 +5,18 @@
 // consecutive columns; rmsnorm_api and triton_impl.quant say what each form computes.
 //
 // A row is 16-byte slots of VEC elements, held by `tpr` threads (a power of two; thread t
-// takes slots t, t + tpr, ...). Three bodies. Rows of whole aligned slots whose CTA's share
-// fits kStagedBytes are staged: each thread's slots copied into shared memory by cp.async
-// (the bytes in flight outside registers), summed, scaled and stored from there. Other rows
-// in registers (SLOTS slots a thread, up to kMaxSlots): a CTA holds one row or several
-// (narrow rows), loads x (the fused add: x and residual, stores residual_out = x + residual
-// rounded once to its dtype), sums the squares, scales each value by rstd and the weight
-// where it lies, takes the row's or a group's max of |y| and stores y quantised; the row is
-// read once. Wider rows loop, one a CTA, in two sweeps: the first sums the squares and,
-// for a scale a row, the max of |s w| (times rstd > 0, the row's max|y|); the second reads
-// the row again (from L1 or L2; the fused add reads back its own residual_out), scales it
-// and stores it quantised (the form of Triton's looped kernel and of Inductor's). A slot is
-// one 16-byte load where every row is aligned and N a whole number of slots, else VEC
-// scalar loads, masked. The form, the weight's dtype and the fp8 dtype are arguments of the
-// launch, uniform branches: 40 kernels (x's dtype and the residual's: none, x's or fp32;
-// staged, SLOTS 1, 2, 4 or looped).
+// takes slots t, t + tpr, ...). Two bodies. Rows in registers (SLOTS slots a thread, up to
+// kMaxSlots): a CTA holds one row or several (narrow rows), loads x (the fused add: x and
+// residual, stores residual_out = x + residual rounded once to its dtype), sums the
+// squares, scales each value by rstd and the weight where it lies, takes the row's or a
+// group's max of |y| and stores y quantised; the row is read once. Wider rows loop, one a
+// CTA, in two sweeps: the first sums the squares and, for a scale a row, the max of |s w|
+// (times rstd > 0, the row's max|y|); the second reads the row again (from L1 or L2; the
+// fused add reads back its own residual_out), scales it and stores it quantised (the form
+// of Triton's looped kernel and of Inductor's). A slot is one 16-byte load where every row
+// is aligned and N a whole number of slots, else VEC scalar loads, masked. The form, the
+// weight's dtype and the fp8 dtype are arguments of the launch, uniform branches: 32
+// kernels (x's dtype and the residual's: none, x's or fp32; SLOTS 1, 2, 4 or looped).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -52,7 +49,6 @@ struct QuantArgs {
   int64_t m;            // rows
   int n, cols, group;
   int tpr;  // threads a row (a power of two; a whole number of a group's slots)
-  int per;  // the staged body's slots a thread
   float eps, offset, top, least;  // top: the fp8 max; least: the least dynamic scale
   int mode;
   bool w_fp32, e4m3, vec, w_vec;  // w_vec: the weight's slots whole 16-byte loads too
@@ -341,133 +337,6 @@ __device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
   }
 }
 
-// A slot of a row as it lies in shared memory: VEC elements of E in one or two 16-byte
-// places (two: an fp32 residual beside 16-bit x).
-template <typename E, int VEC>
-union Placed {
-  uint4 raw[VEC * sizeof(E) / 16];
-  E e[VEC];
-};
-
-// The staged body, for rows whose every slot is a whole aligned 16-byte vector (a.vec):
-// the rows-in-registers body's rows and threads, a.per slots a thread, each thread's slots
-// copied by cp.async into its own places in shared memory (slot k of thread i at k B + i,
-// a warp's 512 contiguous bytes), so the bytes in flight are not held in registers (as
-// FlashInfer's static kernel stages its row); then summed, scaled and stored from there.
-// Only the thread that copied a place reads it: no barrier but the reductions'. The fused
-// add copies the residual's slots too, after x's (NH places a slot), and overwrites them
-// with residual_out = x + residual rounded once, which the scale reads. Dynamic shared
-// memory: B x per x 16 bytes, x (1 + NH) for the fused add.
-template <typename T, typename R>
-__device__ __forceinline__ void quant_staged(const QuantArgs& a, float* red) {
-  constexpr bool kFused = !std::is_void_v<R>;
-  constexpr int VEC = kSlot<T>;
-  using S = std::conditional_t<kFused, R, T>;
-  constexpr int NH = sizeof(S) / sizeof(T);
-  extern __shared__ uint4 stage[];
-  const int B = blockDim.x, i = threadIdx.x, per = a.per;
-  uint4* sh = stage + B * per;  // the residual's places, then residual_out's
-  const int tpr = a.tpr, t = i & (tpr - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (B / tpr) + i / tpr;
-  const bool live = row < a.m;
-  const int slots = a.n / VEC;
-  const float q_in = a.mode == kStatic ? __ldg(a.q_in) : 0.f;
-  const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * a.sx);
-  for (int k = 0; k < per; ++k) {
-    const int j = t + k * tpr;
-    if (!live || j >= slots) break;
-    copy_async_ca(&stage[k * B + i], xp + j);
-    if constexpr (kFused) {
-      const uint4* rp = reinterpret_cast<const uint4*>(static_cast<const R*>(a.r) + row * a.sr);
-#pragma unroll
-      for (int q = 0; q < NH; ++q) copy_async_ca(&sh[(k * NH + q) * B + i], rp + j * NH + q);
-    }
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  asm volatile("cp.async.wait_all;" ::: "memory");
-  // slot k's values, what the sum and the scale read (the fused add's residual_out)
-  auto held = [&](int k) {
-    Placed<S, VEC> h;
-    if constexpr (kFused) {
-#pragma unroll
-      for (int q = 0; q < NH; ++q) h.raw[q] = sh[(k * NH + q) * B + i];
-    } else {
-      h.raw[0] = stage[k * B + i];
-    }
-    return h;
-  };
-  float ss = 0.f;
-  for (int k = 0; k < per; ++k) {
-    const int j = t + k * tpr;
-    if (!live || j >= slots) break;
-    if constexpr (kFused) {
-      Placed<T, VEC> x;
-      x.raw[0] = stage[k * B + i];
-      Placed<R, VEC> h = held(k);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) h.e[e] = from_float<R>(to_float(x.e[e]) + to_float(h.e[e]));
-      uint4* ro = reinterpret_cast<uint4*>(static_cast<R*>(a.ro) + row * a.sro);
-#pragma unroll
-      for (int q = 0; q < NH; ++q) {
-        sh[(k * NH + q) * B + i] = h.raw[q];
-        ro[j * NH + q] = h.raw[q];
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) ss = fmaf(to_float(h.e[e]), to_float(h.e[e]), ss);
-    } else {
-      const Placed<T, VEC> h = held(k);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) ss = fmaf(to_float(h.e[e]), to_float(h.e[e]), ss);
-    }
-  }
-  const float rstd = rsqrtf(lanes_reduce<false>(ss, tpr, red) / static_cast<float>(a.n) + a.eps);
-  float inv = 0.f;
-  if (a.mode == kStatic) {
-    inv = __fdiv_rn(1.f, q_in);
-  } else if (a.mode == kToken) {
-    float amx = 0.f;  // the row's max|y| (NaN kept) before any store
-    for (int k = 0; k < per; ++k) {
-      const int j = t + k * tpr;
-      if (!live || j >= slots) break;
-      const Placed<S, VEC> h = held(k);
-      float w[VEC];
-      weight_slot<T>(a, j, w);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) amx = max_nan(amx, fabsf(to_float(h.e[e]) * rstd * w[e]));
-    }
-    const float s = scale_of(lanes_reduce<true>(amx, tpr, red), a, a.q_in != nullptr);
-    if (live && t == 0) a.scales[row] = s;
-    inv = __fdiv_rn(1.f, s);
-  }
-  uint8_t* yr = live ? a.y + row * a.n : a.y;  // a row past M writes nothing
-  const int lanes = a.mode == kGroup ? a.group / VEC : 1;
-  // every thread runs every slot: a group's max has barriers past a warp's slots
-  for (int k = 0; k < per; ++k) {
-    const int j = t + k * tpr;
-    const bool mine = live && j < slots;
-    float y[VEC];
-    if (mine) {
-      const Placed<S, VEC> h = held(k);
-      float w[VEC];
-      weight_slot<T>(a, j, w);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) y[e] = to_float(h.e[e]) * rstd * w[e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) y[e] = 0.f;
-    }
-    const float q_inv = slot_inv<VEC>(a, y, inv, row, j, lanes, mine, red);
-    if (mine) store_quantised<VEC>(a, yr, j, y, q_inv);
-  }
-}
-
-// Two CTAs of 1024 threads an SM at least: 32 registers a thread, the row in shared memory.
-template <typename T, typename R>
-__global__ void __launch_bounds__(1024, 2) rms_norm_quant_staged(const QuantArgs a) {
-  __shared__ float red[32];
-  quant_staged<T, R>(a, red);
-}
-
 // SLOTS 0: the looped body.
 template <typename T, typename R, int SLOTS>
 __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a) {
@@ -484,54 +353,21 @@ __global__ void __launch_bounds__(1024) rms_norm_quant_kernel(const QuantArgs a)
 // of 8 floats and their temporaries fit)
 constexpr int kAimSlots = 4, kMaxSlots = 4;
 
-// The staged body's slots a thread (FlashInfer's static kernel stages 8 to 16 16-byte
-// vectors a thread) and its most shared memory a CTA (two CTAs an SM at the most).
-constexpr int kStagedSlots = 8, kStagedBytes = 96 * 1024;
-
-// Threads a row: a power of two near slots / aim (the slots a thread is to take), at least
-// a group's slots (lanes, so a group's slots are consecutive threads) and at most 1024.
-int row_threads(int slots, int aim, int lanes) {
-  int tpr = 1;
-  while (tpr * aim < slots && tpr < 1024) tpr *= 2;
-  return std::max(tpr, lanes);
-}
-
-// The staged body where it fits, else rows in registers (row_threads at kAimSlots; SLOTS, a
-// power of two, covers the row), else the two-sweep body.
+// Threads a row: a power of two near slots / kAimSlots, at least a warp's share of a
+// group's slots (lanes) and at most 1024; then SLOTS, a power of two, covers the row.
 template <typename T, typename R>
 void launch(QuantArgs& a) {
   constexpr int VEC = kSlot<T>;
   const int slots = (a.n + VEC - 1) / VEC;
   const int lanes = a.mode == kGroup ? a.group / VEC : 1;
+  int tpr = 1;
+  while (tpr * kAimSlots < slots && tpr < 1024) tpr *= 2;
+  tpr = std::max(tpr, lanes);
+  int per = 1;
+  while (per * tpr < slots) per *= 2;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TORCH_CHECK_VALUE(a.m <= INT32_MAX, "cuda_impl: x has ", num(a.m),
                     " rows, more than one launch can cover");
-  if (a.vec) {  // the staged body where its shared memory is at most kStagedBytes
-    using S = std::conditional_t<std::is_void_v<R>, T, R>;  // 16-bit or fp32
-    constexpr int kPlaces = std::is_void_v<R> ? 1 : 1 + static_cast<int>(sizeof(S) / sizeof(T));
-    const int st = row_threads(slots, kStagedSlots, lanes);
-    const int per_st = (slots + st - 1) / st, threads = std::max(st, 128);
-    const int64_t bytes = int64_t{threads} * per_st * 16 * kPlaces;  // a huge N: no wrap
-    if (bytes <= kStagedBytes) {
-      const int smem = static_cast<int>(bytes);
-      a.tpr = st;
-      a.per = per_st;
-      const auto kernel = rms_norm_quant_staged<T, R>;
-      // the attribute belongs to the current device's context: set at each such launch;
-      // the default 48 KiB counts the static `red` too, so a launch of exactly 48 KiB
-      // dynamic needs it
-      if (smem + static_cast<int>(sizeof(float)) * 32 > 48 * 1024)
-        C10_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      const int rows = threads / st;
-      kernel<<<static_cast<unsigned>((a.m + rows - 1) / rows), threads, smem, stream>>>(a);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
-  }
-  const int tpr = row_threads(slots, kAimSlots, lanes);
-  int per = 1;
-  while (per * tpr < slots) per *= 2;
   if (per > kMaxSlots) {  // a row loops: one a CTA of 1024 threads
     a.tpr = 1024;
     rms_norm_quant_kernel<T, R, 0><<<static_cast<unsigned>(a.m), 1024, 0, stream>>>(a);

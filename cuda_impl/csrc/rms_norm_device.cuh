@@ -106,13 +106,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// One 16-byte vector copied into shared memory, L1-allocating (sm_80+: the forward's staged
-// rows, kStagedRow, and the quantised forward's staged body).
-__device__ __forceinline__ void copy_async_ca(uint4* dst, const uint4* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
-               : "memory");
-}
-
 // The steps of a sum over a cluster's CTAs as a transaction barrier (sm_90; before it, never
 // called: the host launches no cluster kernel there). An mbarrier of one arrival, made
 // visible to the cluster's CTAs by the fence before the cluster arrive that announces it.
