@@ -34,21 +34,32 @@ from typing import Optional
 import torch
 
 from harness import measure, timing
-from harness.impls import Impl
-from harness.ops import FORWARD_OPS, RMS_NORM
+from harness.impls import QUANT_MODES, Impl, quant_kw, quant_split
+from harness.ops import FORWARD_OPS, OPS, QUANT_OPS, RMS_NORM
 from harness.plan import DTYPES, Planned, grid, names_arg, parse_shapes
 from harness.records import DTYPE_BYTES
 
 KERNELS = ("triton", "cuda")
 
 
-#: The (op, kernel) pairs that have forced configs to sweep.
+#: The (op, kernel) pairs that have forced configs to sweep: both forward ops in both
+#: backends, the quantised forms (harness.ops.QUANT_OPS) in Triton's
 SWEEPABLE = {
     ("rms_norm", "triton"),
     ("rms_norm", "cuda"),
     ("fused_add_rms_norm", "triton"),
     ("fused_add_rms_norm", "cuda"),
+    *((name, "triton") for name in QUANT_OPS),
 }
+
+
+def quant_form(op: str) -> Optional[tuple[str, str, bool]]:
+    """A quantised form's (base op, mode, fused): fp8_fused_add_rms_norm_token ->
+    ("fused_add_rms_norm", "token", True); None for another op."""
+    if op not in QUANT_OPS:
+        return None
+    base, mode = op.removeprefix("fp8_").rsplit("_", 1)
+    return base, mode, base == "fused_add_rms_norm"
 
 
 def _backend(kernel: str):
@@ -60,8 +71,15 @@ def _backend(kernel: str):
 
 
 def candidates(kernel: str, n: int, elem: int, op: str = RMS_NORM.name) -> list:
-    """The backend's own search space (triton_impl.configs, cuda_impl.configs)."""
-    return _backend(kernel).search_space(n, elem, op=op)
+    """The backend's own search space (triton_impl.configs, cuda_impl.configs); a quantised
+    form's: its base op's configs of the kernels that quantise (fused and looped), in tiles
+    of whole groups."""
+    form = quant_form(op)
+    if form is None:
+        return _backend(kernel).search_space(n, elem, op=op)
+    group = QUANT_MODES[form[1]].get("group_size", 1)
+    space = _backend(kernel).search_space(n, elem, op=form[0])
+    return [c for c in space if c.kernel in ("fused", "looped") and c.block_n % group == 0]
 
 
 def parse_where(specs: list[str]) -> dict[str, list[dict[str, str]]]:
@@ -91,9 +109,21 @@ def matches(cfg, alternatives: list[dict[str, str]]) -> bool:
 
 def runner(kernel: str, cfg, op: str = RMS_NORM.name) -> Callable:
     """The op's inputs -> its outputs with the config forced (the backend's
-    <op>_with_config)."""
-    forced = getattr(_backend(kernel), f"{op}_with_config")
-    return lambda *inputs: forced(*inputs, cfg)
+    <op>_with_config; a quantised form's, its quant module's, with the form's keywords)."""
+    form = quant_form(op)
+    if form is None:
+        forced = getattr(_backend(kernel), f"{op}_with_config")
+        return lambda *inputs: forced(*inputs, cfg)
+    import importlib
+
+    base, mode, fused = form
+    forced = getattr(importlib.import_module(f"{kernel}_impl.quant"), f"{base}_quant_with_config")
+
+    def quantised(*inputs):
+        head, scale = quant_split(inputs, fused)
+        return forced(*head, cfg, **quant_kw(mode, scale))
+
+    return quantised
 
 
 def config_fields(kernel: str) -> set[str]:
@@ -103,8 +133,16 @@ def config_fields(kernel: str) -> set[str]:
 
 def default_config(kernel: str, n: int, dtype: str, op: str = RMS_NORM.name):
     """The config the kernel picks today for many rows of a dtype (its name, "bf16", ...):
-    the backend's default rule."""
-    return _backend(kernel).default_config(n, DTYPE_BYTES[dtype], op, dtype=dtype)
+    the backend's default rule (a quantised form's: its base op's, as the quantised launch
+    takes it, triton_impl.configs.quant_config)."""
+    form = quant_form(op)
+    base = op if form is None else form[0]
+    cfg = _backend(kernel).default_config(n, DTYPE_BYTES[dtype], base, dtype=dtype)
+    if form is None:
+        return cfg
+    from triton_impl.configs import quant_config
+
+    return quant_config(cfg, n, DTYPE_BYTES[dtype], dynamic=form[1] != "static")
 
 
 def sweep_shape(
@@ -160,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--op",
         default=RMS_NORM.name,
-        choices=sorted(FORWARD_OPS),
-        help="the op whose configs are swept (default rms_norm)",
+        choices=sorted(FORWARD_OPS) + sorted(QUANT_OPS),
+        help="the op whose configs are swept (default rms_norm; the fp8 forms: Triton's)",
     )
     p.add_argument(
         "--kernels", default="triton,cuda", help="comma-separated from triton,cuda (default: both)"
@@ -205,6 +243,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         where = parse_where(args.where)
     except ValueError as e:
         p.error(f"--where: {e}")
+    multiple = OPS[args.op].n_multiple  # a group's form: whole groups only
+    ragged = [f"{m}x{n}" for m, n in shapes if n % multiple]
+    if ragged and args.shapes:
+        p.error(f"--shapes: {','.join(ragged)} has N not a multiple of {multiple} ({args.op})")
+    if ragged:
+        print(
+            f"{args.op}: grid shapes {','.join(ragged)} left out (N not a multiple of {multiple})"
+        )
+        shapes = [(m, n) for m, n in shapes if not n % multiple]
     section = "custom" if args.shapes else "grid"
     if not torch.cuda.is_available():
         print("harness.sweep needs a CUDA GPU")
@@ -214,7 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for k in skipped:
         print(f"skip {k}: no forced configs of {args.op} to sweep")
     kernels = [k for k in kernels if k not in skipped]
-    b = measure.start(Path(args.out), append=False, seed=0, op=FORWARD_OPS[args.op])
+    b = measure.start(Path(args.out), append=False, seed=0, op=OPS[args.op])
     print(f"writing {args.out}")
     start, recs = time.perf_counter(), []
     for dtype in dtypes:

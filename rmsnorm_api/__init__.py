@@ -808,6 +808,15 @@ def _plain_cuda(t: torch.Tensor) -> bool:
     )
 
 
+def tensor_key(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """What a call's checks and a launch depend on of a tensor besides its data: shape,
+    strides, storage offset mod 8 elements (the split kernel's choice; allocations are
+    16-byte aligned), dtype and device (the eager fast paths' keys)."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.storage_offset() % 8, t.dtype, t.get_device())
+
+
 def bypass_ok(x, *others) -> bool:
     """Whether an eager call may go straight to a backend's kernel, past the dispatcher's
     keys above it (both backends' fast paths: CUDA redispatches below Autograd, Triton

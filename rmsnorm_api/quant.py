@@ -33,7 +33,31 @@ from typing import Optional
 
 import torch
 
-from rmsnorm_api import _VALUES_CHECKED, DEFAULT_EPS, check_call
+from rmsnorm_api import (
+    _VALUES_CHECKED,
+    DEFAULT_EPS,
+    EPS_MAX,
+    EPS_MIN,
+    bypass_ok,
+    check_call,
+    check_scale_value,
+    tensor_key,
+)
+
+#: keys (quant_key) of eager calls whose arguments passed check_call: a later call of the
+#: same key needs only its eps's range and its scales' values checked (the rest of the
+#: rules read only what the key holds)
+_CHECKED: set = set()
+_MAX_CHECKED = 4096
+
+
+def quant_key(op: str, x, residual, weight, scale, group_size, scale_ub, out_dtype,
+              weight_offset) -> tuple:  # fmt: skip
+    """What a functional quantised call's checks (and Triton's plan) depend on besides the
+    tensors' data and eps: the op, each tensor's tensor_key, the group, the fp8 dtype and
+    the weight offset."""
+    tensors = (x, residual, weight, scale, scale_ub)
+    return (op, *map(tensor_key, tensors), group_size, out_dtype, weight_offset)
 
 
 def quant_values(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
@@ -47,30 +71,73 @@ def quant_values(op: str, x, residual, weight, eps, scale, group_size, scale_ub,
     return values
 
 
-def quant_functions(ns: str, *, allow_cpu: bool = False) -> tuple[Callable, Callable, Callable]:
+def returned(outs: tuple, scale: Optional[torch.Tensor]) -> tuple:
+    """An op's outputs as the public functions return them: a static scale as given in
+    place of the op's empty scales."""
+    return (*outs[:-1], scale if scale is not None else outs[-1])
+
+
+def quant_functions(
+    ns: str, *, allow_cpu: bool = False, eager: Optional[Callable] = None
+) -> tuple[Callable, Callable, Callable]:
     """rms_norm_quant, fused_add_rms_norm_quant and fused_add_rms_norm_quant_ over the
     ops of namespace ns: the arguments checked (check_call: the dispatcher would refuse a
     wrong type in its own words), the op run, and a static scale returned as given.
-    allow_cpu: the backend runs on CPU tensors (the Triton interpreter)."""
+    allow_cpu: the backend runs on CPU tensors (the Triton interpreter).
+
+    An eager call of a functional form on plain CUDA tensors (bypass_ok) whose key
+    (quant_key) passed the checks before checks only eps's range and the scales' values,
+    and goes to ``eager(key, op, x, residual, weight, eps, scale, group_size, scale_ub,
+    out_dtype, weight_offset)`` where the backend has one (Triton's plan cache), else to
+    the op; the in-place form, whose memory rules a key cannot imply, is checked whole."""
     ops = getattr(torch.ops, ns)
+
+    def checked_key(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                    weight_offset) -> Optional[tuple]:  # fmt: skip
+        """The call's quant_key where it may take the checked-key path (an eager functional
+        call on plain CUDA tensors, its scalars of their own types), else None."""
+        if not (
+            op != "fused_add_rms_norm_quant_"
+            and type(eps) is float
+            and type(group_size) is int
+            and type(weight_offset) is float
+            and bypass_ok(x, residual, weight, scale, scale_ub)
+        ):
+            return None
+        return quant_key(op, x, residual, weight, scale, group_size, scale_ub, out_dtype,
+                         weight_offset)  # fmt: skip
 
     def run(op: str, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
             weight_offset) -> tuple:  # fmt: skip
-        values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub,
-                              out_dtype, weight_offset)  # fmt: skip
+        impl = f"{ns}.{op}"
+        key = checked_key(op, x, residual, weight, eps, scale, group_size, scale_ub, out_dtype,
+                          weight_offset)  # fmt: skip
+        if key is not None and key in _CHECKED and EPS_MIN <= eps <= EPS_MAX:
+            for name, t in (("scale", scale), ("scale_ub", scale_ub)):
+                if t is not None:
+                    check_scale_value(t, name, impl)
+        else:
+            values = quant_values(op, x, residual, weight, eps, scale, group_size, scale_ub,
+                                  out_dtype, weight_offset)  # fmt: skip
+            check_call(op, impl, values, allow_cpu=allow_cpu)
+            if key is not None:
+                if len(_CHECKED) >= _MAX_CHECKED:
+                    _CHECKED.clear()
+                _CHECKED.add(key)
+        if key is not None and eager is not None:
+            outs = eager(key, op, x, residual, weight, eps, scale, group_size, scale_ub,
+                         out_dtype, weight_offset)  # fmt: skip
+            return returned(outs, scale)
         head = (x,) if op == "rms_norm_quant" else (x, residual)
-        check_call(op, f"{ns}.{op}", values, allow_cpu=allow_cpu)
         call = functools.partial(getattr(ops, op), *head, weight, float(eps), scale, group_size,
                                  scale_ub, out_dtype, float(weight_offset))  # fmt: skip
         if torch.compiler.is_compiling():  # no value is read there
-            outs = call()
-        else:
-            checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
-            try:
-                outs = call()
-            finally:
-                _VALUES_CHECKED.reset(checked)
-        return (*outs[:-1], scale if scale is not None else outs[-1])
+            return returned(call(), scale)
+        checked = _VALUES_CHECKED.set(True)  # the op's own check reads no scale again
+        try:
+            return returned(call(), scale)
+        finally:
+            _VALUES_CHECKED.reset(checked)
 
     def rms_norm_quant(
         x: torch.Tensor,

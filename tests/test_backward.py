@@ -34,7 +34,10 @@ SHAPES = [(7, 1), (5, 17), (6, 1000), (13, 1000), (19, 33), (4, 4095), (4, 4096)
 if HAS_GPU:
     SHAPES += [(1031, 4096), (257, 16384), (64, 65536), (9000, 1024), (2000, 4095), (1500, 4097),
                (3000, 8192), (700, 6000), (700, 6001), (800, 2049), (800, 12289),
-               (600, 32771)]  # fmt: skip
+               (600, 32771),
+               # CUDA's narrow kernel: 8-32 lanes a row, one or two groups a lane, many rows a
+               # CTA over several rounds, the last part full; 8 columns: one group of 16-bit
+               (3001, 64), (2049, 128), (1000, 256), (333, 512), (517, 8), (4100, 32)]  # fmt: skip
 #: The fused add's: odd widths, a row wider than a program holds; on a GPU, many rows a CTA
 #: (the CUDA staged kernel's ring 3 rows deep at 1024 and 4096, 2 at 4095; with the fp32
 #: residual, 3 at 1024 and 2 at 4096; 2 rows with the weight kept in bf16 at 8192 and
@@ -116,6 +119,22 @@ def assert_grads_match(mod, x, w, dy) -> None:
     grad_close(grads[0], want_dx, "dx", grad_scale(x, w, dy))
     if w is not None:
         grad_close(grads[1], want_dw, "dweight")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wkind", ["none", "fp32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rms_norm_grads_narrow_rows_strided_and_weights(name, dtype, wkind):
+    """Narrow aligned rows (CUDA's narrow kernel) at a row stride of 3 widths (a packed
+    projection's q), without a weight and with an fp32 one."""
+    mod = backend(name)
+    for m, n in ((2051, 64), (999, 128), (260, 512)):
+        pad = 2 * n
+        x = rows(m, n, dtype, pad).requires_grad_()
+        w = weight_of(n, dtype, wkind)
+        w = w.requires_grad_() if w is not None else None
+        assert_grads_match(mod, x, w, torch.randn(m, n, device=DEVICE).to(dtype))
 
 
 LAYOUTS = ["strided-rows", "strided-in-phase", "dy-transposed", "dy-expanded", "dy-off-boundary",

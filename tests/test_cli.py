@@ -357,6 +357,8 @@ def test_sweep_refuses_bad_arguments_on_any_machine(capsys):
     ):
         assert f"{flag}: {message}" in refusal(sweep.main, [flag, value], capsys)
     assert "--op: invalid choice: 'backward'" in refusal(sweep.main, ["--op", "backward"], capsys)
+    group = ["--op", "fp8_rms_norm_group128", "--shapes", "8x1000"]
+    assert "--shapes: 8x1000 has N not a multiple of 128" in refusal(sweep.main, group, capsys)
     for value, message in (
         ("reload=True", "expected KERNEL:FIELD=VALUE"),
         ("tpu:reload=True", "expected KERNEL:FIELD=VALUE"),

@@ -20,6 +20,7 @@ from harness.cases import Case
 from harness.impls import (
     BASELINES,
     OURS,
+    Impl,
     fused_add_registry,
     registry,
     runnable,
@@ -831,6 +832,52 @@ def test_sweep_candidates_include_todays_config(n, dtype):
         pytest.skip(f"cuda extension not built: {e}")
     assert sweep.default_config("cuda", n, dtype) in sweep.candidates("cuda", n, elem)
     assert sweep.default_config("cuda", n, dtype, op) in sweep.candidates("cuda", n, elem, op)
+
+
+@pytest.mark.parametrize("n", [1, 128, 1000, 4096, 8192, 16384, 65536])
+def test_sweep_of_the_quantised_forms(n):
+    """The fp8 forms' sweep (Triton's): today's config among the candidates, every
+    candidate a quantising kernel in tiles of whole groups; the group forms take whole
+    groups only."""
+    from harness import sweep
+    from harness.ops import QUANT_OPS
+
+    for name in QUANT_OPS:
+        base, mode, fused = sweep.quant_form(name)
+        assert name == f"fp8_{base}_{mode}" and fused == ("fused_add" in name)
+        group = 128 if mode == "group128" else 1
+        if n % group:
+            continue
+        for dtype, elem in (("bf16", 2), ("fp32", 4)):
+            cands = sweep.candidates("triton", n, elem, name)
+            assert sweep.default_config("triton", n, dtype, name) in cands, (name, n, dtype)
+            assert cands and all(c.kernel in ("fused", "looped") for c in cands)
+            assert all(c.block_n % group == 0 for c in cands)
+    assert ("fp8_rms_norm_static", "triton") in sweep.SWEEPABLE
+    assert ("fp8_rms_norm_static", "cuda") not in sweep.SWEEPABLE
+    assert sweep.quant_form("rms_norm") is None
+
+
+def test_sweep_runs_forced_quantised_configs():
+    """A quantised form with a forced config (the fused tile, the looped kernel in chunks
+    narrower than the row) gives the reference's result through the sweep's runner, under
+    the interpreter; a config of a kernel that does not quantise is refused by name."""
+    from harness import sweep
+    from harness.ops import QUANT_OPS
+    from harness.validate import check
+    from triton_impl import Config
+
+    n = 1024
+    for name, op in QUANT_OPS.items():
+        inputs = op.make_inputs(plan.Planned("bf16", 6, n), DEVICE, 5)
+        ref = op.reference(*inputs)
+        for cfg in (Config("fused", n, 4, block_m=2), Config("looped", 256, 4, block_m=1)):
+            impl = Impl("triton", sweep.runner("triton", cfg, name))
+            _, _, ok, err = check(impl, *inputs, ref, op=op)
+            assert ok, f"{name} {cfg}: {err}"
+        split = sweep.runner("triton", Config("split", n, 4), name)
+        with pytest.raises(ValueError, match="split kernel"):
+            split(*inputs)
 
 
 def test_forced_configs_compute_the_same_function():

@@ -458,3 +458,71 @@ def test_scale_read_once_a_call_in_inference_mode(name, monkeypatch):
             ops = getattr(torch.ops, f"{name}_impl")
             ops.rms_norm_quant(x, w, EPS, scale, 0, None, torch.float8_e4m3fn, 0.0)
             assert len(reads) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BACKENDS)
+def test_eager_path_repeats_the_op(name):
+    """The public functions' eager path (rmsnorm_api.quant: a key whose checks passed;
+    Triton's plan cache and direct launch) gives the op's bits on each call of a key (the
+    miss, the first launch of an alignment, the direct hits), for each form and mode,
+    misaligned rows (a new alignment of a cached plan) and x given as its own residual;
+    a bad eps or scale on a hit is still refused by name."""
+    from rmsnorm_api import quant as api_quant
+
+    mod = backend(name)
+    ops = getattr(torch.ops, f"{name}_impl")
+    q8 = torch.float8_e4m3fn
+    x, r, w = inputs(48, 4097, torch.bfloat16)
+    x, r, w = x[:, 1:], r[:, 1:], w[1:]  # rows of 4096 at an odd offset: scalar loads
+    rows = [inputs(64, 4096, torch.bfloat16), (x, r, w)]
+    api_quant._CHECKED.clear()
+    for x, r, w in rows:
+        for mode in ("static", "token", "bounded", "group128"):
+            kw = quant_kw(mode, q8, 4096)
+            args = (kw.get("scale"), kw.get("group_size", 0), kw.get("scale_ub"), q8, 0.0)
+            want = ops.rms_norm_quant(x, w, EPS, *args)
+            want_fused = ops.fused_add_rms_norm_quant(x, r, w, EPS, *args)
+            want_self = ops.fused_add_rms_norm_quant(x, x, w, EPS, *args)
+            for _ in range(3):
+                got = mod.rms_norm_quant(x, w, EPS, **kw)
+                got_fused = mod.fused_add_rms_norm_quant(x, r, w, EPS, **kw)
+                got_self = mod.fused_add_rms_norm_quant(x, x, w, EPS, **kw)
+                for g, e in zip((*got, *got_fused, *got_self), (*want, *want_fused, *want_self),
+                                strict=True):  # fmt: skip
+                    if e.numel() == 0:  # the static scale, returned as given
+                        assert g is kw["scale"]
+                        continue
+                    bits = (
+                        (g.view(torch.uint8), e.view(torch.uint8))
+                        if g.element_size() == 1
+                        else (g, e)
+                    )
+                    assert torch.equal(*bits), mode
+    assert api_quant._CHECKED
+    with pytest.raises(ValueError, match="eps"):
+        mod.rms_norm_quant(x, w, 0.0)
+    scale = torch.tensor(0.5, device=DEVICE)
+    mod.rms_norm_quant(x, w, EPS, scale=scale)
+    scale.fill_(-1.0)
+    with pytest.raises(ValueError, match="scale is -1.0"):
+        mod.rms_norm_quant(x, w, EPS, scale=scale)
+
+
+@pytest.mark.gpu
+def test_triton_eager_quant_plans_launch_directly():
+    """A functional quantised call's plan is cached under its key, its compiled kernel kept
+    for the direct launch (the host path past Triton's launcher), one a pointer alignment."""
+    from triton_impl import eager
+
+    mod = backend("triton")
+    x, r, w = inputs(64, 4096, torch.bfloat16)
+    eager.PLANS.clear()
+    for _ in range(3):
+        mod.rms_norm_quant(x, w, EPS, group_size=128)
+    (p,) = eager.PLANS.values()
+    assert isinstance(p, eager._QuantPlan) and p.direct == eager.DIRECT
+    assert len(p.compiled) == 1 and all(p.compiled.values()) == eager.DIRECT
+    mod.rms_norm_quant(x[:, :-128], w[:-128], EPS, group_size=128)  # another key
+    assert len(eager.PLANS) == 2
+    eager.PLANS.clear()

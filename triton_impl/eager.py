@@ -53,9 +53,17 @@ from typing import Optional
 import torch
 import triton
 
-from rmsnorm_api import EPS_MAX, EPS_MIN, check_fused_inputs, check_inputs, host
+from rmsnorm_api import (
+    EPS_MAX,
+    EPS_MIN,
+    check_fused_inputs,
+    check_inputs,
+    host,
+    scales_shape,
+)
+from rmsnorm_api import tensor_key as _tensor_key
 from triton_impl.kernels import INTERPRET
-from triton_impl.launch import plan
+from triton_impl.launch import Quant, plan
 
 #: (major, minor) Triton versions whose launcher this module's direct launch matches.
 VERIFIED_TRITON = ((3, 6), (3, 8))
@@ -163,15 +171,6 @@ class _Direct:
             self.tail = ()
 
 
-def _tensor_key(t: Optional[torch.Tensor]) -> Optional[tuple]:
-    """What a launch depends on of a tensor besides its data: shape, strides, storage
-    offset mod 8 elements (the split kernel's choice; allocations are 16-byte aligned),
-    dtype and device."""
-    if t is None:
-        return None
-    return (t.shape, t.stride(), t.storage_offset() % 8, t.dtype, t.get_device())
-
-
 def _hook(hook):
     """A launch hook as the launcher should get it: None for an empty hook chain (Triton's
     hooks are chains, never None, so JITFunction.run builds the launch metadata and calls
@@ -223,28 +222,35 @@ def _launchable(compiled) -> bool:
     return all(hasattr(compiled, a) for a in names)
 
 
+def _cacheable(launch, tensors: tuple) -> bool:
+    """Whether a planned launch may be cached for its key: it uses the tensors in place (no
+    copy made for it) and has no workspace of its own."""
+    pairs = zip(launch.args[: len(tensors)], tensors, strict=True)
+    return launch.reusable and all(a.data_ptr() == t.data_ptr() for a, t in pairs)
+
+
+def _remember(key: tuple, p):
+    """Cache plan p under key (a forward's _Plan or a quantised op's _QuantPlan) and return
+    it; past _MAX_PLANS (many shapes, e.g. a varying batch) the cache starts over."""
+    if len(PLANS) >= _MAX_PLANS:
+        PLANS.clear()
+    PLANS[key] = p
+    return p
+
+
 def _planned_launch(key: tuple, tensors: tuple, eps: float, dense: tuple, launch) -> None:
     """A miss: launch what launch.plan planned, and cache its plan under key when the
     launch uses the tensors in place (no copy made for it) and has no workspace of its own;
     tensors the kernel's pointer arguments in signature order (a dummy in place of an
     absent weight), dense as _Plan's."""
     k = len(tensors)
-    pairs = zip(launch.args[:k], tensors, strict=True)
-    same = all(a.data_ptr() == t.data_ptr() for a, t in pairs)
-    if not (same and launch.reusable):
+    if not _cacheable(launch, tensors):
         launch.kernel[launch.grid](*launch.args, **launch.meta)
         return
-    if len(PLANS) >= _MAX_PLANS:  # many shapes (e.g. a varying batch): start over
-        PLANS.clear()
-    p = PLANS[key] = _Plan(
-        launch.kernel,
-        launch.grid,
-        k,
-        tuple(launch.args[k:-1]),
-        launch.meta,
-        dense,
-        key[1] is not None,
-    )
+    p = _remember(
+        key, _Plan(launch.kernel, launch.grid, k, tuple(launch.args[k:-1]), launch.meta, dense,
+                   key[1] is not None)
+    )  # fmt: skip
     _cached_launch(p, tensors, eps, key[0][4])
 
 
@@ -372,3 +378,81 @@ def eager_forward(
             launch = plan(op, ins, weight, eps, outs, weight_offset=float(weight_offset))
             _planned_launch(key, tensors, eps, dense, launch)
     return y if residual is None else outs
+
+
+#: the quantised kernels' arguments that are the call's tensors, not the plan's constants
+_QUANT_TENSORS = ("q_in", "q_out")
+#: an argument neither in the plan's constants nor the call's tensors (a signature this
+#: module does not know: the plan launches through Triton's launcher)
+_UNKNOWN = object()
+
+
+class _QuantPlan:
+    """A cached launch of a quantised op (eager_quant): as _Plan's, but two of the
+    arguments after the constexprs of the norm are the call's own tensors, the scale or
+    its bound read (q_in, None where there is neither) and the scales written (q_out):
+    each launch puts them in their places of the argument tail."""
+
+    __slots__ = ("kernel", "grid", "ints", "meta", "tail", "at", "direct", "compiled")
+
+    def __init__(self, kernel, grid: tuple, tensors: int, ints: tuple, meta: dict) -> None:
+        self.kernel, self.grid, self.ints = kernel, grid, ints
+        self.meta = {k: v for k, v in meta.items() if k not in _QUANT_TENSORS}
+        names = list(getattr(kernel, "arg_names", ()))
+        after = names[tensors + len(ints) + 1 :]  # past the pointers, the ints and eps
+        self.tail = [None if a in _QUANT_TENSORS else meta.get(a, _UNKNOWN) for a in after]
+        self.at = tuple(after.index(a) for a in _QUANT_TENSORS if a in after)
+        self.direct = DIRECT and len(self.at) == len(_QUANT_TENSORS) and _UNKNOWN not in self.tail
+        self.compiled: dict = {}  # (each pointer 16-byte aligned) -> _Direct, or False
+
+    def launch(self, tensors: tuple, q_in, q_out: torch.Tensor, eps: float, device: int):
+        """Launch on these tensors: directly where this alignment's kernel is compiled
+        and launchable, else through Triton's launcher (which compiles it once)."""
+        ptrs = [t.data_ptr() for t in tensors]
+        q_ptrs = (None if q_in is None else q_in.data_ptr(), q_out.data_ptr())
+        align = tuple(a % 16 == 0 for a in ptrs) + tuple(a is None or a % 16 == 0 for a in q_ptrs)
+        d = self.compiled.get(align)
+        if not d:
+            compiled = self.kernel[self.grid](*tensors, *self.ints, eps, q_in=q_in, q_out=q_out,
+                                              **self.meta)  # fmt: skip
+            if align not in self.compiled:
+                compiled = compiled.result() if hasattr(compiled, "result") else compiled
+                ok = self.direct and _launchable(compiled)
+                self.compiled[align] = _Direct(compiled) if ok else False
+            return
+        tail = list(self.tail)
+        for i, q in zip(self.at, q_ptrs, strict=True):
+            tail[i] = q
+        _run_compiled(d, self.grid, tensors, ptrs, (*self.ints, eps, *tail), device)
+
+
+def eager_quant(key: tuple, op: str, x, residual, weight, eps: float, scale, group_size: int,
+                scale_ub, out_dtype: torch.dtype, weight_offset: float) -> tuple:  # fmt: skip
+    """A functional quantised op (rms_norm_quant, fused_add_rms_norm_quant) for real CUDA
+    tensors outside tracing, whose arguments rmsnorm_api.quant checked under ``key`` (the
+    plan cache's key too): its outputs allocated (as empty_outputs') and written through a
+    cached plan; the scales returned as the op returns them."""
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    shape = scales_shape(x.shape, scale, group_size)
+    scales = torch.empty(shape, dtype=torch.float32, device=x.device)
+    if residual is None:
+        ins, outs = (x,), (y,)
+    else:
+        ins, outs = (x, residual), (y, _empty(residual, x))
+    if x.numel() == 0:
+        return (*outs, scales)
+    q_in = scale if scale is not None else scale_ub
+    tensors = (*ins, x if weight is None else weight, *outs)
+    p = PLANS.get(key)
+    if p is None:
+        name = "rms_norm" if residual is None else "fused_add_rms_norm"
+        quant = Quant(scale, group_size, scale_ub, scales)
+        launch = plan(name, ins, weight, eps, outs, weight_offset=weight_offset, quant=quant)
+        if not _cacheable(launch, tensors):
+            launch.kernel[launch.grid](*launch.args, **launch.meta)
+            return (*outs, scales)
+        k = len(tensors)
+        ints = tuple(launch.args[k:-1])
+        p = _remember(key, _QuantPlan(launch.kernel, launch.grid, k, ints, launch.meta))
+    p.launch(tensors, q_in, scales, eps, x.get_device())
+    return (*outs, scales)

@@ -208,9 +208,10 @@ def plan(
         cfg = default_config(
             n, x.element_size(), op, split_ok=split_ok(*rows), dtype=dtype, rows=rows_at, sms=sms
         )
+        if quant is not None:  # a forced config is taken as it is (kernel_for checks it)
+            cfg = quant_config(cfg, n, x.element_size(), dynamic=quant.scale is None)
     q_meta = None
     if quant is not None:
-        cfg = quant_config(cfg, n, x.element_size(), dynamic=quant.scale is None)
         q_meta = {**quant_meta(quant, outs[0].dtype), **_quant_args(quant, n)}
     by_hand = INTERPRET and outs[-1].dtype == torch.bfloat16
     kernel, meta = kernel_for(op, cfg, x.element_size(), has_weight, n, by_hand, weight_offset,

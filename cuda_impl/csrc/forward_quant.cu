@@ -126,37 +126,41 @@ __device__ __forceinline__ void store_slot(E* row, int j, int n, bool vec,
 __device__ __forceinline__ float max_nan(float a, float b) { return a > b || a != a ? a : b; }
 __device__ __forceinline__ float min_nan(float a, float b) { return a < b || a != a ? a : b; }
 
-__device__ __forceinline__ uint8_t to_fp8(float v, bool e4m3) {
-  // saturated before: the cast rounds to nearest even (cvt.rn.satfinite on sm_89+)
-  return static_cast<uint8_t>(
-      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2));
+// y * inv for two values at once, rounded to nearest even in the fp8 dtype K (one cvt a
+// pair on sm_89+): satfinite saturates at the format's largest finite value, the clamp to
+// +-top the reference applies before its cast, and keeps NaN (the fp8 NaN); first value in
+// the low byte.
+template <__nv_fp8_interpretation_t K, int VEC>
+__device__ __forceinline__ void to_fp8_pairs(const float (&y)[VEC], float inv,
+                                             uint16_t (&q)[VEC / 2]) {
+#pragma unroll
+  for (int i = 0; i < VEC / 2; ++i)
+    q[i] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * i] * inv, y[2 * i + 1] * inv),
+                                    __NV_SATFINITE, K);
 }
 
 // Slot j of y quantised by inv (y * inv saturated to +-top, rounded in the fp8 dtype).
 template <int VEC>
 __device__ __forceinline__ void store_quantised(const QuantArgs& a, uint8_t* __restrict__ yr,
                                                 int j, const float (&y)[VEC], float inv) {
-  uint8_t q[VEC];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    const float v = y[i] * inv;  // NaN stays NaN (the fp8 NaN), never a saturated value
-    q[i] = to_fp8(v != v ? v : fminf(fmaxf(v, -a.top), a.top), a.e4m3);
+  uint16_t q[VEC / 2];
+  if (a.e4m3) {
+    to_fp8_pairs<__NV_E4M3>(y, inv, q);
+  } else {
+    to_fp8_pairs<__NV_E5M2>(y, inv, q);
   }
   const int e0 = j * VEC;
   if (a.vec) {
     if constexpr (VEC == 8) {
-      uint2 u;
-      u.x = q[0] | q[1] << 8 | q[2] << 16 | static_cast<uint32_t>(q[3]) << 24;
-      u.y = q[4] | q[5] << 8 | q[6] << 16 | static_cast<uint32_t>(q[7]) << 24;
-      *reinterpret_cast<uint2*>(yr + e0) = u;
+      *reinterpret_cast<uint2*>(yr + e0) =
+          make_uint2(q[0] | static_cast<uint32_t>(q[1]) << 16, q[2] | static_cast<uint32_t>(q[3]) << 16);
     } else {
-      *reinterpret_cast<uint32_t*>(yr + e0) =
-          q[0] | q[1] << 8 | q[2] << 16 | static_cast<uint32_t>(q[3]) << 24;
+      *reinterpret_cast<uint32_t*>(yr + e0) = q[0] | static_cast<uint32_t>(q[1]) << 16;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
-      if (e0 + i < a.n) yr[e0 + i] = q[i];
+      if (e0 + i < a.n) yr[e0 + i] = static_cast<uint8_t>(q[i / 2] >> (i % 2 * 8));
   }
 }
 
@@ -303,8 +307,7 @@ __device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
     for (int i = 0; i < VEC; ++i) ss = fmaf(v[k][i], v[k][i], ss);
   }
   const float rstd = rsqrtf(lanes_reduce<false>(ss, tpr, red) / static_cast<float>(a.n) + a.eps);
-  // y = s rstd w in place, and the row's max|y| (NaN kept); 0 past the row's end
-  float amx = 0.f;
+  // y = s rstd w in place; 0 past the row's end
 #pragma unroll
   for (int k = 0; k < SLOTS; ++k) {
     const int j = t + k * tpr;
@@ -312,16 +315,18 @@ __device__ __forceinline__ void quant_rows(const QuantArgs& a, float* red) {
       float w[VEC];
       weight_slot<T>(a, j, w);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        v[k][i] = v[k][i] * rstd * w[i];
-        amx = max_nan(amx, fabsf(v[k][i]));
-      }
+      for (int i = 0; i < VEC; ++i) v[k][i] = v[k][i] * rstd * w[i];
     }
   }
   float inv = 0.f;
   if (a.mode == kStatic) {
     inv = __fdiv_rn(1.f, __ldg(a.q_in));
   } else if (a.mode == kToken) {
+    float amx = 0.f;  // the row's max|y| (NaN kept), the other forms without its work
+#pragma unroll
+    for (int k = 0; k < SLOTS; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) amx = max_nan(amx, fabsf(v[k][i]));
     const float s = scale_of(lanes_reduce<true>(amx, tpr, red), a, a.q_in != nullptr);
     if (live && t == 0) a.scales[row] = s;
     inv = __fdiv_rn(1.f, s);

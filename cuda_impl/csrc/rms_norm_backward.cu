@@ -24,7 +24,9 @@
 // neither takes (tensors of differing alignment, rows past 8 CTAs) goes in CTA-wide chunks:
 // sum, then re-read (from L2), ds, and the chunk's dweight share added into the CTA's
 // partials row (its own: no other CTA touches it); 16-byte groups where every row of every
-// tensor is aligned and N is whole groups, one element a group otherwise.
+// tensor is aligned and N is whole groups, one element a group otherwise. Narrow aligned
+// rms_norm rows (to kNarrowMaxGroups groups: QK-norm's head rows) go before all of these to
+// rms_norm_bwd_narrow, several rows a CTA, a row's lanes within a warp.
 //
 // Precision: fp32 math on upcast inputs, each output cast once at its store. The weight is
 // read as fp32 (the host converts a 16-bit weight once, N elements), except in the staged
@@ -493,6 +495,125 @@ __global__ void __launch_bounds__(THREADS) rms_norm_bwd_kernel(ArgsOf<HEADS> a) 
   }
 }
 
+// ---- narrow rows, several a CTA at once -------------------------------------------------
+// Rows of at most 32 x VPT groups (QK-norm's head rows: 64-256 columns), every row aligned
+// and N whole groups, rms_norm's (no d_residual_out, no dresidual): a CTA of
+// kNarrowThreads threads holds kNarrowThreads / LANES rows, LANES consecutive lanes of a
+// warp a row (VPT groups a lane), and kNarrowDepth such sets at once (each lane's loads
+// for all of them issued before any sum); a row's two sums by shuffles among its lanes,
+// no barrier. The kernels above take a row a CTA: at 64 columns 8 of a CTA's 64 threads
+// worked, and a CTA's row at a time (with its barriers) held the 17-33% of copy QK-norm's
+// backward measured at D = 64-128. A CTA takes the rows the others would (first_row,
+// + row_step, ...; HEADS: of one head, as to_head says), in that order, so the host's
+// grid and partials rows are theirs; each lane's dweight shares stay in registers across
+// its rows and are summed over the CTA's rows through shared memory, in a fixed order,
+// into the CTA's partials row.
+constexpr int kNarrowThreads = 256;
+constexpr int kNarrowDepth = 2;
+
+template <typename T, int LANES, int VPT, bool HEADS = false>
+// (at most 64 registers a thread where a lane holds one group: 4 CTAs an SM, 1024 threads)
+__global__ void __launch_bounds__(kNarrowThreads, VPT == 1 ? 4 : 2)
+    rms_norm_bwd_narrow(ArgsOf<HEADS> a) {
+  static_assert(32 % LANES == 0, "a row's lanes in one warp");
+  constexpr int VEC = kVec<T>;
+  constexpr int kRows = kNarrowThreads / LANES;  // rows of one set
+  constexpr int kCols = LANES * VPT * VEC;       // the widest row taken
+  __shared__ float part[kRows][kCols];
+  int64_t first_row = blockIdx.x, row_step = gridDim.x;
+  float* dwp = a.dwp + first_row * a.N;
+  to_head<HEADS, T, T>(a, first_row, row_step);
+  const int N = a.N, groups = N / VEC;
+  const float inv_n = 1.f / static_cast<float>(N);
+  const int sub = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+  float wr[VPT * VEC], dw[VPT * VEC];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int g = k * LANES + lane;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      dw[k * VEC + i] = 0.f;
+      wr[k * VEC + i] = a.w && g < groups ? a.w[g * VEC + i] : 1.f;
+    }
+  }
+  // every lane runs every round (the shuffles), rows past M with zeros
+  const int64_t round = static_cast<int64_t>(kRows) * kNarrowDepth * row_step;
+  for (int64_t base = first_row; base < a.M; base += round) {
+    Raw<T, VEC> sraw[kNarrowDepth][VPT], draw[kNarrowDepth][VPT];
+    int64_t row[kNarrowDepth];
+#pragma unroll
+    for (int d = 0; d < kNarrowDepth; ++d) {
+      row[d] = base + static_cast<int64_t>(d * kRows + sub) * row_step;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = k * LANES + lane;
+        if (row[d] < a.M && g < groups) {
+          load_raw<T, VEC>(static_cast<const T*>(a.s) + row[d] * a.stride_s + g * VEC,
+                           sraw[d][k]);
+          load_raw<T, VEC>(static_cast<const T*>(a.dy) + row[d] * a.stride_dy + g * VEC,
+                           draw[d][k]);
+        } else {
+          sraw[d][k] = {};
+          draw[d][k] = {};
+        }
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kNarrowDepth; ++d) {
+      float ss = 0.f, gs = 0.f;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        float sv[VEC], dv[VEC];
+        unpack<T, VEC>(sraw[d][k], sv);
+        unpack<T, VEC>(draw[d][k], dv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          ss = fmaf(sv[i], sv[i], ss);
+          gs = fmaf(dv[i] * wr[k * VEC + i], sv[i], gs);
+        }
+      }
+#pragma unroll
+      for (int off = LANES / 2; off > 0; off /= 2) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        gs += __shfl_xor_sync(0xffffffffu, gs, off);
+      }
+      if (row[d] >= a.M) continue;
+      const float rstd = rsqrtf(ss * inv_n + a.eps);
+      const float c2 = gs * inv_n * rstd * rstd;
+      T* dsr = static_cast<T*>(a.ds) + row[d] * a.stride_ds;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int g = k * LANES + lane;
+        if (g >= groups) continue;
+        float sv[VEC], dv[VEC], out[VEC];
+        unpack<T, VEC>(sraw[d][k], sv);
+        unpack<T, VEC>(draw[d][k], dv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          out[i] = (dv[i] * wr[k * VEC + i] - sv[i] * c2) * rstd;
+          dw[k * VEC + i] = fmaf(dv[i] * sv[i], rstd, dw[k * VEC + i]);
+        }
+        store_group<T, VEC>(dsr + g * VEC, out);
+      }
+    }
+  }
+  if (a.w == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int g = k * LANES + lane;
+    if (g >= groups) continue;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) part[sub][g * VEC + i] = dw[k * VEC + i];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < N; c += kNarrowThreads) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (int r = 0; r < kRows; ++r) sum += part[r][c];
+    dwp[c] = sum;
+  }
+}
+
 // ---- rows staged through shared memory -------------------------------------------------
 // The default for every row that fits: each CTA keeps 2-4 rows of s and dy in shared
 // memory (staged_stages), the next rows' copies (cp.async, 16 bytes a thread at a time, no
@@ -864,6 +985,7 @@ struct Launch {
   int cap = 0;    // the staged kernel's groups a stage holds (0: another kernel)
   int ranks = 1;  // CTAs a cluster (sharing each row)
   bool wt = false;  // the staged kernel reads the weight in T (a.w_t)
+  int rows = 1;     // rows a CTA holds at once (the narrow kernel's), for its grid
 };
 
 // The cluster launch of a staged kernel (ranks > 1), over `walkers` clusters.
@@ -1103,6 +1225,23 @@ Launch pick_registers(int cap) {
   });
 }
 
+// The narrow kernel for aligned rows of `groups` groups (at most kNarrowMaxGroups): the
+// fewest lanes a row, 8 to 32, of one group each, else 32 of two.
+constexpr int narrow_lanes(int groups) { return groups <= 8 ? 8 : groups <= 16 ? 16 : 32; }
+
+template <typename T, bool HEADS = false>
+auto narrow_kernel(int groups) {
+  if (groups > 32) return rms_norm_bwd_narrow<T, 32, 2, HEADS>;
+  switch (narrow_lanes(groups)) {
+    case 8:
+      return rms_norm_bwd_narrow<T, 8, 1, HEADS>;
+    case 16:
+      return rms_norm_bwd_narrow<T, 16, 1, HEADS>;
+    default:
+      return rms_norm_bwd_narrow<T, 32, 1, HEADS>;
+  }
+}
+
 // The kernel for rows `r`.
 template <typename T, typename S>
 Launch pick(const Rows& r) {
@@ -1110,6 +1249,15 @@ Launch pick(const Rows& r) {
   Launch l;
   const int whole = r.N / V;  // a row's whole groups (its aligned body's at most, with edges)
   const int cap = r.vec_ok ? whole : (r.N + 2 * V - 2) / V;  // groups a row spans, any phase
+  static_assert(kNarrowMaxGroups <= 64, "the narrow kernels hold 32 lanes of 2 groups at most");
+  if constexpr (std::is_same_v<T, S>) {
+    if (!r.fused && r.vec_ok && whole <= kNarrowMaxGroups) {
+      l.kernel = narrow_kernel<T>(whole);
+      l.threads = kNarrowThreads;
+      l.rows = kNarrowThreads / narrow_lanes(whole) * kNarrowDepth;
+      return l;
+    }
+  }
   // The register-resident kernel, with no shared memory to limit its CTAs an SM, kept
   // more rows in flight than two stages a CTA did: fp32 rms_norm's aligned rows to 8192
   // (the fused add's longer rows hide the staged kernel's next copy there;
@@ -1153,13 +1301,16 @@ Launch pick(const Rows& r) {
 }
 
 // The HEADS twin of kernel k (rms_norm's T rows, picked by pick for one head's row), or
-// null where there is none: built for the 64-thread kernels (rows to 128 groups: every head
-// width models use) that head rows of one phase take, the staged one of aligned 16-bit rows,
-// the register one of aligned fp32 rows, and the register one with edges. Rows that take
-// another (a cluster's, the chunked kernel of differing phases) go head by head or as rows.
+// null where there is none: built for the narrow kernels (aligned rows to kNarrowMaxGroups
+// groups: every head width models use) and for the 64-thread kernels that other head rows
+// of one phase take (to 128 groups), the staged one of aligned 16-bit rows, the register one
+// of aligned fp32 rows, and the register one with edges. Rows that take another (a
+// cluster's, the chunked kernel of differing phases) go head by head or as rows.
 template <typename T>
 HeadsKernelPtr heads_twin(KernelPtr k) {
   constexpr int V = kVec<T>;
+  for (const int groups : {8, 16, 32, 64})
+    if (k == narrow_kernel<T>(groups)) return narrow_kernel<T, true>(groups);
   if (k == rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, true>)
     return rms_norm_bwd_kernel<T, T, 64, kVpt, V, false, true, false, true>;
   if constexpr (sizeof(T) == 2) {
@@ -1284,7 +1435,8 @@ at::Tensor run_backward(const at::Tensor& dy_in, const at::Tensor& s_in,
                        : wt   ? weight->contiguous()
                               : weight_as_read(weight, weight_offset).to(at::kFloat).contiguous();
   const int64_t all_rows = M * H;
-  int walkers = persistent_walkers(l, all_rows, device);
+  // the narrow kernel's CTAs hold l.rows rows at once: no more CTAs than fill them
+  int walkers = persistent_walkers(l, (all_rows + l.rows - 1) / l.rows, device);
   // the staged and register kernels' CTAs each keep one phase, and (heads) one head: a
   // whole number of H x periods of walkers (the chunked kernel, which takes rows of
   // differing phases, does not mind)

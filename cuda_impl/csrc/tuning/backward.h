@@ -33,6 +33,10 @@ constexpr int kEdges16MaxGroups = 512;
 // Elements a thread a chunk, for the chunked kernel's one-element groups (rows whose
 // tensors differ in alignment).
 constexpr int kScalarVpt = 4;
+// Groups of the widest aligned rms_norm row the narrow kernel (several rows a CTA, a row's
+// lanes within a warp) takes: 16-bit 512 columns, fp32 256 (QK-norm's head rows); not yet
+// measured against the staged and register kernels past 128 columns.
+constexpr int kNarrowMaxGroups = 64;
 // Threads a block of the dweight reduction, and the loads of partials rows each keeps in
 // flight (with blocks of 8-32 columns: faster at the narrow rows, where 8 warps of 4 loads
 // over 32 columns had taken a share of the op's time;
