@@ -25,6 +25,10 @@ ORDER = RMS_NORM.order
 SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 
+#: The plot harness.plot draws across the ops of a records file (our two kernels against
+#: each other, a panel an op); report.md links it where present.
+STUDY_PLOT = "triton_vs_cuda.png"
+
 #: The plots harness.plot draws for an op; the report links those present in its folder.
 PLOT_NAMES = (
     "bandwidth_vs_n.png",
@@ -170,6 +174,23 @@ def best_peer_ratios(
             continue
         for name, r in impls.items():
             out.setdefault(dtype, {}).setdefault(name, []).append((n, best[1] / median_us(r)))
+    return out
+
+
+def ours_ratios(recs: Iterable[dict], section: str = "grid", op: Op = RMS_NORM) -> dict[str, list]:
+    """{dtype: [(N, the second of our kernels' time / the first's), ...]} over the section's
+    cold shapes where both passed, in N's order: CUDA's time over Triton's, > 1 where
+    Triton is faster. Empty for an op with fewer than two kernels of ours."""
+    out: dict[str, list] = {}
+    if len(op.ours) < 2:
+        return out
+    first, second = op.ours[:2]
+    cold = by_shape(passed(recs, "cold", section))
+    for (dtype, _m, n), impls in sorted(cold.items(), key=lambda kv: (kv[0][2], kv[0][1])):
+        if first in impls and second in impls:
+            out.setdefault(dtype, []).append(
+                (n, median_us(impls[second]) / median_us(impls[first]))
+            )
     return out
 
 

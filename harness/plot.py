@@ -13,7 +13,9 @@
     host time per call, side by side;
 (e) best_peer.png       every implementation against the best peer at each grid width (the
     best peer's time / its time), one panel per dtype, on a linear axis around 1, so a 2%
-    lead or loss reads as one (against eager, whose 10x flattens it, the speedup plot).
+    lead or loss reads as one (against eager, whose 10x flattens it, the speedup plot);
+(f) triton_vs_cuda.png  once for the file: CUDA's time over Triton's at each grid width, a
+    panel an op, a line a dtype (analysis.STUDY_PLOT).
 Then report.md (harness.report) beside them. When a file holds several runs, the last
 record of each measurement wins (harness.records.latest). The numbers come from
 harness.analysis. Each op in the records gets its five plots (the first op's under the
@@ -365,6 +367,56 @@ def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Option
     return _save(fig, out / _name(op, "best_peer.png"))
 
 
+def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
+    """(f) across the ops: CUDA's time over Triton's at each grid width, a panel an op, a
+    line a dtype; the question the study asks, each op's answer side by side."""
+    panels = [
+        (op, ratios)
+        for op, op_recs in analysis.by_op(recs).items()
+        if (ratios := analysis.ours_ratios(op_recs, "grid", op))
+    ]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.3 * rows), squeeze=False)
+    every = [v for _, ratios in panels for pts in ratios.values() for _, v in pts]
+    # one scale for every panel, so an op's gap reads against another's; 1 always inside
+    lo, hi = min([0.95, *every]) - 0.02, max([1.05, *every]) + 0.02
+    for ax, (op, ratios) in zip(list(axes.flat)[: len(panels)], panels, strict=True):
+        # a slot a width, not a log axis: 4095, 4096 and 4097 side by side, not one spike
+        ns = sorted({n for pts in ratios.values() for n, _ in pts})
+        slot = {n: i for i, n in enumerate(ns)}
+        for dtype in [d for d in DTYPE_ORDER if d in ratios]:
+            xs, ys = zip(*ratios[dtype], strict=True)
+            ax.plot([slot[n] for n in xs], ys, marker="o", ms=3.5, lw=1.2, label=dtype)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhspan(1.0, hi, color="C0", alpha=0.05)
+        ax.text(0.02, 0.97, "Triton faster", transform=ax.transAxes, va="top", fontsize=7)
+        ax.text(0.02, 0.03, "CUDA faster", transform=ax.transAxes, va="bottom", fontsize=7)
+        ax.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45, fontsize=7)
+        for label, n in zip(ax.get_xticklabels(), ns, strict=True):
+            if n & (n - 1):  # not a power of two: the odd and the LLM widths
+                label.set_color("C3")
+        ax.set_xlabel(
+            f"N, row width (elements; red: not a power of two); {op.grid_text}", fontsize=8
+        )
+        ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2f}x"))
+        ax.set_ylabel("CUDA's time / Triton's", fontsize=8)
+        ax.set_title(op.title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        "(f) Triton against CUDA C++: CUDA's time / Triton's at each grid width, cold L2, "
+        f"medians\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
+        fontsize=10,
+    )
+    return _save(fig, out / analysis.STUDY_PLOT)
+
+
 def _name(op: Op, plain: str) -> str:
     """The file name of one of an op's plots (analysis.plot_names)."""
     return analysis.plot_names(op)[analysis.PLOT_NAMES.index(plain)]
@@ -402,6 +454,9 @@ def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
             p = draw_one(op_recs, out, op)
             if p is not None:
                 plots.append(p)
+    study = plot_triton_vs_cuda(recs, out)
+    if study is not None:
+        plots.append(study)
     return plots + report.write_report(recs, out, plots)
 
 

@@ -642,6 +642,7 @@ def test_plots_and_report_from_synthetic_records(synthetic, tmp_path):
         "speedup.png",
         "small_shapes.png",
         "best_peer.png",
+        analysis.STUDY_PLOT,
         "report.md",
     }
     for p in written:
@@ -678,6 +679,18 @@ def test_best_peer_ratios(synthetic):
     assert all(r == pytest.approx(1.0) for _, r in bf16["compile"])
     ours_only = [r for r in recs if r.get("impl") in ("triton", "cuda")]
     assert analysis.best_peer_ratios(ours_only) == {}
+
+
+def test_ours_ratios(synthetic):
+    """CUDA's time over Triton's at each grid width where both passed, in N's order; none
+    for an op or records without both."""
+    recs = analysis.load(synthetic)
+    got = analysis.ours_ratios(recs)
+    assert sorted(got) == ["bf16", "fp32"]
+    assert [n for n, _ in got["bf16"]] == [1024, 4096, 131072]
+    for _, ratio in got["bf16"]:
+        assert ratio == pytest.approx(SPEED["cuda"] / SPEED["triton"])
+    assert analysis.ours_ratios([r for r in recs if r.get("impl") != "cuda"]) == {}
 
 
 def test_plot_cli(synthetic, tmp_path, capsys):
@@ -1395,7 +1408,11 @@ def test_report_and_plots_have_a_section_per_op(tmp_path):
     written = {p.name for p in plot.redraw(path, out)}
     assert written == set(analysis.PLOT_NAMES) | {
         f"fused_add_rms_norm-{n}" for n in analysis.PLOT_NAMES
-    } | {"report.md", "report-rms_norm.md", "report-fused_add_rms_norm.md"}
+    } | {analysis.STUDY_PLOT, "report.md", "report-rms_norm.md", "report-fused_add_rms_norm.md"}
+    # the study's plot once, a panel an op, linked from the short page before the ops
+    short = (out / "report.md").read_text()
+    assert short.count(f"({analysis.STUDY_PLOT})") == 1
+    assert short.index(analysis.STUDY_PLOT) < short.index("# RMSNorm forward (rms_norm)")
     text = (out / "report.md").read_text()
     plain_head = "# RMSNorm forward (rms_norm)"
     fused_head = "# fused residual add + RMSNorm forward (fused_add_rms_norm)"
