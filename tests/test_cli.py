@@ -592,3 +592,38 @@ def test_every_op_has_inputs_at_its_interpreter_shapes():
         for name, shape in op.no_gpu_shapes or bench.NO_GPU_SHAPES:
             case = Case(name, shape, torch.bfloat16).cpu_cap()
             assert op.make_inputs(case, "cpu", 0)[0].numel() == case.m * case.n, (op.name, name)
+
+
+def test_readme_triton_against_cuda_figures_are_the_records():
+    """README's words under triton_vs_cuda.png, read back from the committed run of record:
+    each range of CUDA's time / Triton's it quotes is the records' (to two places)."""
+    if not COMMITTED.exists():
+        pytest.skip("no committed H200 records")
+    ratios = {
+        op.name: analysis.ours_ratios(r, "grid", op)
+        for op, r in analysis.by_op(analysis.load(COMMITTED)).items()
+    }
+
+    def span(ops, keep):
+        vals = [v for o in ops for d, pts in ratios[o].items() for n, v in pts if keep(d, n)]
+        return f"{min(vals):.2f}-{max(vals):.2f}"
+
+    def pow2(n):
+        return n & (n - 1) == 0
+
+    fwd = ("rms_norm", "fused_add_rms_norm")
+    words = " ".join((REPO / "README.md").read_text().split())
+    for quoted in (
+        f"The forward ops at {span(fwd, lambda d, n: n <= 32768)} to 32768",
+        f"rms_norm at {span(['rms_norm'], lambda d, n: n >= 65536 and d != 'fp32')} in 16-bit",
+        f"({span(['rms_norm'], lambda d, n: n >= 65536 and d == 'fp32')} in fp32)",
+        "the fused add at "
+        + span(["fused_add_rms_norm"], lambda d, n: n >= 65536 and (d, n) != ("fp32", 262144)),
+        f"fp32 262144: {dict(ratios['fused_add_rms_norm']['fp32'])[262144]:.2f}",
+        "The backward at "
+        + span(["rms_norm_bwd"], lambda d, n: d != "fp32" and pow2(n) and n <= 16384)
+        + " at 16-bit power-of-two widths to 16384",
+        f"{span(['rms_norm_bwd'], lambda d, n: n in (4095, 4097))} at 4095 and 4097",
+        f"{span(['rms_norm_bwd'], lambda d, n: n >= 32768)} at 32768-65536",
+    ):
+        assert quoted in words, quoted
