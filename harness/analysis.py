@@ -25,9 +25,13 @@ ORDER = RMS_NORM.order
 SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 
-#: The plot harness.plot draws across the ops of a records file (our two kernels against
-#: each other, a panel an op); report.md links it where present.
-STUDY_PLOT = "triton_vs_cuda.png"
+#: The plots harness.plot draws across the ops of a records file, a panel an op: our two
+#: kernels against each other, and every implementation at the odd widths beside their
+#: round neighbours; report.md links them where present.
+STUDY_PLOTS = ("triton_vs_cuda.png", "odd_widths.png")
+#: The widths the odd-widths plot puts side by side: a width off the 16-byte grid each side
+#: of 4096, and 1000 beside 1024.
+ODD_NEIGHBOURS = (1000, 1024, 4095, 4096, 4097)
 
 #: The plots harness.plot draws for an op; the report links those present in its folder.
 PLOT_NAMES = (
@@ -191,6 +195,19 @@ def ours_ratios(recs: Iterable[dict], section: str = "grid", op: Op = RMS_NORM) 
             out.setdefault(dtype, []).append(
                 (n, median_us(impls[second]) / median_us(impls[first]))
             )
+    return out
+
+
+def odd_widths(recs: Iterable[dict], dtype: str = "bf16") -> dict[int, dict[str, float]]:
+    """{N: {impl: % of the copy ceiling}} at the grid's ODD_NEIGHBOURS widths of one dtype,
+    cold, where the implementation passed and the record has the fraction."""
+    out: dict[int, dict[str, float]] = {}
+    for (dt, _m, n), impls in sorted(by_shape(passed(recs, "cold", "grid")).items()):
+        if dt != dtype or n not in ODD_NEIGHBOURS:
+            continue
+        for name, r in impls.items():
+            if r.get("pct_copy") is not None:
+                out.setdefault(n, {})[name] = r["pct_copy"]
     return out
 
 

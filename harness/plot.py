@@ -15,7 +15,9 @@
     best peer's time / its time), one panel per dtype, on a linear axis around 1, so a 2%
     lead or loss reads as one (against eager, whose 10x flattens it, the speedup plot);
 (f) triton_vs_cuda.png  once for the file: CUDA's time over Triton's at each grid width, a
-    panel an op, a line a dtype (analysis.STUDY_PLOT).
+    panel an op, a line a dtype;
+(g) odd_widths.png      once for the file: every implementation's % of copy at 1000 beside
+    1024 and 4095 and 4097 beside 4096, bf16, a panel an op (analysis.STUDY_PLOTS).
 Then report.md (harness.report) beside them. When a file holds several runs, the last
 record of each measurement wins (harness.records.latest). The numbers come from
 harness.analysis. Each op in the records gets its five plots (the first op's under the
@@ -414,7 +416,62 @@ def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
         f"medians\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
         fontsize=10,
     )
-    return _save(fig, out / analysis.STUDY_PLOT)
+    return _save(fig, out / analysis.STUDY_PLOTS[0])
+
+
+def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Optional[Path]:
+    """(g) across the ops: every implementation's % of copy at 1000 beside 1024 and 4095
+    and 4097 beside 4096 (analysis.odd_widths), bars side by side, a panel an op; where
+    the peers fall to scalar accesses, read against their own round widths."""
+    panels = [
+        (op, got)
+        for op, op_recs in analysis.by_op(recs).items()
+        if (got := analysis.odd_widths(op_recs, dtype))
+    ]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.6 * rows), squeeze=False)
+    for ax, (op, got) in zip(list(axes.flat)[: len(panels)], panels, strict=True):
+        ns = sorted(got)
+        names = analysis.impl_order({name for row in got.values() for name in row}, op)
+        width = 0.85 / len(names)
+        for j, name in enumerate(names):
+            xs = [
+                i + (j - (len(names) - 1) / 2) * width for i, n in enumerate(ns) if name in got[n]
+            ]
+            ys = [got[n][name] for n in ns if name in got[n]]
+            ax.bar(xs, ys, width * 0.9, color=COLORS.get(name), label=name)
+        ax.axhline(100, color="black", lw=0.8, ls="--")
+        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
+        for label, n in zip(ax.get_xticklabels(), ns, strict=True):
+            if n & (n - 1):
+                label.set_color("C3")
+        ax.set_xlabel(
+            f"N, row width (elements; red: off the round width); {op.grid_text}", fontsize=8
+        )
+        ax.set_ylabel("% of the copy ceiling (cold L2, median)", fontsize=8)
+        title = op.title
+        if max(v for row in got.values() for v in row.values()) > 100:
+            # the bytes model charges every implementation alike, so one that moves less
+            # than it charges reads above the copy
+            title += (
+                "\nabove 100%: fewer bytes moved than the model charges every implementation"
+                "\n(one tensor returned as both dx and dresidual: report.md's bytes model)"
+            )
+        ax.set_title(title, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    _legend_below(fig, list(axes.flat)[: len(panels)])
+    fig.suptitle(
+        f"(g) the odd widths beside their round neighbours, {dtype}: % of the copy ceiling"
+        " (no bar: not run there, or it failed: the report's failures)"
+        f"\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
+        fontsize=10,
+    )
+    return _save(fig, out / analysis.STUDY_PLOTS[1])
 
 
 def _name(op: Op, plain: str) -> str:
@@ -454,9 +511,10 @@ def draw(recs: Sequence[dict], out: str | Path) -> list[Path]:
             p = draw_one(op_recs, out, op)
             if p is not None:
                 plots.append(p)
-    study = plot_triton_vs_cuda(recs, out)
-    if study is not None:
-        plots.append(study)
+    for draw_study in (plot_triton_vs_cuda, plot_odd_widths):
+        p = draw_study(recs, out)
+        if p is not None:
+            plots.append(p)
     return plots + report.write_report(recs, out, plots)
 
 

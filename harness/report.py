@@ -456,21 +456,17 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     """Write out/report.md from records (already deduplicated), and with several ops a page
     each (op_page); return the paths written, report.md first. Each op's sections come with
     the plots of its names (analysis.plot_names); the study's plot across the ops
-    (analysis.STUDY_PLOT), where drawn, comes before them."""
+    (analysis.STUDY_PLOTS), where drawn, come before them."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     env = analysis.env_of(recs)
     groups = analysis.by_op(recs)
     ops = list(groups)
     lines = _title(env, ops) + _environment(env, ops, recs)
-    study = [p for p in plots if p.name == analysis.STUDY_PLOT]
+    study = [p for p in plots if p.name in analysis.STUDY_PLOTS]
     if study:  # the study's question first: the two kernels against each other, every op
-        lines += [
-            "## Triton against CUDA C++, every op",
-            "",
-            f"![{study[0].stem}]({study[0].name})",
-            "",
-        ]
+        lines += ["## Triton against CUDA C++, every op", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in study] + [""]
     pages = []
     for op, op_recs in groups.items():
         mine = [p for p in plots if p.name in analysis.plot_names(op)]

@@ -642,7 +642,7 @@ def test_plots_and_report_from_synthetic_records(synthetic, tmp_path):
         "speedup.png",
         "small_shapes.png",
         "best_peer.png",
-        analysis.STUDY_PLOT,
+        *analysis.STUDY_PLOTS,
         "report.md",
     }
     for p in written:
@@ -691,6 +691,19 @@ def test_ours_ratios(synthetic):
     for _, ratio in got["bf16"]:
         assert ratio == pytest.approx(SPEED["cuda"] / SPEED["triton"])
     assert analysis.ours_ratios([r for r in recs if r.get("impl") != "cuda"]) == {}
+
+
+def test_odd_widths(synthetic):
+    """% of copy at the odd widths' neighbours of one dtype, every implementation that
+    passed; the grid's other widths and dtypes left out."""
+    recs = analysis.load(synthetic)
+    got = analysis.odd_widths(recs)
+    assert sorted(got) == [1024, 4096]  # the synthetic grid's widths among the neighbours
+    cold = analysis.by_shape(analysis.passed(recs, "cold", "grid"))
+    for n, row in got.items():
+        (impls,) = [v for (d, _m, nn), v in cold.items() if d == "bf16" and nn == n]
+        assert row == {name: r["pct_copy"] for name, r in impls.items()}
+    assert analysis.odd_widths(recs, "fp16") == {}
 
 
 def test_plot_cli(synthetic, tmp_path, capsys):
@@ -1408,11 +1421,12 @@ def test_report_and_plots_have_a_section_per_op(tmp_path):
     written = {p.name for p in plot.redraw(path, out)}
     assert written == set(analysis.PLOT_NAMES) | {
         f"fused_add_rms_norm-{n}" for n in analysis.PLOT_NAMES
-    } | {analysis.STUDY_PLOT, "report.md", "report-rms_norm.md", "report-fused_add_rms_norm.md"}
+    } | {*analysis.STUDY_PLOTS, "report.md", "report-rms_norm.md", "report-fused_add_rms_norm.md"}
     # the study's plot once, a panel an op, linked from the short page before the ops
     short = (out / "report.md").read_text()
-    assert short.count(f"({analysis.STUDY_PLOT})") == 1
-    assert short.index(analysis.STUDY_PLOT) < short.index("# RMSNorm forward (rms_norm)")
+    for name in analysis.STUDY_PLOTS:
+        assert short.count(f"({name})") == 1
+        assert short.index(name) < short.index("# RMSNorm forward (rms_norm)")
     text = (out / "report.md").read_text()
     plain_head = "# RMSNorm forward (rms_norm)"
     fused_head = "# fused residual add + RMSNorm forward (fused_add_rms_norm)"
