@@ -1135,3 +1135,52 @@ def test_fp8_block_bookkeeping(dry_run, monkeypatch):
     assert "### the block in fp8, static activation scales, prefill" in text
     assert "### the block in fp8, token activation scales, prefill" in text
     assert "The FP8 block (the block's four projections" in text
+
+
+def test_model_figure_draws_the_reports_speedups(tmp_path):
+    """model_speedups.png from the committed run: a bar for each of our variants' passed
+    block records, its value the report's (tables.prepared), drawn and written; nothing
+    drawn from records without one of ours."""
+    from harness.model import figure
+
+    recs = records.read_records(model.COMMITTED_RECORDS)
+    got = figure.speedups(recs)
+    assert {"prefill", "decode"} <= set(got)
+    text = " ".join(model.render(recs).split())
+    for by_mode in got.values():
+        for by_variant in by_mode.values():
+            for variant, m in by_variant.items():
+                sp = m["speedup"]
+                assert variant in figure.OURS and sp["lo"] <= sp["median"] <= sp["hi"]
+                assert f"{sp['median']:.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}]" in text
+    path = figure.draw(recs, tmp_path)
+    assert path == tmp_path / figure.NAME and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    natives = [r for r in recs if (r.get("model") or {}).get("variant") == "native"]
+    assert figure.draw(natives, tmp_path / "none") is None
+    assert figure.main([str(model.COMMITTED_RECORDS), "--out", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli" / figure.NAME).is_file()
+
+
+def test_readme_model_figure_words_are_the_records():
+    """README's words under model_speedups.png, read back from the committed run."""
+    from harness.model import figure
+
+    got = figure.speedups(records.read_records(model.COMMITTED_RECORDS))
+
+    def span(keep):
+        vals = [
+            m["speedup"]["median"]
+            for shape, by_mode in got.items()
+            for mode, by_variant in by_mode.items()
+            for m in by_variant.values()
+            if keep(shape, mode)
+        ]
+        return f"{min(vals):.2f}-{max(vals):.2f}x"
+
+    from pathlib import Path
+
+    repo = Path(model.__file__).resolve().parents[2]
+    words = " ".join((repo / "README.md").read_text().split())
+    eager_decode = span(lambda s, m: s == "decode" and not m.startswith("compile"))
+    assert f"at decode, eagerly and under graphs, {eager_decode}" in words
+    assert f"ours sit at {span(lambda s, m: m.startswith('compile'))}" in words

@@ -21,7 +21,8 @@ A file a concern, each importing only those above it:
     families.py the real clients: transformers' Qwen3 and Gemma 3 layers, every norm swapped
     fp8.py      the FP8 client: the block's projections in fp8, the norms' outputs quantised
     tables.py   model.md: the report, a pure function of records
-    gpu.py      the GPU run: the jobs planned and run, the table written
+    figure.py   model_speedups.png: our variants' block speedups and their bounds, drawn
+    gpu.py      the GPU run: the jobs planned and run, the table and the figure written
     cpu.py      without a GPU: the tiny config checked, then the committed table
     cli.py      the command line (__main__.py runs it)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from harness import measure, records
+from harness.model import figure
 from harness.model.block import make_weights, variants
 from harness.model.config import (
     BLOCK_OP,
@@ -152,8 +153,12 @@ def run_gpu(args, out: Path) -> int:
                 run.say(f"{block} {where.name} {mode}: FAILED: {err['error']}")
             torch.cuda.empty_cache()
     b.writer.close()
-    text = render(records.read_records(path))
+    recs = records.read_records(path)
+    text = render(recs)
     (out / REPORT_NAME).write_text(text + "\n", encoding="utf-8")
     print(text)
+    drawn = figure.draw(recs, out)
+    if drawn is not None:
+        run.say(f"figure -> {drawn}")
     run.say(f"{b.writer.count} records -> {path}; report -> {out / REPORT_NAME}")
     return 1 if run.failed else 0

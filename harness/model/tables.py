@@ -162,10 +162,15 @@ def _against_native(rows: list[dict], mode: str) -> Optional[str]:
     return f"{mode}, ours against native: " + "; ".join(said) + "." if said else None
 
 
+def prepared(recs: list[dict]) -> list[dict]:
+    """A run's model records as the report reads them: the latest of each, a pass variant
+    that did not apply a SKIP, each speedup and flag taken again from the block medians."""
+    return _redrawn_speedups([_applicable(r) for r in records.latest(recs) if r.get("model")])
+
+
 def render(recs: list[dict]) -> str:
     """The model section as markdown, from a run's records (any machine can redraw it)."""
-    recs = [_applicable(r) for r in records.latest(recs) if r.get("model")]
-    recs = _redrawn_speedups(recs)
+    recs = prepared(recs)
     if not recs:
         return "no model records in this file"
     env = recs[0]["env"]
