@@ -1619,3 +1619,31 @@ def test_quant_peers_judged_within_their_dtypes_rounding():
         inputs = op.make_inputs(plan.Planned("bf16", 256, 4096), "cpu", 3)
         a, r, ok, err = check(native, *inputs, op.reference(*inputs), op=op)
         assert ok, f"{name}: {err}"
+
+
+def test_cost_figure(tmp_path):
+    """harness.cost: Triton's kernels are the jitted functions nothing calls, a build log
+    gives CUDA's kernels and seconds (or a ValueError naming it), and the figure is drawn
+    from the committed records and log."""
+    from harness import cost
+
+    src = tmp_path / "t"
+    src.mkdir()
+    (src / "k.py").write_text(
+        "@triton.jit\ndef _helper(x):\n    return x\n\n\n"
+        "@triton.jit\n@some.other\ndef _kernel(p):\n    _helper(p)\n"
+    )
+    assert cost.triton_kernels(src) == 1 and cost.lines_of(src, (".py",)) == 9
+    log = tmp_path / "build.log"
+    log.write_text("=== build\nbuild seconds: 96198e-3\nkernels: 593\n")
+    assert cost.build_of(log) == (593, pytest.approx(96.198))
+    bad = tmp_path / "bad.log"
+    bad.write_text("kernels: 1\n")
+    with pytest.raises(ValueError, match="bad.log"):
+        cost.build_of(bad)
+    committed = cost.REPO / "results/h200/records.jsonl.xz"
+    if not committed.exists():
+        pytest.skip("no committed H200 records")
+    assert cost.main(["--build-log", str(log), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / cost.NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cost.main(["--build-log", str(bad), "--out", str(tmp_path / "o2")]) == 1
