@@ -5,8 +5,9 @@ code, kernels, the ahead-of-time build and the first call at a new shape.
 
 Lines are counted in this tree, comments and blanks included: `triton_impl/`'s Python
 against `cuda_impl/`'s sources (csrc/ and its Python), the shared `rmsnorm_api/` left out.
-Kernels: Triton's `@triton.jit` functions that no Triton code calls (the launched ones);
-CUDA's from a device build
+Kernels, not the same unit on both sides, as the panel says: Triton's `@triton.jit`
+functions that no Triton code calls (the launched ones, each specialised by the JIT per
+signature at first call); CUDA's compiled instantiations, from a device build
 log's `kernels:` line (scripts/h200.sh's build step), which gives the build's seconds too.
 First calls: the bench records' (analysis.first_calls, rms_norm's: JIT compilation
 included for Triton). The title names the tree's commit, the log and the records.
@@ -90,7 +91,8 @@ def draw(records_path: Path, build_log: Path, out: Path) -> Path:
         (axes[0], "lines of code (this tree)", lines, "{:,.0f}", False),
         (
             axes[1],
-            "kernels (Triton: compiled at first call; CUDA: built ahead)",
+            "kernels: Triton's in source (each JIT-specialised\n"
+            "at first call), CUDA's instantiations built ahead",
             kernels,
             "{:,.0f}",
             True,

@@ -464,8 +464,8 @@ def write_report(recs: Sequence[dict], out: str | Path, plots: Sequence[Path] = 
     ops = list(groups)
     lines = _title(env, ops) + _environment(env, ops, recs)
     study = [p for p in plots if p.name in analysis.STUDY_PLOTS]
-    if study:  # the study's question first: the two kernels against each other, every op
-        lines += ["## Triton against CUDA C++, every op", ""]
+    if study:  # the study's question first: every op side by side
+        lines += ["## Across the ops", ""]
         lines += [f"![{p.stem}]({p.name})" for p in study] + [""]
     pages = []
     for op, op_recs in groups.items():

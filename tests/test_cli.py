@@ -620,7 +620,7 @@ def test_readme_triton_against_cuda_figures_are_the_records():
         "the fused add at "
         + span(["fused_add_rms_norm"], lambda d, n: n >= 65536 and (d, n) != ("fp32", 262144)),
         f"fp32 262144: {dict(ratios['fused_add_rms_norm']['fp32'])[262144]:.2f}",
-        "The backward at "
+        "rms_norm's backward at "
         + span(["rms_norm_bwd"], lambda d, n: d != "fp32" and pow2(n) and n <= 16384)
         + " at 16-bit power-of-two widths to 16384",
         f"{span(['rms_norm_bwd'], lambda d, n: n in (4095, 4097))} at 4095 and 4097",
