@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness import analysis  # noqa: E402
 from harness.ops import RMS_NORM  # noqa: E402
+from harness.plot import save  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "cost.png"
@@ -134,12 +135,7 @@ def draw(records_path: Path, build_log: Path, out: Path) -> Path:
         f"{build_log.name}; first calls: {env.get('gpu')}, {analysis.commits_text(plain)}",
         fontsize=10,
     )
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / NAME
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, out / NAME)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -185,7 +185,7 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         f"(a) {op.title} bandwidth vs N, cold L2, median and p20-p80\n{subtitle(env, grid)}",
         fontsize=10,
     )
-    return _save(fig, out / _name(op, "bandwidth_vs_n.png"))
+    return save(fig, out / _name(op, "bandwidth_vs_n.png"))
 
 
 def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
@@ -215,7 +215,7 @@ def plot_bandwidth_vs_m(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         f"(b) {op.title} bandwidth vs M at N = 4096, bf16, cold L2\n{subtitle(env, sweep)}",
         fontsize=10,
     )
-    return _save(fig, out / _name(op, "bandwidth_vs_m.png"))
+    return save(fig, out / _name(op, "bandwidth_vs_m.png"))
 
 
 def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
@@ -276,7 +276,7 @@ def plot_speedup(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional
         f"(c) {op.title}: speedup over each baseline, cold L2\n{subtitle(env, timed)}",
         fontsize=10,
     )
-    return _save(fig, out / _name(op, "speedup.png"))
+    return save(fig, out / _name(op, "speedup.png"))
 
 
 def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
@@ -317,7 +317,7 @@ def plot_small(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[P
         f"(d) {op.title}, small shapes: GPU time vs host launch cost\n{subtitle(env, chosen)}",
         fontsize=10,
     )
-    return _save(fig, out / _name(op, "small_shapes.png"))
+    return save(fig, out / _name(op, "small_shapes.png"))
 
 
 def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Optional[Path]:
@@ -366,7 +366,7 @@ def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Option
         f"\n{subtitle(env, analysis.passed(recs, 'cold', 'grid'))}",
         fontsize=10,
     )
-    return _save(fig, out / _name(op, "best_peer.png"))
+    return save(fig, out / _name(op, "best_peer.png"))
 
 
 def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
@@ -416,7 +416,7 @@ def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
         f"medians\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
         fontsize=10,
     )
-    return _save(fig, out / analysis.STUDY_PLOTS[0])
+    return save(fig, out / analysis.STUDY_PLOTS[0])
 
 
 def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Optional[Path]:
@@ -472,7 +472,7 @@ def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Opt
         f"\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
         fontsize=10,
     )
-    return _save(fig, out / analysis.STUDY_PLOTS[1])
+    return save(fig, out / analysis.STUDY_PLOTS[1])
 
 
 def _name(op: Op, plain: str) -> str:
@@ -480,7 +480,10 @@ def _name(op: Op, plain: str) -> str:
     return analysis.plot_names(op)[analysis.PLOT_NAMES.index(plain)]
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """fig laid out, written to path (its folder made) and closed: every figure the
+    harness draws, this module's and harness.cost's and harness.model.figure's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     # "tight" keeps a figure legend placed under the panels inside the image
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -472,7 +472,7 @@ def run_records(request, tmp_path):
 
 @pytest.fixture
 def figures(monkeypatch):
-    """Keep each figure plot._save would write and close, to inspect its layout."""
+    """Keep each figure plot.save would write and close, to inspect its layout."""
     import matplotlib.pyplot as plt
 
     kept = {}
@@ -483,7 +483,7 @@ def figures(monkeypatch):
         kept[Path(path).name] = fig
         return path
 
-    monkeypatch.setattr(plot, "_save", keep)
+    monkeypatch.setattr(plot, "save", keep)
     yield kept
     for fig in kept.values():
         plt.close(fig)

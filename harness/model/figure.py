@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from harness import records  # noqa: E402
 from harness.model.config import BLOCK_OP, MODES, VARIANTS  # noqa: E402
 from harness.model.tables import prepared  # noqa: E402
+from harness.plot import save  # noqa: E402
 
 NAME = "model_speedups.png"
 #: Our variants, in the report's order (native is the 1 they are drawn against; the eager
@@ -107,12 +108,7 @@ def draw(recs: list[dict], out: Path) -> Optional[Path]:
         f"triton {env.get('triton')} · git {sha}",
         fontsize=10,
     )
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / NAME
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save(fig, out / NAME)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
