@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from harness import measure, records
-from harness.model import figure
 from harness.model.block import make_weights, variants
 from harness.model.config import (
     BLOCK_OP,
@@ -157,6 +156,8 @@ def run_gpu(args, out: Path) -> int:
     text = render(recs)
     (out / REPORT_NAME).write_text(text + "\n", encoding="utf-8")
     print(text)
+    from harness.model import figure  # here: `python -m harness.model.figure` runs it alone
+
     drawn = figure.draw(recs, out)
     if drawn is not None:
         run.say(f"figure -> {drawn}")
