@@ -123,6 +123,9 @@ class Op:
     # (name, (M, N)): what harness.bench checks under the interpreter without a GPU when
     # --shapes names none (None: its NO_GPU_SHAPES)
     no_gpu_shapes: Optional[tuple] = None
+    # the fraction of the copy ceiling the study holds it to at every width, and whose
+    # target that is, drawn on its bandwidth plot (None: no target of its own)
+    target: Optional[tuple[float, str]] = None
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -408,6 +411,8 @@ RMS_NORM_BWD = Op(
     bytes_moved=_grads_bytes_of(rms_norm_bwd_bytes),
     bytes_text="read x + dy + weight, write dx + dweight (3 M N e + 2 N w)",
     registry=impls.rms_norm_bwd_registry,
+    # the backward alone at 85% of copy at every width (FINDINGS, "Against the targets")
+    target=(0.85, "the backward's target"),
     **_RMS_NORM_GRADS,
 )
 

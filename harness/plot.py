@@ -87,7 +87,9 @@ def subtitle(env: dict, recs: Sequence[dict] = ()) -> str:
     return f"SYNTHETIC RECORDS (test data) · {text}" if env.get("synthetic") else text
 
 
-def _ceilings(ax, env: dict) -> None:
+def _ceilings(ax, env: dict, op: Optional[Op] = None) -> None:
+    """The theoretical peak and the copy ceiling as lines, and the op's target (a fraction
+    of the copy) where it has one."""
     lines = (
         ("peak_gbps", "--", 1, "black", "theoretical peak"),
         ("copy_gbps", ":", 1.5, "dimgray", "copy ceiling"),
@@ -95,6 +97,11 @@ def _ceilings(ax, env: dict) -> None:
     for key, ls, lw, color, what in lines:
         if env.get(key):
             ax.axhline(env[key], color=color, ls=ls, lw=lw, label=f"{what} {env[key]:.0f} GB/s")
+    if op is not None and op.target and env.get("copy_gbps"):
+        frac, whose = op.target
+        at = frac * env["copy_gbps"]
+        label = f"{whose}: {frac:.0%} of copy, {at:.0f} GB/s"
+        ax.axhline(at, color="darkgoldenrod", ls="-.", lw=1.4, label=label)
 
 
 def _shape_ceiling(ax, recs: Sequence[dict], dtype: str) -> None:
@@ -172,7 +179,7 @@ def plot_bandwidth_vs_n(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> O
         rs = [r for r in grid if r["dtype"] == dtype]
         _shape_ceiling(ax, recs, dtype)
         _lines(ax, rs, lambda r: r["shape"][1], op)
-        _ceilings(ax, env)
+        _ceilings(ax, env, op)
         ax.set_xscale("log", base=2)
         _n_ticks(ax, sorted({r["shape"][1] for r in rs}), op.grid_text)
         ax.set_ylabel(_wrapped(f"GB/s ({op.bytes_text})"))

@@ -1647,3 +1647,25 @@ def test_cost_figure(tmp_path):
     assert cost.main(["--build-log", str(log), "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / cost.NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cost.main(["--build-log", str(bad), "--out", str(tmp_path / "o2")]) == 1
+
+
+def test_bandwidth_plot_draws_an_ops_target():
+    """An op with a target (a fraction of the copy) gets its line, labelled with whose it
+    is and where it lies; an op without one, and a run without a copy ceiling, none."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    from harness.ops import RMS_NORM
+
+    env = {"peak_gbps": 4814.0, "copy_gbps": 4000.0}
+    aimed = dataclasses.replace(RMS_NORM, target=(0.85, "a target"))
+    for op, e, want in ((aimed, env, 1), (RMS_NORM, env, 0), (aimed, {"peak_gbps": 1.0}, 0)):
+        fig, ax = plt.subplots()
+        plot._ceilings(ax, e, op)
+        got = [ln for ln in ax.get_lines() if ln.get_label().startswith("a target")]
+        assert len(got) == want
+        if want:
+            assert got[0].get_ydata()[0] == pytest.approx(3400.0)
+            assert "85% of copy, 3400 GB/s" in got[0].get_label()
+        plt.close(fig)
