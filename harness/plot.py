@@ -376,6 +376,28 @@ def plot_best_peer(recs: Sequence[dict], out: Path, op: Op = RMS_NORM) -> Option
     return save(fig, out / _name(op, "best_peer.png"))
 
 
+def _op_panels(n: int, height: float) -> tuple:
+    """A figure of n panels, three a row at most, and its first n axes (the rest hidden):
+    the study plots' a panel an op."""
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _width_slots(ax, ns: list[int], grid_text: str, **tick_style) -> None:
+    """The widths ns as evenly spaced ticks (a slot a width, not a log axis: 4095, 4096
+    and 4097 side by side), those off a power of two in red."""
+    ax.set_xticks(range(len(ns)), [str(n) for n in ns], **tick_style)
+    for label, n in zip(ax.get_xticklabels(), ns, strict=True):
+        if n & (n - 1):
+            label.set_color("C3")
+    ax.set_xlabel(f"N, row width (elements; red: not a power of two); {grid_text}", fontsize=8)
+
+
 def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
     """(f) across the ops: CUDA's time over Triton's at each grid width, a panel an op, a
     line a dtype; the question the study asks, each op's answer side by side."""
@@ -386,14 +408,11 @@ def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
     ]
     if not panels:
         return None
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.3 * rows), squeeze=False)
+    fig, axes = _op_panels(len(panels), 4.3)
     every = [v for _, ratios in panels for pts in ratios.values() for _, v in pts]
     # one scale for every panel, so an op's gap reads against another's; 1 always inside
     lo, hi = min([0.95, *every]) - 0.02, max([1.05, *every]) + 0.02
-    for ax, (op, ratios) in zip(list(axes.flat)[: len(panels)], panels, strict=True):
-        # a slot a width, not a log axis: 4095, 4096 and 4097 side by side, not one spike
+    for ax, (op, ratios) in zip(axes, panels, strict=True):
         ns = sorted({n for pts in ratios.values() for n, _ in pts})
         slot = {n: i for i, n in enumerate(ns)}
         for dtype in [d for d in DTYPE_ORDER if d in ratios]:
@@ -403,21 +422,13 @@ def plot_triton_vs_cuda(recs: Sequence[dict], out: Path) -> Optional[Path]:
         ax.axhspan(1.0, hi, color="C0", alpha=0.05)
         ax.text(0.02, 0.97, "Triton faster", transform=ax.transAxes, va="top", fontsize=7)
         ax.text(0.02, 0.03, "CUDA faster", transform=ax.transAxes, va="bottom", fontsize=7)
-        ax.set_xticks(range(len(ns)), [str(n) for n in ns], rotation=45, fontsize=7)
-        for label, n in zip(ax.get_xticklabels(), ns, strict=True):
-            if n & (n - 1):  # not a power of two: the odd and the LLM widths
-                label.set_color("C3")
-        ax.set_xlabel(
-            f"N, row width (elements; red: not a power of two); {op.grid_text}", fontsize=8
-        )
+        _width_slots(ax, ns, op.grid_text, rotation=45, fontsize=7)
         ax.set_ylim(lo, hi)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2f}x"))
         ax.set_ylabel("CUDA's time / Triton's", fontsize=8)
         ax.set_title(op.title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
     fig.suptitle(
         "(f) Triton against CUDA C++: CUDA's time / Triton's at each grid width, cold L2, "
         f"medians\n{subtitle(analysis.env_of(recs), analysis.passed(recs, 'cold', 'grid'))}",
@@ -437,10 +448,8 @@ def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Opt
     ]
     if not panels:
         return None
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.6 * rows), squeeze=False)
-    for ax, (op, got) in zip(list(axes.flat)[: len(panels)], panels, strict=True):
+    fig, axes = _op_panels(len(panels), 4.6)
+    for ax, (op, got) in zip(axes, panels, strict=True):
         ns = sorted(got)
         names = analysis.impl_order({name for row in got.values() for name in row}, op)
         width = 0.85 / len(names)
@@ -451,13 +460,7 @@ def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Opt
             ys = [got[n][name] for n in ns if name in got[n]]
             ax.bar(xs, ys, width * 0.9, color=COLORS.get(name), label=name)
         ax.axhline(100, color="black", lw=0.8, ls="--")
-        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
-        for label, n in zip(ax.get_xticklabels(), ns, strict=True):
-            if n & (n - 1):
-                label.set_color("C3")
-        ax.set_xlabel(
-            f"N, row width (elements; red: off the round width); {op.grid_text}", fontsize=8
-        )
+        _width_slots(ax, ns, op.grid_text)
         ax.set_ylabel("% of the copy ceiling (cold L2, median)", fontsize=8)
         title = op.title
         over = max(v for row in got.values() for v in row.values()) > 100
@@ -470,9 +473,7 @@ def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Opt
             )
         ax.set_title(title, fontsize=8)
         ax.grid(alpha=0.3, axis="y")
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    _legend_below(fig, list(axes.flat)[: len(panels)])
+    _legend_below(fig, axes)
     fig.suptitle(
         f"(g) the odd widths beside their round neighbours, {dtype}: % of the copy ceiling"
         " (no bar: not run there, or it failed: the report's failures)"
