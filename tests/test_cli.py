@@ -629,6 +629,60 @@ def test_readme_triton_against_cuda_figures_are_the_records():
         assert quoted in words, quoted
 
 
+def test_readme_answer_figures_are_the_records():
+    """README's one-paragraph answer, read back: the ratios from the committed run of
+    record, Triton's kernels and both languages' lines from this tree (harness.cost's
+    counts, in thousands to one place), Triton's median first call from the records."""
+    if not COMMITTED.exists():
+        pytest.skip("no committed H200 records")
+    from harness import cost
+
+    by_op = analysis.by_op(analysis.load(COMMITTED))
+    ratios = {op.name: analysis.ours_ratios(r, "grid", op) for op, r in by_op.items()}
+
+    def span(ops, keep, fmt="{:.2f}-{:.2f}"):
+        vals = [v for o in ops for d, pts in ratios[o].items() for n, v in pts if keep(d, n)]
+        return fmt.format(min(vals), max(vals))
+
+    fwd = ("rms_norm", "fused_add_rms_norm")
+    peer = [
+        (n, v)
+        for op, r in by_op.items()
+        if op.name in fwd
+        for d, per in analysis.best_peer_ratios(r, "grid", op).items()
+        if d != "fp32"
+        for impl in ("triton", "cuda")
+        for n, v in per[impl]
+    ]
+    odd = [v for n, v in peer if n in (4095, 4097)]
+    llm = [v for n, v in peer if 4096 <= n <= 32768 and n != 4097]
+    plain = next(op for op in by_op if op.name == "rms_norm")
+    first = {f["impl"]: f["median_s"] for f in analysis.first_calls(by_op[plain], plain)}
+    lines = {
+        "triton": cost.lines_of(REPO / "triton_impl", (".py",)),
+        "cuda": cost.lines_of(REPO / "cuda_impl", cost.CUDA_SOURCES),
+    }
+    words = " ".join((REPO / "README.md").read_text().split())
+    answer = words.split("**Which to pick.**", 1)[1].split("###", 1)[0]
+    for quoted in (
+        f"Triton's {span(fwd, lambda d, n: n <= 32768)} in the forward ops to 32768",
+        "("
+        + span(["rms_norm_bwd"], lambda d, n: d != "fp32" and n & (n - 1) == 0 and n <= 16384)
+        + ")",
+        f"ratio is {span(['rms_norm'], lambda d, n: n >= 65536 and d != 'fp32')} in 16-bit",
+        f"Triton {cost.triton_kernels(REPO / 'triton_impl')} kernels in "
+        f"{lines['triton'] / 1000:.1f}k lines",
+        f"(median {first['triton']:.2f} s)",
+        f"kernels in {lines['cuda'] / 1000:.1f}k lines, built ahead",
+        f"({min(odd):.2f}-{max(odd):.2f}x the best peer, 16-bit 4095 / 4097)",
+        f"range from {min(llm):.2f}x to {max(llm):.2f}x it",
+    ):
+        assert quoted in answer, quoted
+    # FINDINGS' one screen opens with the same paragraph, in the same words
+    findings = " ".join((REPO / "docs" / "FINDINGS.md").read_text().split())
+    assert answer.split("(FINDINGS,", 1)[0] in findings
+
+
 def test_readme_odd_widths_figures_are_the_records():
     """README's words under odd_widths.png, read back from the committed run of record."""
     if not COMMITTED.exists():
