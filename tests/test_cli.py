@@ -678,6 +678,11 @@ def test_readme_answer_figures_are_the_records():
         f"range from {min(llm):.2f}x to {max(llm):.2f}x it",
     ):
         assert quoted in answer, quoted
+    # the cost table's lines row says the same
+    assert (
+        f"| lines of kernel and launch code | {lines['triton'] / 1000:.1f}k (`triton_impl/`, "
+        f"Python) | {lines['cuda'] / 1000:.1f}k (`cuda_impl/`:" in words
+    )
     # FINDINGS' one screen opens with the same paragraph, in the same words
     findings = " ".join((REPO / "docs" / "FINDINGS.md").read_text().split())
     assert answer.split("(FINDINGS,", 1)[0] in findings
