@@ -2,10 +2,10 @@
 
 Loading (deduplicated, at least one timing record), grouping by op and by shape, the
 lookup of PASS measurements, the best baseline per shape, speedups and their geometric
-mean, the smallest M that saturates bandwidth, the per-implementation summary, and the
+mean, the smallest M that saturates bandwidth, the per-implementation summary, the
 tallies the report lists (compile and first-call times, failures, skips, kernels seen,
-registers, throttling). harness.plot and harness.report both draw from these; neither
-computes a number of its own.
+registers, throttling), and two runs on two GPUs side by side (portability). harness.plot
+and harness.report both draw from these; neither computes a number of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from harness.ops import OPS, RMS_NORM, Op
 #: Implementation names of the first op, in the order runs, tables and plots list them.
 ORDER = RMS_NORM.order
 SATURATION = 0.9  # "saturated" = this fraction of the measured copy ceiling
+#: Two GPUs' % of copy for a kernel at a width "differ" past this many points: a gap that
+#: is the GPUs', not the noise of one run's medians (the report's block spread).
+GPU_POINTS = 2.0
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 
 #: The plots harness.plot draws across the ops of a records file, a panel an op: our two
@@ -209,6 +212,86 @@ def odd_widths(recs: Iterable[dict], dtype: str = "bf16") -> dict[int, dict[str,
             if r.get("pct_copy") is not None:
                 out.setdefault(n, {})[name] = r["pct_copy"]
     return out
+
+
+def _grid_widths(recs: Iterable[dict]) -> dict[tuple[str, int], dict[str, dict]]:
+    """{(dtype, N): {impl: record}} of the grid's cold PASS records; where one width was
+    timed at several M, the largest (the grid's M is one a width, so this is a guard)."""
+    out: dict[tuple[str, int], dict[str, dict]] = {}
+    for (dtype, _m, n), impls in sorted(by_shape(passed(recs, "cold", "grid")).items()):
+        out[(dtype, n)] = impls
+    return out
+
+
+def _dtype_width(key: tuple[str, int]) -> tuple:
+    dtype, n = key
+    rank = DTYPE_ORDER.index(dtype) if dtype in DTYPE_ORDER else len(DTYPE_ORDER)
+    return rank, dtype, n
+
+
+def portability(runs: dict[str, Sequence[dict]]) -> list[dict]:
+    """Two runs of record on two GPUs, ``{name: records}``, side by side: a row for each op,
+    dtype and grid width both timed (cold, PASS) and each kernel of ours that passed there in
+    both, in the op's, the dtypes' and N's order.
+
+    Each row: op (its name), dtype, n, impl; and keyed by run name, in ``runs``' order:
+    ``pct`` (% of that GPU's copy ceiling), ``ratio`` (the best peer's time / this kernel's,
+    > 1: ahead of every peer), ``peer`` (that best peer's name) and ``peer_pct`` (its % of
+    copy); then ``points`` (the second GPU's % of copy less the first's), ``differs`` (more
+    than GPU_POINTS apart) and ``flip`` (level with or ahead of the best peer, >= 1.00x, on
+    one GPU and behind it on the other: what was tuned on one does not hold on the other).
+
+    The best peer is the fastest of the peers both runs timed at that width, so a peer only
+    one run had installed cannot make a flip the kernels did not."""
+    if len(runs) != 2:
+        raise ValueError(f"runs: expected two runs, {{name: records}}, got {len(runs)}")
+    (a, recs_a), (b, recs_b) = runs.items()
+    ops_b = by_op(recs_b)
+    rows = []
+    for op, op_recs in by_op(recs_a).items():
+        if op not in ops_b:
+            continue
+        grids = {a: _grid_widths(op_recs), b: _grid_widths(ops_b[op])}
+        for key in sorted(grids[a].keys() & grids[b].keys(), key=_dtype_width):
+            at = {name: grid[key] for name, grid in grids.items()}
+            both = at[a].keys() & at[b].keys()
+            best = {
+                name: best_baseline({i: r for i, r in impls.items() if i in both}, op)
+                for name, impls in at.items()
+            }
+            for ours in (o for o in op.ours if o in both):
+                pct = {name: at[name][ours]["pct_copy"] for name in at}
+                ratio = {
+                    name: best[name][1] / median_us(at[name][ours]) if best[name] else None
+                    for name in at
+                }
+                known = None not in pct.values()
+                flip = None not in ratio.values() and (ratio[a] >= 1) != (ratio[b] >= 1)
+                rows.append(
+                    dict(
+                        op=op.name,
+                        dtype=key[0],
+                        n=key[1],
+                        impl=ours,
+                        pct=pct,
+                        ratio=ratio,
+                        peer={name: best[name] and best[name][0] for name in at},
+                        peer_pct={
+                            name: best[name] and at[name][best[name][0]]["pct_copy"] for name in at
+                        },
+                        points=pct[b] - pct[a] if known else None,
+                        differs=known and abs(pct[b] - pct[a]) > GPU_POINTS,
+                        flip=flip,
+                    )
+                )
+    return rows
+
+
+def compared(recs: Iterable[dict], rows: Sequence[dict]) -> list[dict]:
+    """The records of one run that portability's rows were drawn from: the grid's cold PASS
+    records at the rows' ops, dtypes and widths (their commits are what a title names)."""
+    at = {(r["op"], r["dtype"], r["n"]) for r in rows}
+    return [r for r in passed(recs, "cold", "grid") if (r["op"], r["dtype"], r["shape"][1]) in at]
 
 
 def geomean(values: Sequence[float]) -> Optional[float]:

@@ -18,6 +18,8 @@
     panel an op, a line a dtype;
 (g) odd_widths.png      once for the file: every implementation's % of copy at 1000 beside
     1024 and 4095 and 4097 beside 4096, bf16, a panel an op (analysis.STUDY_PLOTS).
+(h) gpus.png            of two runs on two GPUs, by python -m harness.gpus: Triton, CUDA and
+    the best peer as % of each GPU's copy ceiling at the widths both timed, a panel an op.
 Then report.md (harness.report) beside them. When a file holds several runs, the last
 record of each measurement wins (harness.records.latest). The numbers come from
 harness.analysis. Each op in the records gets its five plots (the first op's under the
@@ -37,11 +39,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
 from harness import analysis, report  # noqa: E402
 from harness.analysis import DTYPE_ORDER  # noqa: E402
-from harness.ops import RMS_NORM, Op  # noqa: E402
+from harness.ops import OPS, RMS_NORM, Op  # noqa: E402
 
 COLORS = {
     "triton": "tab:blue",
@@ -54,6 +57,11 @@ COLORS = {
     "flashinfer": "tab:olive",
     "flashinfer_cuda": "tab:cyan",
 }
+#: The two-GPU figure's file (plot_gpus), and its best peer's colour: no implementation's,
+#: as the best peer may be a different one at each width.
+GPUS_PLOT = "gpus.png"
+BEST_PEER_COLOR = "black"
+OURS_MARK, PEER_MARK = dict(marker="o", ms=4), dict(marker="s", ms=3.5)
 #: Labelled speedups on the log axis; those inside the data's range are drawn.
 SPEEDUP_TICKS = (0.25, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100)
 
@@ -481,6 +489,84 @@ def plot_odd_widths(recs: Sequence[dict], out: Path, dtype: str = "bf16") -> Opt
         fontsize=10,
     )
     return save(fig, out / analysis.STUDY_PLOTS[1])
+
+
+def _gpu_text(name: str, env: dict) -> str:
+    """A run's legend entry: its name, GPU, theoretical peak and copy ceiling."""
+    peak, copy = env.get("peak_gbps"), env.get("copy_gbps")
+    text = f"{name}: {env.get('gpu') or 'no GPU'}"
+    text += f", peak {peak:.0f} GB/s" if peak else ""
+    return text + (f", copy ceiling {copy:.0f} GB/s" if copy else "")
+
+
+def plot_gpus(runs: dict[str, Sequence[dict]], out: Path, dtype: str = "bf16") -> Optional[Path]:
+    """(h) two runs on two GPUs, ``{name: records}``: at each grid width both timed in
+    dtype, Triton, CUDA and the best peer both runs timed (analysis.portability) as % of
+    that GPU's own copy ceiling, a panel an op both ran; a colour an implementation, the
+    first run solid, the second dashed. % of copy, not GB/s: the GPUs' bandwidths differ,
+    and the question is whether each kernel gets as close to its GPU's limit."""
+    rows = [r for r in analysis.portability(runs) if r["dtype"] == dtype]
+    if not rows:
+        return None
+    names = list(runs)
+    styles = dict(zip(names, ("-", "--"), strict=True))
+    ops = [op for op in OPS.values() if any(r["op"] == op.name for r in rows)]
+    fig, axes = _op_panels(len(ops), 4.6)
+    # one scale for every panel, so an op's gap between the GPUs reads against another's
+    every = [v for r in rows for d in (r["pct"], r["peer_pct"]) for v in d.values() if v]
+    lo, hi = min(every) - 0.5, max([100.0, *every]) + 0.5
+    for ax, op in zip(axes, ops, strict=True):
+        mine = [r for r in rows if r["op"] == op.name]
+        ns = sorted({r["n"] for r in mine})
+        slot = {n: i for i, n in enumerate(ns)}
+        for name in names:
+            for impl in op.ours:
+                pts = [(slot[r["n"]], r["pct"][name]) for r in mine if r["impl"] == impl]
+                pts = [p for p in pts if p[1] is not None]
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    ax.plot(xs, ys, color=COLORS.get(impl), ls=styles[name], lw=2, **OURS_MARK)
+            # the best peer is one a width, the same in each kernel's row
+            peer = {slot[r["n"]]: r["peer_pct"][name] for r in mine if r["peer_pct"][name]}
+            if peer:
+                xs = sorted(peer)
+                ys = [peer[x] for x in xs]
+                ax.plot(xs, ys, color=BEST_PEER_COLOR, ls=styles[name], lw=1.3, **PEER_MARK)
+        ax.axhline(100, color="dimgray", lw=0.8, ls=":")
+        _width_slots(ax, ns, op.grid_text)
+        ax.set_ylim(lo, hi)
+        ax.set_ylabel("% of that GPU's copy ceiling (dotted: 100%)", fontsize=8)
+        ax.set_title(op.title, fontsize=9)
+        ax.grid(alpha=0.3)
+    ours = [i for op in ops for i in op.ours if any(r["impl"] == i for r in rows)]
+    handles = [
+        Line2D([], [], color=COLORS.get(i), lw=2, label=i, **OURS_MARK) for i in dict.fromkeys(ours)
+    ]
+    peer_text = "the best peer at that width, of those both runs timed (gpus.md names it)"
+    handles.append(Line2D([], [], color=BEST_PEER_COLOR, lw=1.3, label=peer_text, **PEER_MARK))
+    handles += [
+        Line2D([], [], color="dimgray", ls=styles[n], lw=2, label=_gpu_text(n, analysis.env_of(r)))
+        for n, r in runs.items()
+    ]
+    # two columns, filled down: the colours on the left, the runs' line styles on the right
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
+    titles = [
+        f"{name}: {subtitle(analysis.env_of(recs), analysis.compared(recs, rows))}"
+        for name, recs in runs.items()
+    ]
+    fig.suptitle(
+        f"(h) {' against '.join(names)}: % of each GPU's own copy ceiling at the grid widths "
+        f"both runs timed, {dtype}, cold L2, medians\n" + "\n".join(titles),
+        fontsize=10,
+    )
+    return save(fig, out / GPUS_PLOT)
 
 
 def _name(op: Op, plain: str) -> str:

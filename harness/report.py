@@ -447,6 +447,87 @@ def _model(out: Path) -> list[str]:
     ]
 
 
+# ---------------------------------------------------------------------------------------
+# two runs on two GPUs (python -m harness.gpus)
+# ---------------------------------------------------------------------------------------
+
+
+#: The versions gpus.md sets side by side, under each run's GPU, commits, peak and copy.
+GPUS_ENV_KEYS = ("driver", "torch", "triton", "cuda")
+
+
+def _ratio_cell(row: dict, name: str) -> str:
+    ratio = row["ratio"][name]
+    return "–" if ratio is None else f"{ratio:.3f}x ({row['peer'][name]})"
+
+
+def portability(rows: Sequence[dict], names: Sequence[str]) -> list[str]:
+    """The section of analysis.portability's rows that tell the GPUs apart: those whose %
+    of copy differs by more than GPU_POINTS, or which flip against the best peer; a line
+    first with the counts. ``names``: the two runs', in the rows' order."""
+    a, b = names
+    listed = [r for r in rows if r["differs"] or r["flip"]]
+    lines = [
+        f"## {a} against {b}: grid shapes, cold",
+        "",
+        f"Rows listed: {len(listed)} of {len(rows)} (an op, dtype, width and kernel both runs "
+        f"timed); % of copy more than {analysis.GPU_POINTS:g} points apart: "
+        f"{sum(r['differs'] for r in rows)}; a flip against the best peer: "
+        f"{sum(r['flip'] for r in rows)}.",
+        "",
+        "% of copy: of that GPU's own copy ceiling. vs best peer: the best peer's time / the "
+        "kernel's (> 1: ahead of every peer), the best of the peers both runs timed at that "
+        "width. Flip: level with or ahead of the best peer on one GPU, behind it on the other.",
+        "",
+    ]
+    if not listed:
+        return lines + [f"None: within {analysis.GPU_POINTS:g} points and no flip.", ""]
+    header = ["op", "dtype", "N", "impl", f"{a} % copy", f"{b} % copy", f"{b} - {a} points"]
+    header += [f"{a} vs best peer", f"{b} vs best peer", "flip"]
+    table = [
+        [
+            r["op"],
+            r["dtype"],
+            str(r["n"]),
+            r["impl"],
+            _fmt(r["pct"][a], ".1f"),
+            _fmt(r["pct"][b], ".1f"),
+            _fmt(r["points"], "+.1f"),
+            _ratio_cell(r, a),
+            _ratio_cell(r, b),
+            "**flip**" if r["flip"] else "",
+        ]
+        for r in listed
+    ]
+    return lines + _table(header, table)
+
+
+def gpus_page(runs: dict[str, Sequence[dict]], rows: Sequence[dict], plot: Optional[str]) -> str:
+    """gpus.md: each run's environment side by side, the figure (``plot``, a file name
+    beside the page) and the portability section."""
+    names = list(runs)
+    envs = {name: analysis.env_of(recs) for name, recs in runs.items()}
+    lines = [f"# {' against '.join(names)}: the same kernels on two GPUs", ""]
+    if any(env.get("synthetic") for env in envs.values()):
+        lines += ["> **SYNTHETIC RECORDS**: made up for a test, not a measurement.", ""]
+    lines += [
+        "Drawn from two runs' records by `python -m harness.gpus`; every number below is in them.",
+        "",
+    ]
+    env_rows = [
+        ["gpu"] + [envs[n].get("gpu") or "no GPU" for n in names],
+        ["commits"]
+        + [analysis.commits_text(analysis.compared(runs[n], rows)) or "–" for n in names],
+        ["theoretical peak GB/s"] + [_fmt(envs[n].get("peak_gbps")) for n in names],
+        ["copy ceiling GB/s"] + [_fmt(envs[n].get("copy_gbps")) for n in names],
+    ]
+    env_rows += [[k] + [str(envs[n].get(k) or "–") for n in names] for k in GPUS_ENV_KEYS]
+    lines += _table([""] + names, env_rows)
+    if plot:
+        lines += [f"![{Path(plot).stem}]({plot})", ""]
+    return "\n".join(lines + portability(rows, names))
+
+
 def op_page(op: Op) -> str:
     """The file name of op's own page when the records hold several ops."""
     return f"report-{op.name}.md"

@@ -15,7 +15,7 @@ import pytest
 from test_harness import ENV, synthetic_records
 
 from conftest import HAS_GPU, refusal
-from harness import analysis, bench, plot, records, report, sweep, validate
+from harness import analysis, bench, gpus, plot, records, report, sweep, validate
 from harness.ops import OPS
 from rmsnorm_api import MAX_N
 
@@ -438,8 +438,8 @@ def test_report_cli(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "build", [bench.build_parser, validate.build_parser, plot.build_parser,
-              report.build_parser, sweep.build_parser],
-    ids=["bench", "validate", "plot", "report", "sweep"],
+              report.build_parser, sweep.build_parser, gpus.build_parser],
+    ids=["bench", "validate", "plot", "report", "sweep", "gpus"],
 )  # fmt: skip
 def test_every_option_has_help(build):
     p = build()

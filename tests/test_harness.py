@@ -1,9 +1,10 @@
 """The benchmark harness's logic on CPU: the op descriptions (input factory, bytes model,
 both ops' registries and calling conventions), statistics, record schema (the op field,
 sweep records), analysis, plots and report from a small SYNTHETIC records file of one op
-or both (written to a tmp dir, never under results/), bench's argument defaults (its
-argument errors are test_cli's), the run's schedule and budget across ops, and the no-GPU
-path of ``python -m harness.bench``.
+or both (written to a tmp dir, never under results/), two such runs as two GPUs' side by
+side (python -m harness.gpus, its argument errors included), bench's argument defaults
+(its argument errors are test_cli's), the run's schedule and budget across ops, and the
+no-GPU path of ``python -m harness.bench``.
 """
 
 import json
@@ -715,6 +716,130 @@ def test_plot_cli(synthetic, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"schema": 1}\n')
     assert plot.main([str(bad), "--out", str(tmp_path / "o2")]) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# two runs on two GPUs: analysis.portability, plot.plot_gpus, python -m harness.gpus
+# ---------------------------------------------------------------------------------------
+
+#: The second synthetic GPU's environment: another name, peak and copy ceiling.
+ENV2 = {**ENV, "gpu": "SYNTHETIC GPU 2", "peak_gbps": 3352.0, "copy_gbps": 3000.0}
+
+
+def _on_second_gpu(recs, slower=(), fast_quack=()):
+    """recs as a run on ENV2's GPU: each record's env replaced, the grid's (impl, dtype, N)
+    in ``slower`` 1.2x slower (its % of copy with it), and a quack timing, faster than every
+    implementation, at each bf16 width in ``fast_quack``: a peer only this run has."""
+    out = []
+    for r in recs:
+        r = {**r, "env": ENV2}
+        grid = r["kind"] == "timing" and "grid" in r["sections"] and r["mode"] == "cold"
+        if grid and (r["impl"], r["dtype"], r["shape"][1]) in slower:
+            r["stats"] = {**r["stats"], "median_us": 1.2 * r["stats"]["median_us"]}
+            r["gbps"], r["pct_copy"] = r["gbps"] / 1.2, r["pct_copy"] / 1.2
+        out.append(r)
+    for r in recs:
+        if r["impl"] == "compile" and r["dtype"] == "bf16" and "grid" in r["sections"]:
+            if r["shape"][1] in fast_quack:
+                m, n = r["shape"]
+                quack = _timing("quack", "bf16", m, n, r["stats"]["median_us"] / 2, ["grid"])
+                out.append({**quack, "env": ENV2})
+    return out
+
+
+def _two_gpus(tmp_path):
+    """(first run's path, second's): the second with triton 1.2x slower at bf16 4096 (behind
+    compile, the best peer, where it led by 1.1x: a flip), and quack twice as fast as
+    compile at 1024, a peer the first run never timed."""
+    first = tmp_path / "gpu1.jsonl"
+    recs = synthetic_records(first)
+    second = tmp_path / "gpu2.jsonl"
+    with records.RecordWriter(second, append=False) as w:
+        for r in _on_second_gpu(recs, {("triton", "bf16", 4096)}, fast_quack={1024}):
+            w.write(r)
+    return first, second
+
+
+def test_portability_flags_a_flip(tmp_path):
+    """A row a kernel, width and dtype both runs timed: % of copy and the ratio to the best
+    peer on each GPU, the flip where it leads on one and trails on the other; the best peer
+    one both runs timed; the page lists the rows that differ, with the counts."""
+    from harness import report
+
+    first, second = _two_gpus(tmp_path)
+    runs = {"A": analysis.load(first), "B": analysis.load(second)}
+    rows = analysis.portability(runs)
+    # both dtypes, three widths, both kernels of ours
+    assert len(rows) == 2 * 3 * 2
+    assert [(r["dtype"], r["n"], r["impl"]) for r in rows[:2]] == [
+        ("bf16", 1024, "triton"),
+        ("bf16", 1024, "cuda"),
+    ]
+    at = {(r["dtype"], r["n"], r["impl"]): r for r in rows}
+    flipped = at[("bf16", 4096, "triton")]
+    assert flipped["ratio"]["A"] == pytest.approx(SPEED["compile"] / SPEED["triton"])
+    assert flipped["ratio"]["B"] == pytest.approx(SPEED["compile"] / (1.2 * SPEED["triton"]))
+    assert flipped["flip"] and flipped["differs"]
+    assert flipped["points"] == pytest.approx(flipped["pct"]["A"] * (1 / 1.2 - 1))
+    assert flipped["peer"] == {"A": "compile", "B": "compile"}
+    # quack, faster than all at 1024 but timed by B alone, is no one's best peer
+    assert at[("bf16", 1024, "triton")]["peer"] == {"A": "compile", "B": "compile"}
+    assert [k for k, r in at.items() if r["flip"] or r["differs"]] == [("bf16", 4096, "triton")]
+    with pytest.raises(ValueError, match="runs: expected two runs"):
+        analysis.portability({"A": runs["A"]})
+    lines = report.portability(rows, ["A", "B"])
+    text = "\n".join(lines)
+    assert "Rows listed: 1 of 12" in text and "more than 2 points apart: 1;" in text
+    assert "a flip against the best peer: 1." in text
+    table = [ln for ln in lines if ln.startswith("| rms_norm")]
+    assert len(table) == 1 and "| 4096 | triton |" in table[0] and "**flip**" in table[0]
+    assert "1.100x (compile)" in table[0]
+
+
+def test_gpus_figure_and_page(tmp_path, capsys):
+    """python -m harness.gpus writes gpus.png and gpus.md: both GPUs named, the flip listed;
+    a dtype the runs do not share at any width is refused before anything is written."""
+    from harness import gpus
+
+    first, second = _two_gpus(tmp_path)
+    out = tmp_path / "drawn"
+    assert gpus.main([f"H200={first}", f"H100={second}", "--out", str(out)]) == 0
+    png = out / plot.GPUS_PLOT
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    page = (out / gpus.PAGE).read_text()
+    for expected in ("SYNTHETIC", "SYNTHETIC GPU", "SYNTHETIC GPU 2", "(gpus.png)", "**flip**"):
+        assert expected in page, expected
+    assert "wrote" in capsys.readouterr().out
+    runs = {"A": analysis.load(first), "B": analysis.load(second)}
+    assert plot.plot_gpus(runs, tmp_path / "fp16", "fp16") is None
+    none = tmp_path / "none"
+    assert (
+        gpus.main([f"H200={first}", f"H100={second}", "--dtype", "fp16", "--out", str(none)]) == 1
+    )
+    assert "(--dtype)" in capsys.readouterr().err and not none.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["H200", "H100={second}"], "argument NAME=PATH: 'H200' is not NAME=PATH"),
+        (["=x", "H100={second}"], "argument NAME=PATH: '=x' is not NAME=PATH"),
+        (["H200=", "H100={second}"], "argument NAME=PATH: 'H200=' is not NAME=PATH"),
+        (["H200={first}", "H100={missing}"], "NAME=PATH: H100={missing}: no such file"),
+        (["H200={first}", "H200={second}"], "NAME=PATH: both runs are named H200"),
+        (["H200={first}"], "NAME=PATH"),
+        (["H200={first}", "H100={second}", "--dtype", "int8"], "argument --dtype"),
+    ],
+)
+def test_gpus_cli_rejects_a_bad_argument_by_name(argv, message, tmp_path, capsys):
+    from harness import gpus
+
+    first, second = _two_gpus(tmp_path)
+    paths = dict(first=first, second=second, missing=tmp_path / "missing.jsonl")
+    with pytest.raises(SystemExit) as e:
+        gpus.main([a.format(**paths) for a in argv])
+    assert e.value.code == 2
+    assert message.format(**paths) in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------
