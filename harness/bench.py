@@ -45,6 +45,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
@@ -71,6 +72,7 @@ GPU_ONLY = {
     "--quick": "the interpreter check is already small",
     "--profile": "traces device kernels",
     "--append": "no records are written",
+    "--resume": "no records are written",
     "--budget-s": "the interpreter check is not budgeted",
 }
 
@@ -102,7 +104,15 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     t_start = time.perf_counter()
     path = out / "records.jsonl"
     ops = args.ops
-    b = measure.start(path, append=args.append, seed=args.seed, op=ops[0])
+    held: dict[tuple, set[str]] = {}
+    if args.resume and path.exists():
+        sha, _dirty = hardware.git_info()
+        try:
+            held = measured(records.iter_records(path), sha, torch.cuda.get_device_name())
+        except (ResumeMismatch, records.RecordError) as e:
+            print(f"--resume: {e}", file=sys.stderr)
+            return 1
+    b = measure.start(path, append=args.append or args.resume, seed=args.seed, op=ops[0])
     impls = {op.name: _runnable(b, op, names) for op in ops}
     if not any(impls.values()):  # the skips are recorded; nothing else is to be done
         b.writer.close()
@@ -110,6 +120,17 @@ def run_gpu(args, names: list[str], out: Path) -> int:
         return 1
     plans = {op.name: _plan_of(op, args) for op in ops}
     work = schedule(ops, plans)
+    if args.resume:
+        left = [
+            (op, p)
+            for op, p in work
+            if not {i.name for i in impls[op.name]} <= held.get((op.name, p.dtype, p.m, p.n), set())
+        ]
+        print(
+            f"--resume: {len(work) - len(left)} of {len(work)} (op, shape) measurements "
+            f"already in {path} at this commit on this GPU; {len(left)} left"
+        )
+        work = left
     each = ", ".join(
         f"{op.name} {len(plans[op.name])} shapes ({len(impls[op.name])} implementations)"
         for op in ops
@@ -118,6 +139,7 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     # a log file (not a terminal) gets a line every 5 s instead of every redraw
     every = 0.1 if sys.stderr.isatty() else 5.0
     bar = tqdm(work, unit="op-shape", dynamic_ncols=True, file=sys.stderr, mininterval=every)
+    rest: list[tuple[Op, Planned]] = []
     for i, (op, p) in enumerate(bar):
         if time.perf_counter() - t_start > args.budget_s:
             rest = work[i:]
@@ -136,12 +158,46 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     bar.close()
     b.writer.close()
     print(f"{b.writer.count} records in {time.perf_counter() - t_start:.0f} s -> {path}")
+    if args.resume:
+        print(
+            f"--resume: {len(rest)} (op, shape) measurements left; run the same command "
+            "again, its records file carried back, to go on"
+            if rest
+            else "--resume: the run is complete"
+        )
     try:
         for f in plot.redraw(path, out):
             print(f"wrote {f}")
     except analysis.NoMeasurements as e:  # every implementation skipped: nothing to draw
         print(f"no plots or report: {e}")
     return 1 if b.ours_failed else 0
+
+
+class ResumeMismatch(ValueError):
+    """The records a --resume would continue were measured at another commit or on another
+    GPU: one run of record is one commit on one GPU."""
+
+
+def measured(recs: Iterable[dict], sha: Optional[str], gpu: str) -> dict[tuple, set[str]]:
+    """{(op, dtype, M, N): the implementations measured there} of a records file that
+    --resume continues: a cold PASS timing, or a FAIL (written untimed), counts; a shape
+    the budget cut (a SKIP) does not. ResumeMismatch where a timing was made at another
+    commit or on another GPU than (sha, gpu)."""
+    held: dict[tuple, set[str]] = {}
+    for r in recs:
+        if r["kind"] != "timing":
+            continue
+        at = (r["env"].get("git_sha"), r["env"].get("gpu"))
+        if at != (sha, gpu):
+            raise ResumeMismatch(
+                f"the records hold a timing at {at[0]} on {at[1]}, this run is {sha} on "
+                f"{gpu}: one run of record is one commit on one GPU (start a new records "
+                "file, without --resume)"
+            )
+        if r["status"] == "FAIL" or (r["status"] == "PASS" and r["mode"] == "cold"):
+            m, n = r["shape"]
+            held.setdefault((r["op"], r["dtype"], m, n), set()).add(r["impl"])
+    return held
 
 
 def schedule(ops: list[Op], plans: dict[str, list[Planned]]) -> list[tuple[Op, Planned]]:
@@ -358,6 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--append",
         action="store_true",
         help="append to records.jsonl, not replace (GPU only)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="append, measuring only the (op, shape)s that records.jsonl in --out does not "
+        "yet hold for every named implementation at this commit on this GPU: the same "
+        "command again continues a run its budget cut (GPU only)",
     )
     p.add_argument(
         "--profile",

@@ -4,7 +4,9 @@
 #   bash scripts/h200.sh [all|test|heads|quant|sanitizers|exhaustive|bench|quick|model|sweep|ncu|probe|cluster-racecheck|stage][,...]  (default all)
 # Modes joined by commas run in one call, in this file's order (e.g. sweep,probe,model).
 # bench: BENCH_ARGS (e.g. "--ops rms_norm_bwd --dtypes bf16") go to harness.bench;
-#        BENCH_APPEND=1 appends to a copy of the committed records.
+#        BENCH_APPEND=1 appends to a copy of the committed records; BENCH_RESUME=FILE
+#        continues a run of record an earlier call's budget cut (its records.jsonl brought
+#        back, kept in the tree): the same call again until the bench says it is complete.
 # test: the GPU tier (README's pytest; TEST_FILES, TEST_K: those files, that -k filter) and
 #       the validation table (SKIP_VALIDATE=1: not it).
 # sanitizers: memcheck and racecheck of the CUDA forward (a call of their own: serial).
@@ -253,6 +255,20 @@ if mode all || mode bench || mode quick; then
     mkdir -p "$OUT/results"
     unxz_to results/h200/records.jsonl.xz "$OUT/results/records.jsonl" BENCH_APPEND &&
       flag+=" --append"
+  fi
+  # BENCH_RESUME=FILE: a run of record that spans calls. FILE (records.jsonl, or .xz) is what
+  # an earlier call of the same BENCH_ARGS brought back, kept in the tree; this call measures
+  # what it lacks (harness.bench --resume) and brings the whole file back again
+  if [[ -n "${BENCH_RESUME:-}" ]]; then
+    mkdir -p "$OUT/results"
+    if [[ "$BENCH_RESUME" == *.xz ]]; then
+      unxz_to "$BENCH_RESUME" "$OUT/results/records.jsonl" BENCH_RESUME
+    elif [[ -f "$BENCH_RESUME" ]]; then
+      cp "$BENCH_RESUME" "$OUT/results/records.jsonl"
+    else
+      echo "BENCH_RESUME: $BENCH_RESUME is not a file here; the run starts afresh"
+    fi
+    flag+=" --resume"
   fi
   # shellcheck disable=SC2086
   $PY -m harness.bench $flag ${BENCH_ARGS:-} --require-gpu --budget-s "${BENCH_BUDGET_S:-480}" \

@@ -1794,3 +1794,18 @@ def test_bandwidth_plot_draws_an_ops_target():
             assert got[0].get_ydata()[0] == pytest.approx(3400.0)
             assert "85% of copy, 3400 GB/s" in got[0].get_label()
         plt.close(fig)
+
+
+def test_resume_counts_what_a_run_measured(tmp_path):
+    """--resume continues a run of record: a shape's implementations timed cold, or FAIL
+    (written untimed), count as measured; graph or host timings alone and skips do not;
+    records from another commit or another GPU are refused, naming both."""
+    path = tmp_path / "records.jsonl"
+    synthetic_records(path)
+    held = bench.measured(records.iter_records(path), ENV["git_sha"], ENV["gpu"])
+    assert held[("rms_norm", "bf16", 2**27 // 4096, 4096)] == set(SPEED)
+    assert "liger" in held[("rms_norm", "bf16", 1024, 131072)]  # its FAIL
+    assert ("rms_norm", "bf16", 1, 8192) not in held  # decode: graph and host only
+    for sha, gpu in ((ENV["git_sha"], "ANOTHER GPU"), ("1" * 40, ENV["gpu"])):
+        with pytest.raises(bench.ResumeMismatch, match=f"this run is {sha} on {gpu}"):
+            bench.measured(records.iter_records(path), sha, gpu)
