@@ -2,24 +2,24 @@
 # Download the optional peers (Liger-Kernel, QuACK and its CuTe DSL, FlashInfer) for the
 # device machine (Python 3.12, x86-64, no registry there), into folders git ignores:
 #   .whl/  liger-kernel                      (carry it with every bench call)
-#   .qk1/, .qk3/  QuACK's CUDA 13 library wheel (92 MB as a zip) repacked as an xz'd tar
-#          of its files (61 MB; h200.sh unpacks it into the site folder), in parts of
-#          PART_BYTES: the first carried with .qk2, .fi and .whl in a call of its own (with
-#          other work, or a `h200.sh stage` call), the second with the bench call to the
-#          still warm machine. LIBS_WHEEL: that wheel already here, used instead of
-#          downloading it
+#   .qk1/, .qk3/, .qk4/  QuACK's CUDA 13 library wheel (92 MB as a zip) repacked as an
+#          xz'd tar of its files (61 MB; h200.sh unpacks it into the site folder), in parts
+#          of PART_BYTES: the first carried with .qk2, .fi and .whl in a call of its own
+#          (with other work, or a `h200.sh stage` call), the others together with the bench
+#          call to the still warm machine. LIBS_WHEEL: that wheel already here, used instead
+#          of downloading it
 #   .qk2/  QuACK's other wheels
 #   .fi/   FlashInfer's norms: flashinfer-python's wheel (101 MB) cut by
 #          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
 #          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
-# One device call carries at most 64 MiB with the working tree (14 MB of tracked files, the
-# committed records, sweeps and probes xz'd), hence the parts (34 and 27 MB: the first
-# beside the tree, .qk2, .fi and .whl, 62 MB; the second beside the tree); h200.sh joins
-# them.
+# One device call carries at most 64 MiB with the working tree (21 MB of tracked files,
+# the committed records, sweeps and probes xz'd, and growing), hence the parts (26, 26 and
+# 9 MB: the first beside the tree, .qk2, .fi and .whl, 60 MB; the other two beside the
+# tree, 56 MB); h200.sh joins them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_BYTES=${PART_BYTES:-34000000}
+PART_BYTES=${PART_BYTES:-26000000}
 FI_VERSION=0.7.4
 mkdir -p .git/info .whl .qk2
 for d in /.whl/ /.qk1/ /.qk2/ /.qk3/ /.qk4/ /.qk5/ /.qk6/ /.qk7/ /.qk8/ /.qk9/ /.fi/; do

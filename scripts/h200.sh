@@ -96,11 +96,11 @@ racecheck_verdict() {
 # Optional peers, carried as wheels (the device machine has no registry); fetch them here
 # with scripts/fetch_peer_wheels.sh:
 #   .whl/  liger-kernel (pure Python)
-#   .qk1/, .qk3/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB) is
-#   repacked as a .tar.xz of its files (61 MB) in two parts (.qk1, .qk3), too large
+#   .qk1/, .qk3/, .qk4/, .qk2/  QuACK and its CuTe DSL. Its CUDA 13 library wheel (92 MB)
+#   is repacked as a .tar.xz of its files (61 MB) in parts (.qk1, .qk3, .qk4), too large
 #   together beside the working tree: the first carried with .qk2 (QuACK's other wheels),
 #   .fi and .whl in a call of its own (with other work, or `bash scripts/h200.sh stage`),
-#   the second with the real call to the still warm machine.
+#   the others with the real call to the still warm machine (within its 30 s).
 #   .fi/  FlashInfer's norms (scripts/trim_flashinfer.py: flashinfer.norm and what it reads,
 #   3 MB), unpacked into /tmp/site; it needs .qk2 (apache-tvm-ffi) and, for its default
 #   CuTe DSL path, QuACK's DSL whole.
