@@ -381,8 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ops",
         default=None,
-        help=f"comma-separated from {', '.join(OPS)} (default: {', '.join(DEFAULT_OPS)}; "
-        "one records file for all)",
+        help=f"comma-separated from {', '.join(OPS)}, or all (default: "
+        f"{', '.join(DEFAULT_OPS)}; one records file for all)",
     )
     p.add_argument(
         "--quick", action="store_true", help="a handful of bf16 shapes (a minute or two; GPU only)"
@@ -454,7 +454,10 @@ def parse_args(
     args = p.parse_args(argv)
 
     given_ops = args.ops is not None
-    op_names = names_arg(p, "--ops", args.ops, tuple(OPS)) if given_ops else list(DEFAULT_OPS)
+    if args.ops == "all":  # the study's every op and variant: a run of record
+        op_names = list(OPS)
+    else:
+        op_names = names_arg(p, "--ops", args.ops, tuple(OPS)) if given_ops else list(DEFAULT_OPS)
     args.ops = [OPS[name] for name in op_names]
     known = impl_names(args.ops)
     args.impls_given = args.impls is not None

@@ -721,3 +721,8 @@ def test_readme_odd_widths_figures_are_the_records():
         f"compile keeps pace in rms_norm ({got['rms_norm'][1000]['compile']:.0f}%)",
     ):
         assert quoted in words, quoted
+
+
+def test_bench_ops_all_is_every_op():
+    """--ops all: the run of record's every op and variant, in OPS' order."""
+    assert [op.name for op in bench.parse_args(["--ops", "all"]).ops] == list(OPS)
