@@ -121,11 +121,7 @@ def run_gpu(args, names: list[str], out: Path) -> int:
     plans = {op.name: _plan_of(op, args) for op in ops}
     work = schedule(ops, plans)
     if args.resume:
-        left = [
-            (op, p)
-            for op, p in work
-            if not {i.name for i in impls[op.name]} <= held.get((op.name, p.dtype, p.m, p.n), set())
-        ]
+        left = unmeasured(work, impls, held)
         print(
             f"--resume: {len(work) - len(left)} of {len(work)} (op, shape) measurements "
             f"already in {path} at this commit on this GPU; {len(left)} left"
@@ -198,6 +194,18 @@ def measured(recs: Iterable[dict], sha: Optional[str], gpu: str) -> dict[tuple, 
             m, n = r["shape"]
             held.setdefault((r["op"], r["dtype"], m, n), set()).add(r["impl"])
     return held
+
+
+def unmeasured(
+    work: list[tuple[Op, Planned]], impls: dict[str, list[Impl]], held: dict[tuple, set[str]]
+) -> list[tuple[Op, Planned]]:
+    """The (op, shape)s of work that held (measured's) lacks for any of the op's runnable
+    implementations: what a --resume still measures, in work's order."""
+    return [
+        (op, p)
+        for op, p in work
+        if not {i.name for i in impls[op.name]} <= held.get((op.name, p.dtype, p.m, p.n), set())
+    ]
 
 
 def schedule(ops: list[Op], plans: dict[str, list[Planned]]) -> list[tuple[Op, Planned]]:

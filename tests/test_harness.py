@@ -1806,6 +1806,17 @@ def test_resume_counts_what_a_run_measured(tmp_path):
     assert held[("rms_norm", "bf16", 2**27 // 4096, 4096)] == set(SPEED)
     assert "liger" in held[("rms_norm", "bf16", 1024, 131072)]  # its FAIL
     assert ("rms_norm", "bf16", 1, 8192) not in held  # decode: graph and host only
+    # what a resume still measures: a shape lacking any runnable implementation, in order
+    work = [  # the two grid shapes the run timed
+        (RMS_NORM, p) for p in plan.plan(["bf16"]) if p.n in (4096, 131072) and p.m * p.n == 2**27
+    ]
+    assert len(work) == 2
+
+    def left(*names):
+        return bench.unmeasured(work, {"rms_norm": [Impl(n, fn=None) for n in names]}, held)
+
+    assert left("triton", "liger") == []  # liger's FAIL at 131072 counts
+    assert left("triton", "quack") == work  # quack never ran
     for sha, gpu in ((ENV["git_sha"], "ANOTHER GPU"), ("1" * 40, ENV["gpu"])):
         with pytest.raises(bench.ResumeMismatch, match=f"this run is {sha} on {gpu}"):
             bench.measured(records.iter_records(path), sha, gpu)
