@@ -678,6 +678,8 @@ def test_readme_answer_figures_are_the_records():
         f"range from {min(llm):.2f}x to {max(llm):.2f}x it",
     ):
         assert quoted in answer, quoted
+    # best_peer.png's caption names the same leads
+    assert f"the odd widths' {min(odd):.2f}-{max(odd):.2f}x leads (16-bit)" in words
     # the cost table's lines row says the same
     assert (
         f"| lines of kernel and launch code | {lines['triton'] / 1000:.1f}k (`triton_impl/`, "
