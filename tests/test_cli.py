@@ -674,7 +674,7 @@ def test_readme_answer_figures_are_the_records():
         f"{lines['triton'] / 1000:.1f}k lines",
         f"(median {first['triton']:.2f} s)",
         f"kernels in {lines['cuda'] / 1000:.1f}k lines, built ahead",
-        f"({min(odd):.2f}-{max(odd):.2f}x the best peer, 16-bit 4095 / 4097)",
+        f"({min(odd):.2f}-{max(odd):.2f}x the best peer, 16-bit 4095 / 4097:",
         f"range from {min(llm):.2f}x to {max(llm):.2f}x it",
     ):
         assert quoted in answer, quoted
