@@ -338,14 +338,27 @@ def latest(records: Iterable[dict]) -> list[dict]:
     """One record per measurement (kind, op, impl, dtype, shape, mode, config, and a model
     record's block, shape name and exec mode): the last one written.
 
-    A rerun of some shapes appended to a file replaces the earlier lines for those shapes.
+    A rerun of some shapes appended to a file replaces the earlier lines for those shapes,
+    a shape's "not run" SKIP (a spent budget's, its impl "all" or the one named) included
+    once a later line measured it there (a run resumed by harness.bench --resume).
     """
-    keep: dict[tuple, dict] = {}
-    for rec in records:
+    keep: dict[tuple, tuple[int, dict]] = {}
+    measured: dict[tuple, int] = {}  # (op, dtype, shape, impl) -> its last measurement's line
+    for i, rec in enumerate(records):
         shape = tuple(rec["shape"]) if rec["shape"] else None
         config = json.dumps(rec["config"], sort_keys=True)
         model = rec.get("model") or {}
         where = tuple(model.get(k) for k in ("block", "shape", "exec"))
         key = (rec["kind"], rec["op"], rec["impl"], rec["dtype"], shape, rec["mode"], config)
-        keep[key + where] = rec
-    return list(keep.values())
+        keep[key + where] = (i, rec)
+        if rec["kind"] in ("timing", "sweep") and shape:
+            for impl in (rec["impl"], "all"):
+                measured[(rec["op"], rec["dtype"], shape, impl)] = i
+
+    def superseded(i: int, rec: dict) -> bool:
+        if rec["kind"] != "skip" or not rec["shape"]:
+            return False
+        at = (rec["op"], rec["dtype"], tuple(rec["shape"]), rec["impl"])
+        return measured.get(at, -1) > i
+
+    return [rec for i, rec in keep.values() if not superseded(i, rec)]

@@ -614,6 +614,23 @@ def test_latest_record_wins():
     assert len(kept) == 2 and b in kept and a not in kept
 
 
+def test_latest_drops_a_skip_a_later_line_measured():
+    """A budget's "not run" SKIP of a shape gives way to a later measurement there (a run
+    resumed by --resume); one with no later measurement, or written after it, stays."""
+
+    def cut(n):  # measure.write_skipped's record: impl "all", the shape not run
+        return records.make_record(run_id="synthetic", env=ENV, kind="skip", op="rms_norm",
+                                   impl="all", status="SKIP", dtype="bf16", shape=[8, n],
+                                   notes=["not run: time budget spent"])  # fmt: skip
+
+    timed = _timing("triton", "bf16", 8, 4096, 5.0, ["grid"])
+    first, other = cut(4096), cut(8192)
+    kept = records.latest([first, other, timed])
+    assert timed in kept and other in kept and first not in kept
+    late = cut(4096)
+    assert late in records.latest([timed, late])
+
+
 # ---------------------------------------------------------------------------------------
 # analysis, plots, report
 # ---------------------------------------------------------------------------------------
