@@ -18,10 +18,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from harness import records  # noqa: E402
+from harness import analysis, records  # noqa: E402
 from harness.model.config import BLOCK_OP, MODES, VARIANTS  # noqa: E402
 from harness.model.tables import prepared  # noqa: E402
-from harness.plot import save  # noqa: E402
+from harness.plot import save, subtitle  # noqa: E402
 
 NAME = "model_speedups.png"
 #: Our variants, in the report's order (native is the 1 they are drawn against; the eager
@@ -98,14 +98,10 @@ def draw(recs: list[dict], out: Path) -> Optional[Path]:
         )
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7, loc="upper left")
-    env = recs[0].get("env", {}) if recs else {}
-    sha = ", ".join(
-        dict.fromkeys((r.get("env") or {}).get("git_sha", "?")[:7] for r in recs if r.get("model"))
-    )
+    blocks = [r for r in recs if r.get("model")]
     fig.suptitle(
         "The whole model: RMSNorm in a Llama-3-8B-shaped decoder block, our variants over native "
-        f"(Amdahl bound: 1 / ((1 - f) + f / s))\n{env.get('gpu')} · torch {env.get('torch')} · "
-        f"triton {env.get('triton')} · git {sha}",
+        f"(Amdahl bound: 1 / ((1 - f) + f / s))\n{subtitle(analysis.env_of(recs), blocks)}",
         fontsize=10,
     )
     return save(fig, out / NAME)
