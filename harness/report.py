@@ -61,15 +61,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 # ---------------------------------------------------------------------------------------
 
 
-def _title(env: dict, ops: Sequence[Op]) -> list[str]:
-    what = f"{ops[0].title} benchmark" if len(ops) == 1 else "Benchmark"
-    lines = [f"# {what}: {env.get('gpu') or 'no GPU'}", ""]
-    if env.get("synthetic"):
+def _head(heading: str, synthetic: bool, tool: str, records: str = "records") -> list[str]:
+    """A page's heading, the banner of synthetic (test) records, and what drew it."""
+    lines = [f"# {heading}", ""]
+    if synthetic:
         lines += ["> **SYNTHETIC RECORDS**: made up for a test, not a measurement.", ""]
     return lines + [
-        "Drawn from records by `python -m harness.plot`; every number below is in them.",
+        f"Drawn from {records} by `python -m {tool}`; every number below is in them.",
         "",
     ]
+
+
+def _title(env: dict, ops: Sequence[Op]) -> list[str]:
+    what = f"{ops[0].title} benchmark" if len(ops) == 1 else "Benchmark"
+    return _head(
+        f"{what}: {env.get('gpu') or 'no GPU'}", bool(env.get("synthetic")), "harness.plot"
+    )
 
 
 #: Versions of a peer's package, each told by the records of that peer: another run's
@@ -507,13 +514,12 @@ def gpus_page(runs: dict[str, Sequence[dict]], rows: Sequence[dict], plot: Optio
     beside the page) and the portability section."""
     names = list(runs)
     envs = {name: analysis.env_of(recs) for name, recs in runs.items()}
-    lines = [f"# {' against '.join(names)}: the same kernels on two GPUs", ""]
-    if any(env.get("synthetic") for env in envs.values()):
-        lines += ["> **SYNTHETIC RECORDS**: made up for a test, not a measurement.", ""]
-    lines += [
-        "Drawn from two runs' records by `python -m harness.gpus`; every number below is in them.",
-        "",
-    ]
+    lines = _head(
+        f"{' against '.join(names)}: the same kernels on two GPUs",
+        any(env.get("synthetic") for env in envs.values()),
+        "harness.gpus",
+        "two runs' records",
+    )
     env_rows = [
         ["gpu"] + [envs[n].get("gpu") or "no GPU" for n in names],
         ["commits"]
