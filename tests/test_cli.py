@@ -594,6 +594,13 @@ def test_every_op_has_inputs_at_its_interpreter_shapes():
             assert op.make_inputs(case, "cpu", 0)[0].numel() == case.m * case.n, (op.name, name)
 
 
+def _ours_span(ratios: dict, ops, keep) -> str:
+    """The range of CUDA's time / Triton's (analysis.ours_ratios, an op each) over ops'
+    (dtype, N) that keep takes, as README writes it: "0.95-1.04"."""
+    vals = [v for o in ops for d, pts in ratios[o].items() for n, v in pts if keep(d, n)]
+    return f"{min(vals):.2f}-{max(vals):.2f}"
+
+
 def test_readme_triton_against_cuda_figures_are_the_records():
     """README's words under triton_vs_cuda.png, read back from the committed run of record:
     each range of CUDA's time / Triton's it quotes is the records' (to two places)."""
@@ -605,8 +612,7 @@ def test_readme_triton_against_cuda_figures_are_the_records():
     }
 
     def span(ops, keep):
-        vals = [v for o in ops for d, pts in ratios[o].items() for n, v in pts if keep(d, n)]
-        return f"{min(vals):.2f}-{max(vals):.2f}"
+        return _ours_span(ratios, ops, keep)
 
     def pow2(n):
         return n & (n - 1) == 0
@@ -640,9 +646,8 @@ def test_readme_answer_figures_are_the_records():
     by_op = analysis.by_op(analysis.load(COMMITTED))
     ratios = {op.name: analysis.ours_ratios(r, "grid", op) for op, r in by_op.items()}
 
-    def span(ops, keep, fmt="{:.2f}-{:.2f}"):
-        vals = [v for o in ops for d, pts in ratios[o].items() for n, v in pts if keep(d, n)]
-        return fmt.format(min(vals), max(vals))
+    def span(ops, keep):
+        return _ours_span(ratios, ops, keep)
 
     fwd = ("rms_norm", "fused_add_rms_norm")
     peer = [
