@@ -11,7 +11,8 @@
 #   .qk2/  QuACK's other wheels
 #   .fi/   FlashInfer's norms: flashinfer-python's wheel (101 MB) cut by
 #          scripts/trim_flashinfer.py to flashinfer.norm and what it reads, one .tar.xz
-#          (3 MB; carry with .whl and .qk2 for `bench`, or stage it like a part). FI_WHEEL:
+#          (3 MB; stage it like a part: it imports only beside QuACK's DSL whole, .qk1-.qk4,
+#          whichever path it takes). FI_WHEEL:
 #          a flashinfer_python-*.whl already here, used instead of downloading it
 # One device call carries at most 64 MiB with the working tree (21 MB of tracked files,
 # the committed records, sweeps and probes xz'd, and growing), hence the parts (26, 26 and

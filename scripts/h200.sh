@@ -102,8 +102,9 @@ racecheck_verdict() {
 #   .fi and .whl in a call of its own (with other work, or `bash scripts/h200.sh stage`),
 #   the others with the real call to the still warm machine (within its 30 s).
 #   .fi/  FlashInfer's norms (scripts/trim_flashinfer.py: flashinfer.norm and what it reads,
-#   3 MB), unpacked into /tmp/site; it needs .qk2 (apache-tvm-ffi) and, for its default
-#   CuTe DSL path, QuACK's DSL whole.
+#   3 MB), unpacked into /tmp/site; it needs QuACK's DSL whole (.qk1-.qk4), both paths:
+#   with .qk2's cutlass-dsl wheels but not their library, `import flashinfer` fails ("No
+#   CTK flavor installed").
 mkdir -p /tmp/qk
 for d in .qk[0-9]* .fi; do [[ -d $d ]] && cp "$d"/* /tmp/qk/; done
 mode stage && { ls -la /tmp/qk; exit 0; }
